@@ -1,0 +1,70 @@
+// Catalog: finds the checkpoints in a source tree and their member files,
+// applying the rules of DESIGN.md section 1 (the public digest contract).
+//
+// A checkpoint is a directory below the source root (or the root itself) that
+// directly contains a weight file. Its members are the regular files of its
+// subtree, minus dot-paths and minus nested checkpoints. Symbolic links are
+// followed when they resolve inside the root (or anywhere, with
+// SymlinkPolicy::kFollow); a link that escapes, dangles or loops makes the
+// checkpoint that contains it invalid.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckptfs/file_stamp.h"
+#include "ckptfs/status.h"
+
+namespace ckptfs {
+
+enum class SymlinkPolicy {
+  kContained,  // follow links whose resolved target lies inside the root
+  kFollow,     // follow every link (trusted trees)
+};
+
+// Parses "contained" or "follow".
+std::optional<SymlinkPolicy> ParseSymlinkPolicy(std::string_view text);
+
+struct CatalogOptions {
+  SymlinkPolicy symlinks = SymlinkPolicy::kContained;
+  // Canonical absolute paths the walk never enters or stats (the daemon's own
+  // mount point when it lies inside the source: entering it would deadlock).
+  std::vector<std::string> excluded_paths;
+};
+
+struct MemberFile {
+  std::string rel_path;   // relative to the checkpoint, components joined by '/'
+  std::string open_path;  // canonical absolute path of the bytes (links resolved)
+  FileStamp stamp;        // of the resolved file, taken during the walk
+};
+
+struct CheckpointSource {
+  std::string rel_path;  // relative to the root; "" when the root is the checkpoint
+  std::string abs_path;  // root + "/" + rel_path, as the user named them
+  std::vector<MemberFile> members;  // ascending byte order of rel_path
+  // Set when the checkpoint must not be exposed; says which path and why.
+  std::optional<std::string> invalid_reason;
+
+  uint64_t TotalSize() const;
+  bool valid() const { return !invalid_reason.has_value(); }
+};
+
+struct CatalogScan {
+  std::string root;       // as given
+  std::string real_root;  // canonical
+  std::vector<CheckpointSource> checkpoints;  // ascending order of rel_path
+  // Problems outside every checkpoint (they invalidate nothing).
+  std::vector<std::string> warnings;
+};
+
+// True for the weight-file suffixes of DESIGN.md section 1.
+bool IsWeightFileName(std::string_view name);
+
+// Walks `root` and returns its checkpoints. Fails only when the root itself
+// cannot be used (missing, not a directory, unreadable); problems below it are
+// reported in the result.
+Result<CatalogScan> ScanSourceTree(const std::string& root, const CatalogOptions& options);
+
+}  // namespace ckptfs

@@ -1,0 +1,75 @@
+// Indexer: turns the checkpoints a catalog scan found into digests.
+//
+// Every distinct member file (by device and inode, so links and copies shared
+// between checkpoints are read once) is looked up in the index by its stamp;
+// only files the index does not know are read, largest first, on `threads`
+// workers, each hashing one file at a time with its chunk hashes on a helper
+// pool. A file that changes while it is hashed is re-stat'ed and retried; if
+// it keeps changing, the checkpoint that holds it is reported unsettled so
+// the caller can come back to it later.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ckptfs/catalog.h"
+#include "ckptfs/checkpoint_digest.h"
+#include "ckptfs/file_hasher.h"
+#include "ckptfs/index.h"
+
+namespace ckptfs {
+
+struct IndexerOptions {
+  unsigned threads = 0;  // 0: one per CPU
+  // Read every file even when the index knows it (verify), and record nothing.
+  bool ignore_index = false;
+  int attempts = 3;  // per file, when it changes while being hashed
+  // Told the total bytes to hash before any is read, then each amount read.
+  std::function<void(uint64_t total)> on_plan;
+  FileHasher::BytesCallback on_bytes;
+  FileHasher::ChunkReadHook chunk_read_hook;  // test seam, see FileHasher
+};
+
+struct IndexedFile {
+  MemberFile member;  // with the stamp that was hashed
+  FileHashes hashes;
+  bool from_index = false;
+};
+
+struct IndexedCheckpoint {
+  std::string rel_path;
+  std::string abs_path;
+  // Set when no digest could be computed: the checkpoint was invalid already,
+  // a member could not be read, or a member kept changing (`unsettled`).
+  std::optional<std::string> error;
+  bool unsettled = false;
+  std::string name;      // "sha256-<hex>"
+  std::string manifest;  // canonical manifest
+  std::vector<IndexedFile> files;
+  uint64_t total_size = 0;
+};
+
+struct IndexReport {
+  std::vector<IndexedCheckpoint> checkpoints;  // same order as the input
+  uint64_t files_hashed = 0;
+  uint64_t bytes_hashed = 0;
+  uint64_t files_from_index = 0;
+  std::vector<std::string> warnings;  // e.g. index writes that failed
+};
+
+class Indexer {
+ public:
+  // `index` may be null only with options.ignore_index.
+  Indexer(Index* index, IndexerOptions options) : index_(index), options_(std::move(options)) {}
+
+  IndexReport Run(const CatalogScan& scan);
+
+ private:
+  Index* index_;
+  IndexerOptions options_;
+};
+
+}  // namespace ckptfs

@@ -1,0 +1,63 @@
+// Errors as values, in the LevelDB manner: a Status says whether an operation
+// worked and, if not, why (the message names the path and the cause).
+#pragma once
+
+#include <cassert>
+#include <string>
+#include <utility>
+#include <variant>
+
+namespace ckptfs {
+
+class Status {
+ public:
+  enum class Code {
+    kOk,
+    kError,     // a failure the caller reports
+    kChanged,   // the input changed underneath us; the caller should retry
+    kNotFound,  // an expected thing is absent
+  };
+
+  Status() = default;
+  static Status Ok() { return Status(); }
+  static Status Error(std::string message) { return Status(Code::kError, std::move(message)); }
+  static Status Changed(std::string message) { return Status(Code::kChanged, std::move(message)); }
+  static Status NotFound(std::string message) { return Status(Code::kNotFound, std::move(message)); }
+  // "PATH: strerror(err)" in the style of coreutils.
+  static Status FromErrno(const std::string& what, int err);
+
+  bool ok() const { return code_ == Code::kOk; }
+  Code code() const { return code_; }
+  bool is_changed() const { return code_ == Code::kChanged; }
+  const std::string& message() const { return message_; }
+
+ private:
+  Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
+  Code code_ = Code::kOk;
+  std::string message_;
+};
+
+// A value or the Status that explains why there is none.
+template <typename T>
+class Result {
+ public:
+  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit on purpose
+  Result(Status status) : v_(std::move(status)) { assert(!std::get<Status>(v_).ok()); }  // NOLINT
+
+  bool ok() const { return std::holds_alternative<T>(v_); }
+  const Status& status() const {
+    static const Status kOk;
+    return ok() ? kOk : std::get<Status>(v_);
+  }
+  T& value() { return std::get<T>(v_); }
+  const T& value() const { return std::get<T>(v_); }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
+  T& operator*() { return value(); }
+  const T& operator*() const { return value(); }
+
+ private:
+  std::variant<T, Status> v_;
+};
+
+}  // namespace ckptfs

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs every Debian package that building, testing and running ckptfs needs
+# on a fresh Debian 12 machine. Idempotent: packages already present are left
+# alone, and apt-get update runs only when something is missing.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config ninja-build
+  libfuse3-dev fuse3          # the FUSE low-level API and fusermount3
+  libssl-dev                  # SHA-256 (OpenSSL EVP)
+  libxxhash-dev               # XXH3-128 chunk checks
+  libsqlite3-dev sqlite3      # the index
+  libspdlog-dev               # logging
+  nlohmann-json3-dev          # JSON output and safetensors headers
+  libcli11-dev                # ckptfsctl argument parsing
+  libgtest-dev                # the test suite
+  coreutils findutils attr util-linux python3   # tools the tests compare against
+)
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps.sh: must run as root (it calls apt-get install)" >&2
+  exit 1
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+if [ "${#missing[@]}" -eq 0 ]; then
+  echo "install-deps.sh: all ${#packages[@]} packages already installed"
+  exit 0
+fi
+
+echo "install-deps.sh: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}"

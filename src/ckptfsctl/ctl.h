@@ -1,0 +1,55 @@
+// Shared by the ckptfsctl commands: the global options and the scan-and-index
+// pipeline with its progress bar.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ckptfs/catalog.h"
+#include "ckptfs/index.h"
+#include "ckptfs/indexer.h"
+
+namespace ckptfs::ctl {
+
+// Exit codes, documented in --help and the man page.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;  // some checkpoint or file failed; the rest were reported
+inline constexpr int kExitUsage = 2;    // bad arguments
+inline constexpr int kExitFatal = 3;    // nothing could be done (bad source, no checkpoints, no index)
+
+struct GlobalOptions {
+  std::string state_dir;  // empty: DefaultStateDir()
+  unsigned threads = 0;
+  std::string symlinks = "contained";
+  bool quiet = false;
+};
+
+void PrintError(const std::string& message);
+void PrintWarning(const std::string& message);
+
+// Opens the index, printing any repair as a warning; null after printing why.
+std::unique_ptr<Index> OpenIndexOrReport(const GlobalOptions& g);
+
+// Scans `dir`; on failure prints why and returns false.
+bool ScanOrReport(const std::string& dir, const GlobalOptions& g, CatalogScan* scan);
+
+// Runs the indexer with a progress bar when standard error is a terminal.
+IndexReport IndexWithProgress(Index* index, const CatalogScan& scan, const GlobalOptions& g, bool ignore_index,
+                              const char* label);
+
+struct DigestArgs {
+  std::vector<std::string> dirs;
+  bool manifest = false;
+  bool json = false;
+  bool verbose = false;
+};
+int RunDigest(const GlobalOptions& g, const DigestArgs& args);
+
+struct VerifyArgs {
+  std::vector<std::string> dirs;
+  bool json = false;
+};
+int RunVerify(const GlobalOptions& g, const VerifyArgs& args);
+
+}  // namespace ckptfs::ctl

@@ -1,0 +1,68 @@
+// ckptfsctl: the admin's tool for ckptfs. Argument parsing only; each command
+// lives in its own file.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "ckptfs/build_info.h"
+#include "ckptfs/catalog.h"
+#include "ctl.h"
+
+using namespace ckptfs::ctl;
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "ckptfsctl - inspect and digest model checkpoints for ckptfs.\n"
+      "A checkpoint is a directory that directly holds a weight file (*.safetensors, *.bin, *.pt,\n"
+      "*.pth, *.ckpt, *.gguf); its name is sha256-<hex>, the SHA-256 of its canonical manifest.",
+      "ckptfsctl"};
+  app.footer(
+      "Exit status: 0 success; 1 some checkpoint or file failed (the rest were reported);\n"
+      "2 usage error; 3 nothing could be done (bad source, no checkpoints, unusable index).\n"
+      "Index: STATE/index.db, where STATE is --state, else /var/lib/ckptfs for root,\n"
+      "else $XDG_STATE_HOME/ckptfs (~/.local/state/ckptfs).");
+  app.require_subcommand(1);
+  app.fallthrough();  // global options may follow the command
+  app.set_version_flag("--version", ckptfs::BuildDescription());
+
+  GlobalOptions g;
+  app.add_option("--state", g.state_dir, "Directory that holds the index (index.db)")->option_text("DIR");
+  app.add_option("--threads", g.threads, "Hashing threads (default: one per CPU)")
+      ->check(CLI::Range(1u, 1024u))
+      ->option_text("N");
+  app.add_option("--symlinks", g.symlinks,
+                 "contained: follow links only when they resolve inside the tree (default);\n"
+                 "follow: follow every link (trusted trees)")
+      ->check(CLI::IsMember({"contained", "follow"}))
+      ->option_text("POLICY");
+  app.add_flag("-q,--quiet", g.quiet, "No progress bar");
+
+  DigestArgs digest;
+  auto* cmd_digest = app.add_subcommand(
+      "digest", "Print 'sha256-<hex>  PATH' for every checkpoint found under each DIR (hashes are cached in the index)");
+  cmd_digest->add_option("DIR", digest.dirs, "Source trees or checkpoint directories")->required();
+  auto* manifest_flag = cmd_digest->add_flag(
+      "--manifest", digest.manifest,
+      "Print the canonical manifest lines instead ('<sha256>  <path>'); for several checkpoints a\n"
+      "'# NAME  PATH' line heads each block");
+  cmd_digest->add_flag("--json", digest.json, "Print JSON: path, name, digest, size, files with size and sha256")
+      ->excludes(manifest_flag);
+  cmd_digest->add_flag("-v,--verbose", digest.verbose, "Report on stderr how many files were hashed or taken from the index");
+
+  VerifyArgs verify;
+  auto* cmd_verify = app.add_subcommand(
+      "verify", "Re-read every file under each DIR, ignoring the index, and report files whose content no longer\n"
+                "matches the index (MISMATCH: changed with its stamp intact; CHANGED: modified since indexed)");
+  cmd_verify->add_option("DIR", verify.dirs, "Source trees or checkpoint directories")->required();
+  cmd_verify->add_flag("--json", verify.json, "Print JSON");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? kExitOk : kExitUsage;
+  }
+
+  if (*cmd_digest) return RunDigest(g, digest);
+  if (*cmd_verify) return RunVerify(g, verify);
+  return kExitUsage;
+}

@@ -1,0 +1,325 @@
+#include "ckptfs/index.h"
+
+#include <pwd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+
+namespace ckptfs {
+
+namespace {
+
+// "ckpt" in ASCII: marks the file as ours, so a foreign SQLite database at
+// the same path is recognised and set aside instead of being written into.
+constexpr int kApplicationId = 0x636b7074;
+constexpr int kSchemaVersion = 1;
+
+constexpr const char* kSchema = R"sql(
+CREATE TABLE IF NOT EXISTS files(
+  dev INTEGER NOT NULL, ino INTEGER NOT NULL,
+  size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
+  sha256 BLOB NOT NULL, chunk_size INTEGER NOT NULL, chunks BLOB NOT NULL,
+  path TEXT NOT NULL, indexed_at INTEGER NOT NULL,
+  PRIMARY KEY (dev, ino)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS files_by_sha256 ON files(sha256);
+CREATE TABLE IF NOT EXISTS checkpoints(
+  name TEXT PRIMARY KEY, manifest TEXT NOT NULL,
+  total_size INTEGER NOT NULL, file_count INTEGER NOT NULL, indexed_at INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS sources(
+  root TEXT NOT NULL, rel_path TEXT NOT NULL, name TEXT NOT NULL, seen_at INTEGER NOT NULL,
+  PRIMARY KEY (root, rel_path));
+)sql";
+
+// RAII prepared statement.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const char* sql) { rc_ = sqlite3_prepare_v2(db, sql, -1, &s_, nullptr); }
+  ~Stmt() { sqlite3_finalize(s_); }
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+  bool ok() const { return rc_ == SQLITE_OK; }
+  sqlite3_stmt* get() { return s_; }
+  void Bind(int i, int64_t v) { sqlite3_bind_int64(s_, i, v); }
+  void Bind(int i, uint64_t v) { sqlite3_bind_int64(s_, i, static_cast<int64_t>(v)); }
+  void Bind(int i, const std::string& v) { sqlite3_bind_text(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT); }
+  void BindBlob(int i, const void* p, size_t n) { sqlite3_bind_blob(s_, i, p, static_cast<int>(n), SQLITE_TRANSIENT); }
+  int Step() { return sqlite3_step(s_); }
+  int64_t Int(int col) { return sqlite3_column_int64(s_, col); }
+  std::string Text(int col) {
+    auto p = reinterpret_cast<const char*>(sqlite3_column_text(s_, col));
+    return p ? std::string(p, static_cast<size_t>(sqlite3_column_bytes(s_, col))) : std::string();
+  }
+  std::string Blob(int col) {
+    auto p = static_cast<const char*>(sqlite3_column_blob(s_, col));
+    return p ? std::string(p, static_cast<size_t>(sqlite3_column_bytes(s_, col))) : std::string();
+  }
+
+ private:
+  sqlite3_stmt* s_ = nullptr;
+  int rc_;
+};
+
+int64_t Now() { return static_cast<int64_t>(std::time(nullptr)); }
+
+// Decodes a stored row into FileHashes, refusing anything malformed.
+std::optional<FileHashes> DecodeHashes(uint64_t size, const std::string& sha, int64_t chunk_size,
+                                       const std::string& chunks) {
+  if (sha.size() != 32 || chunk_size != static_cast<int64_t>(kChunkSize) ||
+      chunks.size() != ChunkCount(size) * sizeof(ChunkHash)) {
+    return std::nullopt;
+  }
+  FileHashes h;
+  h.size = size;
+  std::memcpy(h.sha256.data(), sha.data(), 32);
+  h.chunks.resize(ChunkCount(size));
+  if (!chunks.empty()) std::memcpy(h.chunks.data(), chunks.data(), chunks.size());
+  return h;
+}
+
+Status MakeDirs(const std::string& dir) {
+  std::string partial;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = dir.find('/', pos + 1);
+    partial = dir.substr(0, pos);
+    if (partial.empty()) continue;
+    if (::mkdir(partial.c_str(), 0700) != 0 && errno != EEXIST) {
+      return Status::FromErrno("cannot create state directory " + partial, errno);
+    }
+  }
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) return Status::FromErrno("state directory " + dir, errno);
+  if (!S_ISDIR(st.st_mode)) return Status::Error("state directory " + dir + ": Not a directory");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) return Status::FromErrno("state directory " + dir, errno);
+  return Status::Ok();
+}
+
+// Checks that an open database is an intact ckptfs index (or empty), and
+// returns why not otherwise.
+std::optional<std::string> Inspect(sqlite3* db) {
+  int app_id = -1, version = -1, tables = -1;
+  {
+    Stmt s(db, "PRAGMA quick_check");
+    if (!s.ok()) return std::string(sqlite3_errmsg(db));
+    int rc = s.Step();
+    if (rc != SQLITE_ROW) return std::string(sqlite3_errmsg(db));
+    std::string verdict = s.Text(0);
+    if (verdict != "ok") return "integrity check failed: " + verdict;
+  }
+  {
+    Stmt s(db, "PRAGMA application_id");
+    if (!s.ok() || s.Step() != SQLITE_ROW) return std::string(sqlite3_errmsg(db));
+    app_id = static_cast<int>(s.Int(0));
+  }
+  {
+    Stmt s(db, "PRAGMA user_version");
+    if (!s.ok() || s.Step() != SQLITE_ROW) return std::string(sqlite3_errmsg(db));
+    version = static_cast<int>(s.Int(0));
+  }
+  {
+    Stmt s(db, "SELECT count(*) FROM sqlite_schema");
+    if (!s.ok() || s.Step() != SQLITE_ROW) return std::string(sqlite3_errmsg(db));
+    tables = static_cast<int>(s.Int(0));
+  }
+  if (app_id == 0 && tables == 0) return std::nullopt;  // a new, empty file
+  if (app_id != kApplicationId) return "not a ckptfs index (a foreign SQLite database)";
+  if (version != kSchemaVersion) {
+    return "index schema version " + std::to_string(version) + ", this ckptfs uses " +
+           std::to_string(kSchemaVersion);
+  }
+  return std::nullopt;
+}
+
+std::string Timestamp() {
+  char buf[32];
+  std::time_t t = std::time(nullptr);
+  struct tm tm;
+  gmtime_r(&t, &tm);
+  std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &tm);
+  return buf;
+}
+
+// Renames the index and its WAL files aside; returns the new name of the index.
+Result<std::string> SetAside(const std::string& path) {
+  const std::string aside = path + ".bad-" + Timestamp() + "-" + std::to_string(::getpid());
+  if (::rename(path.c_str(), aside.c_str()) != 0) {
+    return Status::FromErrno("cannot move damaged index " + path + " aside", errno);
+  }
+  for (const char* suffix : {"-wal", "-shm"}) {
+    std::string from = path + suffix;
+    std::string to = aside + suffix;
+    if (::rename(from.c_str(), to.c_str()) != 0 && errno != ENOENT) {
+      ::unlink(from.c_str());
+    }
+  }
+  return aside;
+}
+
+Result<sqlite3*> OpenDb(const std::string& path) {
+  sqlite3* db = nullptr;
+  int rc = sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+                           nullptr);
+  if (rc != SQLITE_OK) {
+    std::string msg = db ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+    sqlite3_close(db);
+    return Status::Error("cannot open index " + path + ": " + msg);
+  }
+  sqlite3_busy_timeout(db, 10000);
+  return db;
+}
+
+}  // namespace
+
+std::string DefaultStateDir() {
+  if (::geteuid() == 0) return "/var/lib/ckptfs";
+  if (const char* xdg = std::getenv("XDG_STATE_HOME"); xdg != nullptr && xdg[0] == '/') {
+    return std::string(xdg) + "/ckptfs";
+  }
+  const char* home = std::getenv("HOME");
+  std::string h = home ? home : "";
+  if (h.empty()) {
+    if (passwd* pw = ::getpwuid(::geteuid())) h = pw->pw_dir;
+  }
+  return h + "/.local/state/ckptfs";
+}
+
+Result<std::unique_ptr<Index>> Index::Open(const std::string& state_dir, std::vector<std::string>* warnings) {
+  if (Status s = MakeDirs(state_dir); !s.ok()) return s;
+  const std::string path = state_dir + "/" + kFileName;
+
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto db = OpenDb(path);
+    if (!db.ok()) return db.status();
+    std::optional<std::string> problem = Inspect(*db);
+    if (!problem) {
+      std::unique_ptr<Index> index(new Index(*db, path));
+      for (const char* sql : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL", kSchema}) {
+        if (Status s = index->Exec(sql); !s.ok()) return s;
+      }
+      if (Status s = index->Exec(("PRAGMA application_id=" + std::to_string(kApplicationId)).c_str()); !s.ok()) {
+        return s;
+      }
+      if (Status s = index->Exec(("PRAGMA user_version=" + std::to_string(kSchemaVersion)).c_str()); !s.ok()) {
+        return s;
+      }
+      return index;
+    }
+    sqlite3_close(*db);
+    auto aside = SetAside(path);
+    if (!aside.ok()) return aside.status();
+    if (warnings) {
+      warnings->push_back("index " + path + " is unusable (" + *problem + "); moved it aside to " + *aside +
+                          " and rebuilding");
+    }
+  }
+  return Status::Error("index " + path + " is still unusable after being rebuilt");
+}
+
+Index::~Index() { sqlite3_close(db_); }
+
+Status Index::Exec(const char* sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : sqlite3_errmsg(db_);
+    sqlite3_free(err);
+    return Status::Error("index " + path_ + ": " + msg);
+  }
+  return Status::Ok();
+}
+
+std::optional<FileHashes> Index::LookupFile(const FileStamp& stamp) {
+  auto stored = LookupInode(stamp.dev, stamp.ino);
+  if (!stored || stored->stamp != stamp) return std::nullopt;
+  return std::move(stored->hashes);
+}
+
+std::optional<Index::StoredFile> Index::LookupInode(uint64_t dev, uint64_t ino) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_,
+         "SELECT size, mtime_ns, ctime_ns, sha256, chunk_size, chunks, path FROM files WHERE dev=?1 AND ino=?2");
+  if (!s.ok()) return std::nullopt;
+  s.Bind(1, dev);
+  s.Bind(2, ino);
+  if (s.Step() != SQLITE_ROW) return std::nullopt;
+  StoredFile f;
+  f.stamp = {dev, ino, static_cast<uint64_t>(s.Int(0)), s.Int(1), s.Int(2)};
+  auto hashes = DecodeHashes(f.stamp.size, s.Blob(3), s.Int(4), s.Blob(5));
+  if (!hashes) return std::nullopt;  // malformed row: treat as absent, it will be rewritten
+  f.hashes = std::move(*hashes);
+  f.path = s.Text(6);
+  return f;
+}
+
+Status Index::PutFile(const FileStamp& stamp, const std::string& path, const FileHashes& hashes) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_,
+         "INSERT OR REPLACE INTO files(dev, ino, size, mtime_ns, ctime_ns, sha256, chunk_size, chunks, path, "
+         "indexed_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)");
+  if (!s.ok()) return Status::Error("index " + path_ + ": " + sqlite3_errmsg(db_));
+  s.Bind(1, stamp.dev);
+  s.Bind(2, stamp.ino);
+  s.Bind(3, stamp.size);
+  s.Bind(4, stamp.mtime_ns);
+  s.Bind(5, stamp.ctime_ns);
+  s.BindBlob(6, hashes.sha256.data(), hashes.sha256.size());
+  s.Bind(7, kChunkSize);
+  s.BindBlob(8, hashes.chunks.data(), hashes.chunks.size() * sizeof(ChunkHash));
+  s.Bind(9, path);
+  s.Bind(10, Now());
+  if (s.Step() != SQLITE_DONE) return Status::Error("index " + path_ + ": " + sqlite3_errmsg(db_));
+  return Status::Ok();
+}
+
+Status Index::PutCheckpoint(const std::string& name, const std::string& manifest, uint64_t total_size,
+                            uint64_t file_count) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_,
+         "INSERT INTO checkpoints(name, manifest, total_size, file_count, indexed_at) VALUES (?1, ?2, ?3, ?4, ?5) "
+         "ON CONFLICT(name) DO NOTHING");
+  if (!s.ok()) return Status::Error("index " + path_ + ": " + sqlite3_errmsg(db_));
+  s.Bind(1, name);
+  s.Bind(2, manifest);
+  s.Bind(3, total_size);
+  s.Bind(4, file_count);
+  s.Bind(5, Now());
+  if (s.Step() != SQLITE_DONE) return Status::Error("index " + path_ + ": " + sqlite3_errmsg(db_));
+  return Status::Ok();
+}
+
+Status Index::PutSource(const std::string& real_root, const std::string& rel_path, const std::string& name) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, "INSERT OR REPLACE INTO sources(root, rel_path, name, seen_at) VALUES (?1, ?2, ?3, ?4)");
+  if (!s.ok()) return Status::Error("index " + path_ + ": " + sqlite3_errmsg(db_));
+  s.Bind(1, real_root);
+  s.Bind(2, rel_path);
+  s.Bind(3, name);
+  s.Bind(4, Now());
+  if (s.Step() != SQLITE_DONE) return Status::Error("index " + path_ + ": " + sqlite3_errmsg(db_));
+  return Status::Ok();
+}
+
+std::optional<std::string> Index::LookupSource(const std::string& real_root, const std::string& rel_path) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, "SELECT name FROM sources WHERE root=?1 AND rel_path=?2");
+  if (!s.ok()) return std::nullopt;
+  s.Bind(1, real_root);
+  s.Bind(2, rel_path);
+  if (s.Step() != SQLITE_ROW) return std::nullopt;
+  return s.Text(0);
+}
+
+std::optional<std::string> Index::LookupManifest(const std::string& name) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, "SELECT manifest FROM checkpoints WHERE name=?1");
+  if (!s.ok()) return std::nullopt;
+  s.Bind(1, name);
+  if (s.Step() != SQLITE_ROW) return std::nullopt;
+  return s.Text(0);
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,159 @@
+#include "ckptfs/indexer.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "ckptfs/thread_pool.h"
+
+namespace ckptfs {
+
+namespace {
+
+using InodeKey = std::pair<uint64_t, uint64_t>;
+
+// One distinct file to be resolved to hashes.
+struct FileJob {
+  std::string open_path;
+  FileStamp stamp;
+  std::optional<FileHashes> hashes;
+  bool from_index = false;
+  std::optional<std::string> error;
+  bool unsettled = false;
+};
+
+}  // namespace
+
+IndexReport Indexer::Run(const CatalogScan& scan) {
+  IndexReport report;
+
+  // Distinct files across every valid checkpoint.
+  std::map<InodeKey, FileJob> jobs;
+  for (const auto& cp : scan.checkpoints) {
+    if (!cp.valid()) continue;
+    for (const auto& m : cp.members) {
+      auto key = InodeKey{m.stamp.dev, m.stamp.ino};
+      if (!jobs.count(key)) jobs[key] = FileJob{m.open_path, m.stamp, std::nullopt, false, std::nullopt, false};
+    }
+  }
+
+  std::vector<FileJob*> to_hash;
+  uint64_t bytes_to_hash = 0;
+  for (auto& [key, job] : jobs) {
+    if (!options_.ignore_index && index_ != nullptr) {
+      if (auto h = index_->LookupFile(job.stamp)) {
+        job.hashes = std::move(*h);
+        job.from_index = true;
+        ++report.files_from_index;
+        continue;
+      }
+    }
+    to_hash.push_back(&job);
+    bytes_to_hash += job.stamp.size;
+  }
+  // Largest first, so the long files start early and the small ones fill in.
+  std::sort(to_hash.begin(), to_hash.end(),
+            [](const FileJob* a, const FileJob* b) { return a->stamp.size > b->stamp.size; });
+  if (options_.on_plan) options_.on_plan(bytes_to_hash);
+
+  const unsigned threads = EffectiveThreads(options_.threads);
+  ThreadPool chunk_pool(threads);
+  FileHasher hasher(&chunk_pool);
+  if (options_.on_bytes) hasher.set_progress(options_.on_bytes);
+  if (options_.chunk_read_hook) hasher.set_chunk_read_hook(options_.chunk_read_hook);
+
+  std::atomic<size_t> next{0};
+  std::atomic<uint64_t> files_hashed{0}, bytes_hashed{0};
+  std::mutex warn_mu;
+
+  auto worker = [&] {
+    for (size_t i = next++; i < to_hash.size(); i = next++) {
+      FileJob& job = *to_hash[i];
+      for (int attempt = 1;; ++attempt) {
+        auto result = hasher.Hash(job.open_path, job.stamp);
+        if (result.ok()) {
+          job.hashes = std::move(*result);
+          ++files_hashed;
+          bytes_hashed += job.stamp.size;
+          if (!options_.ignore_index && index_ != nullptr) {
+            if (Status s = index_->PutFile(job.stamp, job.open_path, *job.hashes); !s.ok()) {
+              std::lock_guard lock(warn_mu);
+              report.warnings.push_back(s.message());
+            }
+          }
+          break;
+        }
+        if (!result.status().is_changed()) {
+          job.error = result.status().message();
+          break;
+        }
+        // Changed under us: take the new stamp and try again.
+        struct stat st;
+        if (::stat(job.open_path.c_str(), &st) != 0) {
+          job.error = job.open_path + ": vanished while being hashed";
+          break;
+        }
+        job.stamp = FileStamp::FromStat(st);
+        if (attempt >= options_.attempts) {
+          job.error = result.status().message() + " (gave up after " + std::to_string(attempt) + " attempts)";
+          job.unsettled = true;
+          break;
+        }
+      }
+    }
+  };
+  {
+    std::vector<std::thread> workers;
+    const unsigned n = std::min<unsigned>(threads, static_cast<unsigned>(std::max<size_t>(to_hash.size(), 1)));
+    for (unsigned t = 0; t < n; ++t) workers.emplace_back(worker);
+    for (auto& w : workers) w.join();
+  }
+  report.files_hashed = files_hashed;
+  report.bytes_hashed = bytes_hashed;
+
+  for (const auto& cp : scan.checkpoints) {
+    IndexedCheckpoint out;
+    out.rel_path = cp.rel_path;
+    out.abs_path = cp.abs_path;
+    if (!cp.valid()) {
+      out.error = *cp.invalid_reason;
+      report.checkpoints.push_back(std::move(out));
+      continue;
+    }
+    std::vector<ManifestEntry> entries;
+    for (const auto& m : cp.members) {
+      const FileJob& job = jobs.at({m.stamp.dev, m.stamp.ino});
+      if (job.error) {
+        out.error = out.error ? *out.error + "; " + *job.error : *job.error;
+        out.unsettled = out.unsettled || job.unsettled;
+        continue;
+      }
+      MemberFile hashed = m;
+      hashed.stamp = job.stamp;
+      entries.push_back({m.rel_path, job.hashes->sha256, job.stamp.size});
+      out.files.push_back({std::move(hashed), *job.hashes, job.from_index});
+      out.total_size += job.stamp.size;
+    }
+    if (!out.error) {
+      out.manifest = CanonicalManifest(entries);
+      out.name = CheckpointName(out.manifest);
+      if (!options_.ignore_index && index_ != nullptr) {
+        Status s = index_->PutCheckpoint(out.name, out.manifest, out.total_size, out.files.size());
+        if (s.ok()) s = index_->PutSource(scan.real_root, cp.rel_path, out.name);
+        if (!s.ok()) report.warnings.push_back(s.message());
+      }
+    } else {
+      out.files.clear();
+      out.total_size = 0;
+    }
+    report.checkpoints.push_back(std::move(out));
+  }
+  return report;
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,143 @@
+// The SQLite index: reuse across runs, selective re-hashing, repair.
+#include "ckptfs/index.h"
+
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "ckptfs/file_hasher.h"
+#include "test_helpers.h"
+
+namespace ckptfs::testing {
+namespace {
+
+class IndexTest : public ::testing::Test {
+ protected:
+  IndexReport Run() {
+    auto index = OpenIndex(state_.path());
+    return Indexer(index.get(), {}).Run(ScanOk(src_.path()));
+  }
+  TempDir src_{"ckptfs-src"};
+  TempDir state_{"ckptfs-state"};
+};
+
+TEST_F(IndexTest, SecondRunOverUnchangedTreeOpensNoFile) {
+  WriteModel(src_ / "a", {.seed = 1});
+  WriteModel(src_ / "b", {.seed = 2});
+  IndexReport first = Run();
+  EXPECT_EQ(first.files_hashed, 10u);
+  EXPECT_EQ(first.files_from_index, 0u);
+
+  const uint64_t opened_before = FileHasher::files_opened();
+  IndexReport second = Run();
+  EXPECT_EQ(FileHasher::files_opened(), opened_before);  // not one member opened
+  EXPECT_EQ(second.files_hashed, 0u);
+  EXPECT_EQ(second.files_from_index, 10u);
+  EXPECT_EQ(Find(second, "a").name, Find(first, "a").name);
+  EXPECT_EQ(Find(second, "b").name, Find(first, "b").name);
+}
+
+TEST_F(IndexTest, TouchingOneFileRehashesOnlyThatFile) {
+  WriteModel(src_ / "a", {});
+  IndexReport first = Run();
+  ASSERT_EQ(first.files_hashed, 5u);
+  ASSERT_EQ(::utimensat(AT_FDCWD, (src_ / "a/config.json").c_str(), nullptr, 0), 0);  // touch
+  IndexReport second = Run();
+  EXPECT_EQ(second.files_hashed, 1u);
+  EXPECT_EQ(second.files_from_index, 4u);
+  EXPECT_EQ(Find(second, "a").name, Find(first, "a").name);  // same bytes, same name
+
+  WriteFile(src_ / "a/config.json", "{\"changed\": true}\n");
+  IndexReport third = Run();
+  EXPECT_EQ(third.files_hashed, 1u);
+  EXPECT_NE(Find(third, "a").name, Find(first, "a").name);
+  EXPECT_EQ(Find(third, "a").name, CoreutilsDigest(src_ / "a"));
+}
+
+TEST_F(IndexTest, RecordsCheckpointManifestAndSource) {
+  WriteModel(src_ / "a", {});
+  IndexReport report = Run();
+  auto index = OpenIndex(state_.path());
+  const auto& a = Find(report, "a");
+  EXPECT_EQ(index->LookupManifest(a.name), a.manifest);
+  EXPECT_EQ(index->LookupSource(ScanOk(src_.path()).real_root, "a"), a.name);
+}
+
+TEST_F(IndexTest, CorruptIndexIsSetAsideAndRebuilt) {
+  WriteModel(src_ / "a", {});
+  const std::string name = Find(Run(), "a").name;
+  // Overwrite the middle of the database with garbage.
+  const std::string db = state_ / "index.db";
+  {
+    auto index = OpenIndex(state_.path());  // checkpoint the WAL into the main file first
+  }
+  std::string bytes = ReadFile(db);
+  ASSERT_GT(bytes.size(), 4096u);
+  for (size_t i = 100; i < bytes.size(); i += 7) bytes[i] = static_cast<char>(i * 31);
+  WriteFile(db, bytes);
+
+  std::vector<std::string> warnings;
+  auto index = Index::Open(state_.path(), &warnings);
+  ASSERT_TRUE(index.ok()) << index.status().message();
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("moved it aside"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[0].find(db), std::string::npos);
+  index->reset();
+  // A rebuilt index answers correctly.
+  IndexReport again = Run();
+  EXPECT_EQ(again.files_hashed, 5u);
+  EXPECT_EQ(Find(again, "a").name, name);
+  size_t aside = 0;
+  for (const auto& e : std::filesystem::directory_iterator(state_.path())) {
+    if (e.path().filename().string().rfind("index.db.bad-", 0) == 0) ++aside;
+  }
+  EXPECT_GE(aside, 1u);
+}
+
+TEST_F(IndexTest, NonDatabaseFileIsSetAside) {
+  WriteFile(state_ / "index.db", std::string(8192, 'x'));
+  std::vector<std::string> warnings;
+  auto index = Index::Open(state_.path(), &warnings);
+  ASSERT_TRUE(index.ok()) << index.status().message();
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("not a database"), std::string::npos) << warnings[0];
+}
+
+TEST_F(IndexTest, ForeignSqliteDatabaseIsSetAside) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((state_ / "index.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "CREATE TABLE files(x); INSERT INTO files VALUES (1);", nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  std::vector<std::string> warnings;
+  auto index = Index::Open(state_.path(), &warnings);
+  ASSERT_TRUE(index.ok()) << index.status().message();
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("foreign"), std::string::npos) << warnings[0];
+}
+
+TEST_F(IndexTest, MalformedRowIsNotTrusted) {
+  WriteModel(src_ / "a", {});
+  Run();
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((state_ / "index.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "UPDATE files SET chunks = x'00'", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  IndexReport again = Run();
+  EXPECT_EQ(again.files_hashed, 5u);  // every row refused and re-hashed
+  EXPECT_EQ(Find(again, "a").name, CoreutilsDigest(src_ / "a"));
+}
+
+TEST_F(IndexTest, UnwritableStateDirectoryFailsClearly) {
+  WriteFile(state_ / "file", "x");
+  auto index = Index::Open(state_ / "file/sub", nullptr);
+  ASSERT_FALSE(index.ok());
+  EXPECT_NE(index.status().message().find(state_ / "file"), std::string::npos) << index.status().message();
+}
+
+}  // namespace
+}  // namespace ckptfs::testing

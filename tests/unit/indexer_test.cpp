@@ -1,0 +1,89 @@
+// The indexer: dedup across checkpoints, retries on change, bad members.
+#include "ckptfs/indexer.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+
+#include "test_helpers.h"
+
+namespace ckptfs::testing {
+namespace {
+
+class IndexerTest : public ::testing::Test {
+ protected:
+  TempDir src_{"ckptfs-src"};
+  TempDir state_{"ckptfs-state"};
+};
+
+TEST_F(IndexerTest, FileSharedByLinksIsHashedOnce) {
+  WriteFile(src_ / "blobs/w", RandomBytes(1000, 1));
+  Symlink("../blobs/w", src_ / "a/model.safetensors");
+  Symlink("../blobs/w", src_ / "b/model.safetensors");
+  auto index = OpenIndex(state_.path());
+  IndexReport r = Indexer(index.get(), {}).Run(ScanOk(src_.path()));
+  EXPECT_EQ(r.files_hashed, 1u);
+  EXPECT_EQ(Find(r, "a").name, Find(r, "b").name);
+}
+
+TEST_F(IndexerTest, FileChangedOnceWhileHashedIsRetriedAndRecordedAsItIsNow) {
+  WriteModel(src_ / "a", {});
+  const std::string victim = src_ / "a/model-00001-of-00002.safetensors";
+  std::atomic<int> changes{0};
+  IndexerOptions options;
+  options.chunk_read_hook = [&](const std::string& path, uint64_t) {
+    if (path.find("model-00001") != std::string::npos && changes++ == 0) ZeroTensor(victim, 0);
+  };
+  auto index = OpenIndex(state_.path());
+  IndexReport r = Indexer(index.get(), options).Run(ScanOk(src_.path()));
+  ASSERT_FALSE(Find(r, "a").error) << *Find(r, "a").error;
+  EXPECT_EQ(changes.load(), 2);  // read twice
+  EXPECT_EQ(Find(r, "a").name, CoreutilsDigest(src_ / "a"));  // the bytes as they are now
+}
+
+TEST_F(IndexerTest, FileThatKeepsChangingLeavesCheckpointUnsettledAndUnrecorded) {
+  WriteModel(src_ / "a", {});
+  WriteModel(src_ / "b", {.seed = 2});
+  IndexerOptions options;
+  options.chunk_read_hook = [&](const std::string& path, uint64_t) {
+    if (path.find("/a/config.json") != std::string::npos) WriteFile(path, RandomBytes(100, 5));
+  };
+  auto index = OpenIndex(state_.path());
+  IndexReport r = Indexer(index.get(), options).Run(ScanOk(src_.path()));
+  const auto& a = Find(r, "a");
+  ASSERT_TRUE(a.error);
+  EXPECT_TRUE(a.unsettled);
+  EXPECT_NE(a.error->find("config.json"), std::string::npos) << *a.error;
+  EXPECT_FALSE(Find(r, "b").error);  // the rest go on
+  struct stat st;
+  ASSERT_EQ(::stat((src_ / "a/config.json").c_str(), &st), 0);
+  EXPECT_FALSE(index->LookupInode(st.st_dev, st.st_ino).has_value());  // nothing recorded for it
+}
+
+TEST_F(IndexerTest, IgnoreIndexReadsEverythingAndRecordsNothing) {
+  WriteModel(src_ / "a", {});
+  auto index = OpenIndex(state_.path());
+  IndexerOptions options;
+  options.ignore_index = true;
+  IndexReport r = Indexer(index.get(), options).Run(ScanOk(src_.path()));
+  EXPECT_EQ(r.files_hashed, 5u);
+  EXPECT_FALSE(index->LookupSource(ScanOk(src_.path()).real_root, "a").has_value());
+}
+
+TEST_F(IndexerTest, ProgressIsPlannedAndReported) {
+  WriteModel(src_ / "a", {});
+  uint64_t planned = 0;
+  std::atomic<uint64_t> seen{0};
+  IndexerOptions options;
+  options.on_plan = [&](uint64_t total) { planned = total; };
+  options.on_bytes = [&](uint64_t n) { seen += n; };
+  auto index = OpenIndex(state_.path());
+  IndexReport r = Indexer(index.get(), options).Run(ScanOk(src_.path()));
+  EXPECT_EQ(planned, Find(r, "a").total_size);
+  EXPECT_EQ(seen.load(), planned);
+}
+
+}  // namespace
+}  // namespace ckptfs::testing
