@@ -20,11 +20,13 @@ namespace {
 // One directory of the walked tree, before it is cut into checkpoints.
 struct DirNode {
   std::string rel;  // relative to the root ("" for the root)
+  Ownership owner;
   bool has_weight_file = false;
   struct File {
     std::string rel;  // relative to the root
     std::string open_path;
     FileStamp stamp;
+    Ownership owner;
   };
   std::vector<File> files;
   std::vector<std::unique_ptr<DirNode>> subdirs;
@@ -119,13 +121,14 @@ class TreeWalker {
         }
         auto sub = std::make_unique<DirNode>();
         sub->rel = rel;
+        sub->owner = Ownership::FromStat(st);
         ancestors.insert(key);
         Walk(target, *sub, ancestors);
         ancestors.erase(key);
         node.subdirs.push_back(std::move(sub));
       } else if (S_ISREG(st.st_mode)) {
         if (IsWeightFileName(name)) node.has_weight_file = true;
-        node.files.push_back({rel, target, FileStamp::FromStat(st)});
+        node.files.push_back({rel, target, FileStamp::FromStat(st), Ownership::FromStat(st)});
       }
       // Sockets, fifos and devices are not members.
     }
@@ -177,17 +180,22 @@ void CollectMembers(const DirNode& node, size_t prefix_len, CheckpointSource& cp
                     std::vector<std::string>& problems) {
   problems.insert(problems.end(), node.problems.begin(), node.problems.end());
   for (const auto& f : node.files) {
-    cp.members.push_back({f.rel.substr(prefix_len), f.open_path, f.stamp});
+    cp.members.push_back({f.rel.substr(prefix_len), f.open_path, f.stamp, f.owner});
   }
   for (const auto& sub : node.subdirs) {
-    if (!sub->has_weight_file) CollectMembers(*sub, prefix_len, cp, problems);
+    if (sub->has_weight_file) continue;
+    cp.subdirs[sub->rel.substr(prefix_len)] = sub->owner;
+    CollectMembers(*sub, prefix_len, cp, problems);
   }
 }
 
-void CutIntoCheckpoints(const DirNode& node, const std::string& root, CatalogScan& scan,
-                        bool inside_checkpoint) {
+// `reach` is what the directories above `node` let through.
+void CutIntoCheckpoints(const DirNode& node, const std::string& root, CatalogScan& scan, bool inside_checkpoint,
+                        const std::optional<Ownership>& reach) {
+  scan.dirs[node.rel] = node.owner;
   if (node.has_weight_file) {
     CheckpointSource cp;
+    cp.dir_owner = reach ? Intersect(node.owner, *reach) : node.owner;
     cp.rel_path = node.rel;
     cp.abs_path = node.rel.empty() ? root : root + "/" + node.rel;
     const size_t prefix_len = node.rel.empty() ? 0 : node.rel.size() + 1;
@@ -217,7 +225,9 @@ void CutIntoCheckpoints(const DirNode& node, const std::string& root, CatalogSca
   } else if (!inside_checkpoint) {
     scan.warnings.insert(scan.warnings.end(), node.problems.begin(), node.problems.end());
   }
-  for (const auto& sub : node.subdirs) CutIntoCheckpoints(*sub, root, scan, inside_checkpoint);
+  const Ownership through = TraversalOnly(node.owner);
+  const Ownership next_reach = reach ? Intersect(through, *reach) : through;
+  for (const auto& sub : node.subdirs) CutIntoCheckpoints(*sub, root, scan, inside_checkpoint, next_reach);
 }
 
 }  // namespace
@@ -259,9 +269,10 @@ Result<CatalogScan> ScanSourceTree(const std::string& root, const CatalogOptions
   scan.real_root = *real_root;
 
   DirNode top;
+  top.owner = Ownership::FromStat(st);
   std::set<std::pair<dev_t, ino_t>> ancestors{{st.st_dev, st.st_ino}};
   TreeWalker(*real_root, options).Walk(*real_root, top, ancestors);
-  CutIntoCheckpoints(top, scan.root, scan, /*inside_checkpoint=*/false);
+  CutIntoCheckpoints(top, scan.root, scan, /*inside_checkpoint=*/false, std::nullopt);
   return scan;
 }
 

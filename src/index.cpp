@@ -81,7 +81,7 @@ std::optional<FileHashes> DecodeHashes(uint64_t size, const std::string& sha, in
   return h;
 }
 
-Status MakeDirs(const std::string& dir) {
+Status MakeDirsImpl(const std::string& dir) {
   std::string partial;
   size_t pos = 0;
   while (pos != std::string::npos) {
@@ -175,6 +175,8 @@ Result<sqlite3*> OpenDb(const std::string& path) {
 
 }  // namespace
 
+Status PrepareStateDir(const std::string& dir) { return MakeDirsImpl(dir); }
+
 std::string DefaultStateDir() {
   if (::geteuid() == 0) return "/var/lib/ckptfs";
   if (const char* xdg = std::getenv("XDG_STATE_HOME"); xdg != nullptr && xdg[0] == '/') {
@@ -189,7 +191,7 @@ std::string DefaultStateDir() {
 }
 
 Result<std::unique_ptr<Index>> Index::Open(const std::string& state_dir, std::vector<std::string>* warnings) {
-  if (Status s = MakeDirs(state_dir); !s.ok()) return s;
+  if (Status s = PrepareStateDir(state_dir); !s.ok()) return s;
   const std::string path = state_dir + "/" + kFileName;
 
   for (int attempt = 0; attempt < 2; ++attempt) {
@@ -320,6 +322,15 @@ std::optional<std::string> Index::LookupManifest(const std::string& name) {
   s.Bind(1, name);
   if (s.Step() != SQLITE_ROW) return std::nullopt;
   return s.Text(0);
+}
+
+std::optional<int64_t> Index::CheckpointIndexedAt(const std::string& name) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, "SELECT indexed_at FROM checkpoints WHERE name=?1");
+  if (!s.ok()) return std::nullopt;
+  s.Bind(1, name);
+  if (s.Step() != SQLITE_ROW) return std::nullopt;
+  return s.Int(0);
 }
 
 }  // namespace ckptfs

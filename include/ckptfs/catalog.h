@@ -9,12 +9,14 @@
 // checkpoint that contains it invalid.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "ckptfs/file_stamp.h"
+#include "ckptfs/ownership.h"
 #include "ckptfs/status.h"
 
 namespace ckptfs {
@@ -38,12 +40,19 @@ struct MemberFile {
   std::string rel_path;   // relative to the checkpoint, components joined by '/'
   std::string open_path;  // canonical absolute path of the bytes (links resolved)
   FileStamp stamp;        // of the resolved file, taken during the walk
+  Ownership owner;        // of the resolved file
 };
 
 struct CheckpointSource {
   std::string rel_path;  // relative to the root; "" when the root is the checkpoint
   std::string abs_path;  // root + "/" + rel_path, as the user named them
   std::vector<MemberFile> members;  // ascending byte order of rel_path
+  // The checkpoint directory's ownership, intersected with what every
+  // directory above it (up to the root) lets through.
+  Ownership dir_owner;
+  // Ownership of each directory among the members, by path relative to the
+  // checkpoint ("a", "a/b"); nested checkpoints excluded.
+  std::map<std::string, Ownership> subdirs;
   // Set when the checkpoint must not be exposed; says which path and why.
   std::optional<std::string> invalid_reason;
 
@@ -55,6 +64,8 @@ struct CatalogScan {
   std::string root;       // as given
   std::string real_root;  // canonical
   std::vector<CheckpointSource> checkpoints;  // ascending order of rel_path
+  // Every directory walked, by path relative to the root ("" is the root).
+  std::map<std::string, Ownership> dirs;
   // Problems outside every checkpoint (they invalidate nothing).
   std::vector<std::string> warnings;
 };

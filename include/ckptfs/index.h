@@ -31,6 +31,10 @@ namespace ckptfs {
 // $XDG_STATE_HOME/ckptfs (or ~/.local/state/ckptfs) for everyone else.
 std::string DefaultStateDir();
 
+// Creates the state directory (mode 0700) if needed and checks that it can be
+// written, without opening the index.
+Status PrepareStateDir(const std::string& dir);
+
 class Index {
  public:
   static constexpr const char* kFileName = "index.db";
@@ -64,6 +68,8 @@ class Index {
   std::optional<std::string> LookupSource(const std::string& real_root, const std::string& rel_path);
   // The stored manifest of a checkpoint name, if any.
   std::optional<std::string> LookupManifest(const std::string& name);
+  // When a checkpoint name was first recorded (seconds since the epoch).
+  std::optional<int64_t> CheckpointIndexedAt(const std::string& name);
 
  private:
   Index(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}

@@ -10,6 +10,8 @@
 #include "ckptfs/index.h"
 #include "ckptfs/indexer.h"
 
+#include <nlohmann/json.hpp>
+
 namespace ckptfs::ctl {
 
 // Exit codes, documented in --help and the man page.
@@ -51,5 +53,16 @@ struct VerifyArgs {
   bool json = false;
 };
 int RunVerify(const GlobalOptions& g, const VerifyArgs& args);
+
+// Sends a request to the daemon serving `mountpoint`; fails unless it says ok.
+Result<nlohmann::json> CallMount(const std::string& mountpoint, const nlohmann::json& request);
+
+struct MountArgs {
+  std::string mountpoint;
+  bool json = false;
+};
+int RunStatus(const MountArgs& args);
+int RunLs(const MountArgs& args);
+int RunRescan(const MountArgs& args);
 
 }  // namespace ckptfs::ctl

@@ -55,6 +55,19 @@ int main(int argc, char** argv) {
   cmd_verify->add_option("DIR", verify.dirs, "Source trees or checkpoint directories")->required();
   cmd_verify->add_flag("--json", verify.json, "Print JSON");
 
+  MountArgs status_args, ls_args, rescan_args;
+  auto* cmd_status = app.add_subcommand(
+      "status", "Show a mount's checkpoints being indexed, pending or invalid (with the reason), its state directory\n"
+                "and options");
+  cmd_status->add_option("MOUNTPOINT", status_args.mountpoint, "A ckptfs mount point")->required();
+  cmd_status->add_flag("--json", status_args.json, "Print JSON");
+  auto* cmd_ls = app.add_subcommand("ls", "List a mount's digest directories: digest, files, size, indexed at, by-name paths");
+  cmd_ls->add_option("MOUNTPOINT", ls_args.mountpoint, "A ckptfs mount point")->required();
+  cmd_ls->add_flag("--json", ls_args.json, "Print JSON");
+  auto* cmd_rescan = app.add_subcommand("rescan", "Ask a mount to rescan its source now (root or the mount's owner)");
+  cmd_rescan->add_option("MOUNTPOINT", rescan_args.mountpoint, "A ckptfs mount point")->required();
+  cmd_rescan->add_flag("--json", rescan_args.json, "Print JSON");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -64,5 +77,8 @@ int main(int argc, char** argv) {
 
   if (*cmd_digest) return RunDigest(g, digest);
   if (*cmd_verify) return RunVerify(g, verify);
+  if (*cmd_status) return RunStatus(status_args);
+  if (*cmd_ls) return RunLs(ls_args);
+  if (*cmd_rescan) return RunRescan(rescan_args);
   return kExitUsage;
 }

@@ -1,0 +1,100 @@
+// CatalogWatcher: keeps the view in step with the source tree.
+//
+// One thread scans the tree (a stat walk, cheap thanks to the index), shows at
+// once every checkpoint whose files the index already knows, then indexes the
+// others one at a time and shows each as it completes. It rescans when
+// inotify reports a change (debounced), every `rescan` seconds (inotify misses
+// changes on network filesystems), and on request (control socket, SIGHUP).
+// A checkpoint is indexed only once none of its files has changed (ctime) for
+// `settle` seconds; a changed checkpoint leaves the view at the first rescan
+// that sees the change, and its new digest appears once it has settled.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "ckptfs/catalog.h"
+#include "ckptfs/index.h"
+#include "ckptfs/unique_fd.h"
+#include "ckptfs/view.h"
+
+namespace ckptfs {
+
+// What the watcher knows of one checkpoint path, for `ckptfsctl status`.
+struct CheckpointState {
+  enum class Phase { kExposed, kIndexing, kPending, kInvalid };
+  std::string path;  // absolute source path
+  Phase phase = Phase::kPending;
+  std::string name;    // when exposed
+  std::string reason;  // when invalid or pending
+  uint64_t files = 0;
+  uint64_t size = 0;
+  uint64_t bytes_done = 0;  // when indexing
+  uint64_t bytes_total = 0;
+  int64_t indexed_at = 0;
+};
+const char* PhaseName(CheckpointState::Phase phase);
+
+class CatalogWatcher {
+ public:
+  struct Options {
+    std::string source;
+    CatalogOptions catalog;
+    double rescan_s = 600;
+    double settle_s = 5;
+    unsigned threads = 0;
+  };
+  // Told which directory entries changed after each publish.
+  using ChangeCallback = std::function<void(const std::vector<std::pair<fuse_ino_t, std::string>>&)>;
+
+  CatalogWatcher(Options options, Index* index, View* view, ChangeCallback on_change);
+  ~CatalogWatcher();  // stops the thread
+  CatalogWatcher(const CatalogWatcher&) = delete;
+  CatalogWatcher& operator=(const CatalogWatcher&) = delete;
+
+  void Start();
+  void Stop();
+  void RequestRescan();
+
+  std::vector<CheckpointState> States() const;
+  uint64_t scans_completed() const { return scans_.load(); }
+
+ private:
+  void Run();
+  void ScanOnce();
+  void UpdateWatches(const CatalogScan& scan);
+  bool DrainInotify();  // true if any event arrived
+  void SetState(CheckpointState state);
+  void PublishExposed(const std::map<std::string, Ownership>& dirs);
+
+  Options options_;
+  Index* index_;
+  View* view_;
+  ChangeCallback on_change_;
+
+  UniqueFd inotify_;
+  UniqueFd wake_;  // eventfd: Stop() and RequestRescan() interrupt the wait
+  std::map<int, std::string> watches_;  // wd -> directory
+  bool watch_limit_logged_ = false;
+
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> rescan_requested_{true};
+  std::atomic<uint64_t> scans_{0};
+  double next_settle_deadline_ = 0;  // monotonic seconds; 0 = none
+
+  mutable std::mutex mu_;
+  std::map<std::string, CheckpointState> states_;          // by source path
+  std::map<std::string, ExposedCheckpoint> exposed_;       // by source path
+  std::string last_scan_error_;
+};
+
+}  // namespace ckptfs

@@ -1,0 +1,47 @@
+// The daemon's command line, in the form mount.fuse3 uses:
+//   ckptfs SRC MOUNTPOINT [-o opt[,opt...]]... [-f] [-d]
+// ckptfs's own options are taken out; standard FUSE and mount options are
+// passed on to libfuse; anything else is an error, reported before mounting.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ckptfs/catalog.h"
+#include "ckptfs/status.h"
+
+namespace ckptfs {
+
+struct MountOptions {
+  std::string source;      // SRC as given
+  std::string mountpoint;  // as given
+  bool foreground = false;  // -f
+  bool debug = false;       // -d: FUSE request tracing, implies -f
+  bool show_help = false;
+  bool show_version = false;
+
+  std::string state_dir;      // state=DIR (empty: DefaultStateDir())
+  double rescan_s = 600;      // rescan=SECONDS; 0 turns the periodic rescan off
+  double settle_s = 5;        // settle=SECONDS
+  SymlinkPolicy symlinks = SymlinkPolicy::kContained;
+  unsigned threads = 0;       // threads=N: FUSE and hashing threads; 0 = one per CPU
+  std::string log_level = "info";
+  uint64_t readahead = 4ull << 20;  // readahead=SIZE, bytes
+  bool allow_other = false;
+  std::string fsname;         // fsname=, default: SRC
+  // Options handed to libfuse as "-o a,b,c" (always ro and default_permissions).
+  std::vector<std::string> fuse_options;
+};
+
+// Parses argv (argv[0] is the program). Fails with a message naming the
+// offending argument.
+Result<MountOptions> ParseMountOptions(int argc, const char* const* argv);
+
+// "4M" -> 4194304; accepts K, M, G, T (powers of 1024) and a plain byte count.
+Result<uint64_t> ParseSize(const std::string& text);
+
+// The text of `ckptfs --help`.
+std::string MountUsage();
+
+}  // namespace ckptfs

@@ -1,0 +1,121 @@
+// View: the inode table of the mounted filesystem (DESIGN.md section 2).
+//
+//   /                      root: "by-name" and one sha256-<hex> per digest
+//   /by-name/...           directories mirroring the source tree; a leaf
+//                          checkpoint is a relative symlink to ../sha256-<hex>
+//   /sha256-<hex>/...      the members, byte-identical to the source
+//
+// The catalog publishes the full set of exposed checkpoints; the view turns
+// it into immutable Nodes and swaps them in. Inode numbers are derived from a
+// stable key (a digest path, a by-name path plus its target) and never
+// reused, so a kernel holding an inode across a publish still finds it: an
+// open file of a withdrawn digest keeps its node, while the digest leaves the
+// root's listing.
+//
+// A by-name path that is a checkpoint and also holds nested checkpoints
+// (run7/ with run7/checkpoint-500/) cannot be one symlink; it becomes a
+// directory whose entries are links to the parent digest's top-level entries
+// plus the nested checkpoints' own entries, so it still mirrors the source.
+#pragma once
+
+#ifndef FUSE_USE_VERSION
+#define FUSE_USE_VERSION 312
+#endif
+#include <fuse_lowlevel.h>
+
+#include <ctime>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "ckptfs/file_stamp.h"
+#include "ckptfs/hashes.h"
+#include "ckptfs/ownership.h"
+
+namespace ckptfs {
+
+// A checkpoint ready to be shown: indexed, valid, settled.
+struct ExposedCheckpoint {
+  struct File {
+    std::string rel_path;
+    std::string source_path;  // resolved path of the bytes
+    FileStamp stamp;          // as hashed; reads check it
+    Sha256Digest sha256{};
+    Ownership owner;
+  };
+  std::string rel_path;  // relative to the source root ("" = the root)
+  std::string abs_path;
+  std::string name;      // sha256-<hex>
+  uint64_t total_size = 0;
+  int64_t indexed_at = 0;  // seconds since the epoch
+  Ownership dir_owner;
+  std::map<std::string, Ownership> subdirs;
+  std::vector<File> files;  // ascending rel_path
+};
+
+class View {
+ public:
+  enum class Kind { kDir, kFile, kSymlink };
+
+  struct Node {
+    fuse_ino_t ino = 0;
+    Kind kind = Kind::kDir;
+    Ownership owner;  // write bits already removed
+    uint64_t size = 0;
+    struct timespec mtime {};
+    // Inside a digest directory: content can never change, so the kernel may
+    // cache entries and attributes for a long time.
+    bool immutable = false;
+    std::map<std::string, fuse_ino_t> children;  // directories
+    std::string link_target;                     // symlinks
+    std::string source_path;                     // files
+    FileStamp stamp;                             // files
+    std::string digest;                          // the sha256-<hex> this node belongs to, if any
+    std::vector<std::pair<std::string, std::string>> xattrs;
+  };
+  using NodePtr = std::shared_ptr<const Node>;
+
+  View(std::string source_root, Ownership root_owner);
+
+  // Replaces what is exposed. `source_dirs` maps paths relative to the
+  // source root to their ownership (for by-name directories). Returns the
+  // directory entries that appeared, vanished or changed, as (parent, name),
+  // so the caller can tell the kernel.
+  std::vector<std::pair<fuse_ino_t, std::string>> Publish(const std::vector<ExposedCheckpoint>& checkpoints,
+                                                          const std::map<std::string, Ownership>& source_dirs);
+
+  NodePtr Get(fuse_ino_t ino) const;
+  NodePtr Lookup(fuse_ino_t parent, const std::string& name) const;
+
+  // Extended attribute on the root naming the control socket.
+  void SetRootXattr(const std::string& name, const std::string& value);
+
+  // The digest path a by-name path leads to ("by-name/a/b" -> "sha256-..."),
+  // for ckptfsctl resolve and tests; nullopt if it is not a checkpoint link.
+  std::optional<std::string> DigestOfByName(const std::string& by_name_path) const;
+  // Every by-name checkpoint path ("by-name/...") and the digest it leads to.
+  std::map<std::string, std::string> ByNameLinks() const;
+
+ private:
+  class Builder;
+
+  fuse_ino_t InoFor(const std::string& key);
+
+  const std::string source_root_;
+  const Ownership root_owner_;
+  const struct timespec mount_time_;
+  mutable std::shared_mutex mu_;
+  std::unordered_map<fuse_ino_t, NodePtr> nodes_;  // every node ever published
+  std::unordered_map<std::string, fuse_ino_t> ino_by_key_;
+  fuse_ino_t next_ino_ = FUSE_ROOT_ID + 1;
+  std::vector<std::pair<std::string, std::string>> root_xattrs_;
+  std::map<std::string, std::string> by_name_digest_;  // "by-name/..." -> digest, current publish
+};
+
+}  // namespace ckptfs

@@ -1,0 +1,395 @@
+#include "ckptfs/catalog_watcher.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/inotify.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <limits>
+#include <set>
+
+#include <spdlog/spdlog.h>
+
+#include "ckptfs/indexer.h"
+
+namespace ckptfs {
+
+namespace {
+
+constexpr uint32_t kWatchMask = IN_CREATE | IN_DELETE | IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO |
+                                IN_ATTRIB | IN_DELETE_SELF | IN_MOVE_SELF;
+// Events arrive in bursts (a copy writes many files); wait this long after
+// one before rescanning, so a burst costs one walk.
+constexpr double kDebounceS = 0.3;
+
+double MonotonicSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int64_t WallNanos() {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+// A sub-scan holding only some of a scan's checkpoints.
+CatalogScan Only(const CatalogScan& scan, const std::vector<const CheckpointSource*>& keep) {
+  CatalogScan out;
+  out.root = scan.root;
+  out.real_root = scan.real_root;
+  for (const auto* cp : keep) out.checkpoints.push_back(*cp);
+  return out;
+}
+
+ExposedCheckpoint ToExposed(const CheckpointSource& src, const IndexedCheckpoint& indexed, Index& index) {
+  ExposedCheckpoint e;
+  e.rel_path = src.rel_path;
+  e.abs_path = src.abs_path;
+  e.name = indexed.name;
+  e.total_size = indexed.total_size;
+  e.indexed_at = index.CheckpointIndexedAt(indexed.name).value_or(WallNanos() / 1'000'000'000);
+  e.dir_owner = src.dir_owner;
+  e.subdirs = src.subdirs;
+  for (const auto& f : indexed.files) {
+    e.files.push_back({f.member.rel_path, f.member.open_path, f.member.stamp, f.hashes.sha256, f.member.owner});
+  }
+  return e;
+}
+
+}  // namespace
+
+const char* PhaseName(CheckpointState::Phase phase) {
+  switch (phase) {
+    case CheckpointState::Phase::kExposed: return "exposed";
+    case CheckpointState::Phase::kIndexing: return "indexing";
+    case CheckpointState::Phase::kPending: return "pending";
+    case CheckpointState::Phase::kInvalid: return "invalid";
+  }
+  return "?";
+}
+
+CatalogWatcher::CatalogWatcher(Options options, Index* index, View* view, ChangeCallback on_change)
+    : options_(std::move(options)), index_(index), view_(view), on_change_(std::move(on_change)) {}
+
+CatalogWatcher::~CatalogWatcher() { Stop(); }
+
+void CatalogWatcher::Start() {
+  inotify_.reset(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
+  if (!inotify_.valid()) {
+    spdlog::warn("inotify unavailable ({}); changes under {} are seen by the periodic rescan only",
+                 std::strerror(errno), options_.source);
+  }
+  wake_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  thread_ = std::thread([this] { Run(); });
+}
+
+void CatalogWatcher::Stop() {
+  if (!thread_.joinable()) return;
+  stop_ = true;
+  uint64_t one = 1;
+  if (::write(wake_.get(), &one, sizeof one) < 0) {
+    // The eventfd cannot be full with one write; nothing else to do.
+  }
+  thread_.join();
+}
+
+void CatalogWatcher::RequestRescan() {
+  rescan_requested_ = true;
+  uint64_t one = 1;
+  if (::write(wake_.get(), &one, sizeof one) < 0) {
+  }
+}
+
+void CatalogWatcher::Run() {
+  double next_periodic = std::numeric_limits<double>::infinity();
+  double next_debounced = std::numeric_limits<double>::infinity();
+  while (!stop_) {
+    const double now = MonotonicSeconds();
+    if (rescan_requested_.exchange(false) || now >= next_periodic || now >= next_debounced ||
+        (next_settle_deadline_ > 0 && now >= next_settle_deadline_)) {
+      next_debounced = std::numeric_limits<double>::infinity();
+      next_settle_deadline_ = 0;
+      ScanOnce();
+      ++scans_;
+      next_periodic = options_.rescan_s > 0 ? MonotonicSeconds() + options_.rescan_s
+                                            : std::numeric_limits<double>::infinity();
+      continue;
+    }
+    double until = std::min(next_periodic, next_debounced);
+    if (next_settle_deadline_ > 0) until = std::min(until, next_settle_deadline_);
+    const double wait_s = until - now;
+    const int timeout_ms = std::isinf(wait_s) ? -1 : static_cast<int>(std::min(wait_s * 1000 + 1, double{INT_MAX}));
+    pollfd fds[2] = {{wake_.get(), POLLIN, 0}, {inotify_.valid() ? inotify_.get() : -1, POLLIN, 0}};
+    ::poll(fds, 2, timeout_ms);
+    if (fds[0].revents & POLLIN) {
+      uint64_t v;
+      if (::read(wake_.get(), &v, sizeof v) < 0) {
+      }
+    }
+    if ((fds[1].revents & POLLIN) && DrainInotify()) {
+      next_debounced = std::min(next_debounced, MonotonicSeconds() + kDebounceS);
+    }
+  }
+}
+
+bool CatalogWatcher::DrainInotify() {
+  alignas(inotify_event) char buf[16384];
+  bool any = false;
+  for (;;) {
+    ssize_t n = ::read(inotify_.get(), buf, sizeof buf);
+    if (n <= 0) break;
+    for (char* p = buf; p < buf + n;) {
+      auto* ev = reinterpret_cast<inotify_event*>(p);
+      if (ev->mask & IN_IGNORED) watches_.erase(ev->wd);
+      any = true;
+      p += sizeof(inotify_event) + ev->len;
+    }
+  }
+  return any;
+}
+
+void CatalogWatcher::UpdateWatches(const CatalogScan& scan) {
+  if (!inotify_.valid()) return;
+  std::set<std::string> watched;
+  for (const auto& [wd, path] : watches_) watched.insert(path);
+  for (const auto& [rel, owner] : scan.dirs) {
+    const std::string path = rel.empty() ? scan.root : scan.root + "/" + rel;
+    if (watched.count(path)) continue;
+    int wd = ::inotify_add_watch(inotify_.get(), path.c_str(), kWatchMask);
+    if (wd < 0) {
+      if (errno == ENOSPC && !watch_limit_logged_) {
+        spdlog::warn("inotify watch limit reached at {}; raise fs.inotify.max_user_watches, until then changes "
+                     "below it are seen by the periodic rescan only",
+                     path);
+        watch_limit_logged_ = true;
+      }
+      continue;
+    }
+    watches_[wd] = path;
+  }
+}
+
+void CatalogWatcher::SetState(CheckpointState state) {
+  std::lock_guard lock(mu_);
+  states_[state.path] = std::move(state);
+}
+
+std::vector<CheckpointState> CatalogWatcher::States() const {
+  std::lock_guard lock(mu_);
+  std::vector<CheckpointState> out;
+  for (const auto& [path, s] : states_) out.push_back(s);
+  return out;
+}
+
+void CatalogWatcher::PublishExposed(const std::map<std::string, Ownership>& dirs) {
+  std::vector<ExposedCheckpoint> list;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [path, e] : exposed_) list.push_back(e);
+  }
+  auto changes = view_->Publish(list, dirs);
+  if (!changes.empty() && on_change_) on_change_(changes);
+}
+
+void CatalogWatcher::ScanOnce() {
+  auto result = ScanSourceTree(options_.source, options_.catalog);
+  if (!result.ok()) {
+    if (result.status().message() != last_scan_error_) {
+      spdlog::error("cannot scan source: {}; withdrawing every checkpoint until it is back",
+                    result.status().message());
+      last_scan_error_ = result.status().message();
+    }
+    {
+      std::lock_guard lock(mu_);
+      exposed_.clear();
+      states_.clear();
+    }
+    PublishExposed({});
+    return;
+  }
+  if (!last_scan_error_.empty()) {
+    spdlog::info("source {} is readable again", options_.source);
+    last_scan_error_.clear();
+  }
+  const CatalogScan& scan = *result;
+  UpdateWatches(scan);
+  for (const auto& w : scan.warnings) spdlog::debug("{}", w);
+
+  const int64_t now_ns = WallNanos();
+  const int64_t settle_ns = static_cast<int64_t>(options_.settle_s * 1e9);
+  std::vector<const CheckpointSource*> ready, to_index;
+  std::set<std::string> seen;
+  std::map<std::string, CheckpointState> old_states;
+  {
+    std::lock_guard lock(mu_);
+    old_states = states_;
+  }
+  double settle_wait_s = 0;
+
+  for (const auto& cp : scan.checkpoints) {
+    seen.insert(cp.abs_path);
+    CheckpointState st;
+    st.path = cp.abs_path;
+    st.files = cp.members.size();
+    st.size = cp.TotalSize();
+    if (!cp.valid()) {
+      st.phase = CheckpointState::Phase::kInvalid;
+      st.reason = *cp.invalid_reason;
+      auto old = old_states.find(cp.abs_path);
+      if (old == old_states.end() || old->second.reason != st.reason) {
+        spdlog::warn("checkpoint {} is invalid and not shown: {}", cp.abs_path, st.reason);
+      }
+      std::lock_guard lock(mu_);
+      exposed_.erase(cp.abs_path);
+      states_[cp.abs_path] = st;
+      continue;
+    }
+    int64_t newest = 0;
+    for (const auto& m : cp.members) newest = std::max({newest, m.stamp.ctime_ns, m.stamp.mtime_ns});
+    bool all_known = true;
+    for (const auto& m : cp.members) {
+      if (!index_->LookupFile(m.stamp)) {
+        all_known = false;
+        break;
+      }
+    }
+    if (all_known) {
+      ready.push_back(&cp);
+      continue;
+    }
+    if (now_ns - newest < settle_ns) {
+      const double wait = static_cast<double>(settle_ns - (now_ns - newest)) / 1e9;
+      settle_wait_s = settle_wait_s == 0 ? wait : std::min(settle_wait_s, wait);
+      st.phase = CheckpointState::Phase::kPending;
+      st.reason = "changed " + std::to_string((now_ns - newest) / 1'000'000) + " ms ago; waiting for settle=" +
+                  std::to_string(options_.settle_s) + "s";
+      std::lock_guard lock(mu_);
+      if (exposed_.erase(cp.abs_path)) spdlog::info("checkpoint {} changed; withdrawn until re-indexed", cp.abs_path);
+      states_[cp.abs_path] = st;
+      continue;
+    }
+    to_index.push_back(&cp);
+  }
+  if (settle_wait_s > 0) next_settle_deadline_ = MonotonicSeconds() + settle_wait_s + 0.05;
+
+  {
+    // Forget checkpoints that are gone from the tree.
+    std::lock_guard lock(mu_);
+    for (auto it = states_.begin(); it != states_.end();) {
+      if (!seen.count(it->first)) {
+        if (exposed_.erase(it->first)) spdlog::info("checkpoint {} removed from the source; withdrawn", it->first);
+        it = states_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    // Checkpoints that changed and now need hashing leave the view at once.
+    for (const auto* cp : to_index) {
+      if (exposed_.erase(cp->abs_path)) spdlog::info("checkpoint {} changed; withdrawn until re-indexed", cp->abs_path);
+    }
+  }
+
+  // Known to the index: shown at once.
+  IndexerOptions quick;
+  quick.threads = options_.threads;
+  IndexReport known = Indexer(index_, quick).Run(Only(scan, ready));
+  for (size_t i = 0; i < ready.size(); ++i) {
+    const auto& indexed = known.checkpoints[i];
+    CheckpointState st;
+    st.path = ready[i]->abs_path;
+    if (indexed.error) {  // a file changed between the lookup and now: next scan
+      st.phase = CheckpointState::Phase::kPending;
+      st.reason = *indexed.error;
+      RequestRescan();
+    } else {
+      ExposedCheckpoint e = ToExposed(*ready[i], indexed, *index_);
+      st.phase = CheckpointState::Phase::kExposed;
+      st.name = e.name;
+      st.files = e.files.size();
+      st.size = e.total_size;
+      st.indexed_at = e.indexed_at;
+      std::lock_guard lock(mu_);
+      auto old = exposed_.find(st.path);
+      if (old == exposed_.end() || old->second.name != e.name) {
+        spdlog::info("checkpoint {} is {}", st.path, e.name);
+      }
+      exposed_[st.path] = std::move(e);
+    }
+    SetState(st);
+  }
+  for (const auto* cp : to_index) {
+    CheckpointState st;
+    st.path = cp->abs_path;
+    st.phase = CheckpointState::Phase::kPending;
+    st.reason = "queued for indexing";
+    st.files = cp->members.size();
+    st.size = cp->TotalSize();
+    SetState(st);
+  }
+  PublishExposed(scan.dirs);
+
+  // The rest: hashed one checkpoint at a time, each shown when done. Many
+  // small ones finish faster than the view is worth rebuilding, so publish
+  // at most a few times a second (and always after the last).
+  constexpr double kPublishEveryS = 0.25;
+  double last_publish = MonotonicSeconds();
+  bool unpublished = false;
+  for (const auto* cp : to_index) {
+    if (stop_) return;
+    CheckpointState st;
+    st.path = cp->abs_path;
+    st.phase = CheckpointState::Phase::kIndexing;
+    st.files = cp->members.size();
+    st.size = cp->TotalSize();
+    SetState(st);
+    spdlog::info("indexing checkpoint {} ({} files, {} bytes)", cp->abs_path, st.files, st.size);
+    IndexerOptions options;
+    options.threads = options_.threads;
+    options.on_plan = [this, path = cp->abs_path](uint64_t total) {
+      std::lock_guard lock(mu_);
+      states_[path].bytes_total = total;
+    };
+    options.on_bytes = [this, path = cp->abs_path](uint64_t n) {
+      std::lock_guard lock(mu_);
+      states_[path].bytes_done += n;
+    };
+    IndexReport report = Indexer(index_, options).Run(Only(scan, {cp}));
+    for (const auto& w : report.warnings) spdlog::warn("{}", w);
+    const auto& indexed = report.checkpoints.front();
+    if (indexed.error) {
+      st.phase = indexed.unsettled ? CheckpointState::Phase::kPending : CheckpointState::Phase::kInvalid;
+      st.reason = *indexed.error;
+      if (indexed.unsettled) {
+        spdlog::info("checkpoint {} is still changing; will retry: {}", cp->abs_path, st.reason);
+        next_settle_deadline_ = MonotonicSeconds() + std::max(options_.settle_s, 0.5);
+      } else {
+        spdlog::warn("checkpoint {} is invalid and not shown: {}", cp->abs_path, st.reason);
+      }
+      SetState(st);
+      continue;
+    }
+    ExposedCheckpoint e = ToExposed(*cp, indexed, *index_);
+    st.phase = CheckpointState::Phase::kExposed;
+    st.name = e.name;
+    st.indexed_at = e.indexed_at;
+    spdlog::info("checkpoint {} is {} ({} files hashed)", cp->abs_path, e.name, report.files_hashed);
+    {
+      std::lock_guard lock(mu_);
+      exposed_[cp->abs_path] = std::move(e);
+    }
+    SetState(st);
+    unpublished = true;
+    if (MonotonicSeconds() - last_publish >= kPublishEveryS) {
+      PublishExposed(scan.dirs);
+      last_publish = MonotonicSeconds();
+      unpublished = false;
+    }
+  }
+  if (unpublished) PublishExposed(scan.dirs);
+}
+
+}  // namespace ckptfs

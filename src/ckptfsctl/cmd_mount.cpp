@@ -1,0 +1,94 @@
+// ckptfsctl status / ls / rescan: queries and requests to a running mount.
+#include <cstdio>
+#include <ctime>
+
+#include "ckptfs/progress.h"
+#include "ctl.h"
+
+namespace ckptfs::ctl {
+
+namespace {
+
+std::string When(int64_t t) {
+  if (t <= 0) return "-";
+  char buf[32];
+  std::time_t tt = static_cast<std::time_t>(t);
+  struct tm tm;
+  localtime_r(&tt, &tm);
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M", &tm);
+  return buf;
+}
+
+}  // namespace
+
+int RunStatus(const MountArgs& args) {
+  auto reply = CallMount(args.mountpoint, {{"cmd", "status"}});
+  if (!reply.ok()) {
+    PrintError(reply.status().message());
+    return kExitFatal;
+  }
+  const auto& j = *reply;
+  if (args.json) {
+    std::printf("%s\n", j.dump(2).c_str());
+    return kExitOk;
+  }
+  const auto& opt = j["options"];
+  const auto& c = j["counts"];
+  std::printf("source       %s\n", j["source"].get<std::string>().c_str());
+  std::printf("mountpoint   %s (daemon pid %d)\n", j["mountpoint"].get<std::string>().c_str(), j["pid"].get<int>());
+  std::printf("state        %s (index %s)\n", j["state_dir"].get<std::string>().c_str(),
+              j["index"].get<std::string>().c_str());
+  std::printf("options      rescan=%g settle=%g symlinks=%s threads=%u readahead=%s%s log=%s\n",
+              opt["rescan"].get<double>(), opt["settle"].get<double>(), opt["symlinks"].get<std::string>().c_str(),
+              opt["threads"].get<unsigned>(), FormatBytes(opt["readahead"].get<uint64_t>()).c_str(),
+              opt["allow_other"].get<bool>() ? " allow_other" : "", opt["log"].get<std::string>().c_str());
+  std::printf("checkpoints  %zu exposed, %zu indexing, %zu pending, %zu invalid\n", c["exposed"].get<size_t>(),
+              c["indexing"].get<size_t>(), c["pending"].get<size_t>(), c["invalid"].get<size_t>());
+  for (const auto& cp : j["checkpoints"]) {
+    const std::string state = cp["state"];
+    if (state == "exposed") continue;
+    std::printf("\n%-9s %s", state.c_str(), cp["path"].get<std::string>().c_str());
+    if (state == "indexing") {
+      const uint64_t done = cp.value("bytes_done", uint64_t{0}), total = cp.value("bytes_total", uint64_t{0});
+      std::printf("  %s / %s", FormatBytes(done).c_str(), FormatBytes(total).c_str());
+    }
+    if (cp.contains("reason")) std::printf("\n          %s", cp["reason"].get<std::string>().c_str());
+  }
+  std::printf("\n");
+  return kExitOk;
+}
+
+int RunLs(const MountArgs& args) {
+  auto reply = CallMount(args.mountpoint, {{"cmd", "ls"}});
+  if (!reply.ok()) {
+    PrintError(reply.status().message());
+    return kExitFatal;
+  }
+  if (args.json) {
+    std::printf("%s\n", (*reply)["checkpoints"].dump(2).c_str());
+    return kExitOk;
+  }
+  std::printf("%-71s %6s %11s  %-16s  %s\n", "DIGEST", "FILES", "SIZE", "INDEXED", "BY-NAME");
+  for (const auto& row : (*reply)["checkpoints"]) {
+    std::string by_name;
+    for (const auto& p : row["by_name"]) by_name += (by_name.empty() ? "" : ", ") + p.get<std::string>();
+    std::printf("%-71s %6llu %11s  %-16s  %s\n", row["name"].get<std::string>().c_str(),
+                static_cast<unsigned long long>(row["files"].get<uint64_t>()),
+                FormatBytes(row["size"].get<uint64_t>()).c_str(), When(row["indexed_at"].get<int64_t>()).c_str(),
+                by_name.c_str());
+  }
+  return kExitOk;
+}
+
+int RunRescan(const MountArgs& args) {
+  auto reply = CallMount(args.mountpoint, {{"cmd", "rescan"}});
+  if (!reply.ok()) {
+    PrintError(reply.status().message());
+    return kExitFailure;
+  }
+  if (args.json) std::printf("%s\n", reply->dump().c_str());
+  else std::printf("rescan of %s requested\n", args.mountpoint.c_str());
+  return kExitOk;
+}
+
+}  // namespace ckptfs::ctl

@@ -1,0 +1,325 @@
+#include "fuse_ops.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "ckptfs/unique_fd.h"
+
+namespace ckptfs::daemon {
+
+namespace {
+
+FsContext& Ctx(fuse_req_t req) { return *static_cast<FsContext*>(fuse_req_userdata(req)); }
+
+struct stat ToStat(const View::Node& n) {
+  struct stat st {};
+  st.st_ino = n.ino;
+  st.st_uid = n.owner.uid;
+  st.st_gid = n.owner.gid;
+  st.st_size = static_cast<off_t>(n.size);
+  st.st_blksize = 4096;
+  st.st_blocks = static_cast<blkcnt_t>((n.size + 511) / 512);
+  st.st_mtim = st.st_ctim = st.st_atim = n.mtime;
+  switch (n.kind) {
+    case View::Kind::kDir:
+      st.st_mode = S_IFDIR | n.owner.mode;
+      st.st_nlink = 2;
+      break;
+    case View::Kind::kFile:
+      st.st_mode = S_IFREG | n.owner.mode;
+      st.st_nlink = 1;
+      break;
+    case View::Kind::kSymlink:
+      st.st_mode = S_IFLNK | 0777;
+      st.st_nlink = 1;
+      break;
+  }
+  return st;
+}
+
+double Timeout(const FsContext& ctx, const View::Node& n) {
+  return n.immutable ? ctx.immutable_timeout_s : ctx.mutable_timeout_s;
+}
+
+void ReplyEntry(fuse_req_t req, const View::NodePtr& n) {
+  fuse_entry_param e{};
+  e.ino = n->ino;
+  e.generation = 1;
+  e.attr = ToStat(*n);
+  e.attr_timeout = e.entry_timeout = Timeout(Ctx(req), *n);
+  fuse_reply_entry(req, &e);
+}
+
+void Init(void* userdata, fuse_conn_info* conn) {
+  auto& ctx = *static_cast<FsContext*>(userdata);
+  conn->max_readahead = static_cast<unsigned>(std::min<uint64_t>(ctx.readahead, conn->max_readahead));
+  // Content never changes under a name, so the kernel may keep it cached.
+  if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
+  conn->want &= ~static_cast<unsigned>(FUSE_CAP_AUTO_INVAL_DATA);
+}
+
+void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  auto n = Ctx(req).view->Lookup(parent, name);
+  if (!n) {
+    // A negative entry cached briefly: names do appear as checkpoints are indexed.
+    fuse_entry_param e{};
+    e.entry_timeout = Ctx(req).mutable_timeout_s;
+    auto p = Ctx(req).view->Get(parent);
+    if (p && p->immutable) e.entry_timeout = Ctx(req).immutable_timeout_s;
+    fuse_reply_entry(req, &e);
+    return;
+  }
+  ReplyEntry(req, n);
+}
+
+void GetAttr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  auto n = Ctx(req).view->Get(ino);
+  if (!n) {
+    fuse_reply_err(req, ENOENT);
+    return;
+  }
+  struct stat st = ToStat(*n);
+  fuse_reply_attr(req, &st, Timeout(Ctx(req), *n));
+}
+
+void ReadLink(fuse_req_t req, fuse_ino_t ino) {
+  auto n = Ctx(req).view->Get(ino);
+  if (!n || n->kind != View::Kind::kSymlink) {
+    fuse_reply_err(req, n ? EINVAL : ENOENT);
+    return;
+  }
+  fuse_reply_readlink(req, n->link_target.c_str());
+}
+
+// A directory listing fixed at opendir, so offsets stay meaningful while the
+// view changes underneath.
+struct DirHandle {
+  std::vector<std::pair<std::string, View::NodePtr>> entries;
+};
+
+void OpenDir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  auto& ctx = Ctx(req);
+  auto n = ctx.view->Get(ino);
+  if (!n) {
+    fuse_reply_err(req, ENOENT);
+    return;
+  }
+  if (n->kind != View::Kind::kDir) {
+    fuse_reply_err(req, ENOTDIR);
+    return;
+  }
+  auto h = std::make_unique<DirHandle>();
+  h->entries.emplace_back(".", n);
+  h->entries.emplace_back("..", nullptr);
+  for (const auto& [name, child] : n->children) {
+    if (auto c = ctx.view->Get(child)) h->entries.emplace_back(name, c);
+  }
+  fi->fh = reinterpret_cast<uint64_t>(h.release());
+  fi->cache_readdir = n->immutable;
+  fi->keep_cache = n->immutable;
+  fuse_reply_open(req, fi);
+}
+
+void ReadDir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+  auto* h = reinterpret_cast<DirHandle*>(fi->fh);
+  std::vector<char> buf(size);
+  size_t used = 0;
+  for (size_t i = static_cast<size_t>(off); i < h->entries.size(); ++i) {
+    const auto& [name, node] = h->entries[i];
+    struct stat st {};
+    if (node) st = ToStat(*node);
+    else st.st_mode = S_IFDIR;
+    size_t need = fuse_add_direntry(req, buf.data() + used, size - used, name.c_str(), &st, static_cast<off_t>(i + 1));
+    if (need > size - used) break;
+    used += need;
+  }
+  fuse_reply_buf(req, buf.data(), used);
+}
+
+void ReleaseDir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  delete reinterpret_cast<DirHandle*>(fi->fh);
+  fuse_reply_err(req, 0);
+}
+
+struct OpenFile {
+  View::NodePtr node;
+  UniqueFd fd;
+  std::atomic<bool> stale_logged{false};
+};
+
+bool StampStillMatches(const OpenFile& f) {
+  struct stat st;
+  return ::fstat(f.fd.get(), &st) == 0 && FileStamp::FromStat(st) == f.node->stamp;
+}
+
+void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  auto& ctx = Ctx(req);
+  auto n = ctx.view->Get(ino);
+  if (!n) {
+    fuse_reply_err(req, ENOENT);
+    return;
+  }
+  if (n->kind != View::Kind::kFile) {
+    fuse_reply_err(req, EISDIR);
+    return;
+  }
+  if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) {
+    fuse_reply_err(req, EROFS);
+    return;
+  }
+  auto f = std::make_unique<OpenFile>();
+  f->node = n;
+  f->fd.reset(::open(n->source_path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!f->fd.valid()) {
+    const int err = errno;
+    spdlog::error("{}: cannot open source {}: {}", n->digest, n->source_path, std::strerror(err));
+    if (ctx.on_source_changed) ctx.on_source_changed();
+    fuse_reply_err(req, err == ENOENT ? EIO : err);
+    return;
+  }
+  if (!StampStillMatches(*f)) {
+    spdlog::error("{}: source {} changed since it was indexed; refusing to serve it under this digest", n->digest,
+                  n->source_path);
+    if (ctx.on_source_changed) ctx.on_source_changed();
+    fuse_reply_err(req, EIO);
+    return;
+  }
+  ::posix_fadvise(f->fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  fi->fh = reinterpret_cast<uint64_t>(f.release());
+  fi->keep_cache = 1;  // the bytes behind this name can never change
+  fi->noflush = 1;
+  fuse_reply_open(req, fi);
+}
+
+void Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+  auto& ctx = Ctx(req);
+  auto* f = reinterpret_cast<OpenFile*>(fi->fh);
+  const uint64_t file_size = f->node->size;
+  if (off < 0 || static_cast<uint64_t>(off) >= file_size) {
+    fuse_reply_buf(req, nullptr, 0);
+    return;
+  }
+  const size_t want = static_cast<size_t>(std::min<uint64_t>(size, file_size - static_cast<uint64_t>(off)));
+  thread_local std::vector<char> buf;
+  if (buf.size() < want) buf.resize(want);
+  size_t got = 0;
+  while (got < want) {
+    ssize_t n = ::pread(f->fd.get(), buf.data() + got, want - got, off + static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  // Checked after the read: a change that raced with it shows in the stamp
+  // (writers update mtime and ctime before they copy data in).
+  if (got != want || !StampStillMatches(*f)) {
+    ++ctx.stale_reads;
+    if (!f->stale_logged.exchange(true)) {
+      spdlog::error("{}: source {} changed since it was indexed; reads of it fail with EIO", f->node->digest,
+                    f->node->source_path);
+      if (ctx.on_source_changed) ctx.on_source_changed();
+    }
+    fuse_reply_err(req, EIO);
+    return;
+  }
+  ++ctx.reads;
+  ctx.bytes_read += want;
+  fuse_reply_buf(req, buf.data(), want);
+}
+
+void Release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  delete reinterpret_cast<OpenFile*>(fi->fh);
+  fuse_reply_err(req, 0);
+}
+
+void GetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
+  auto n = Ctx(req).view->Get(ino);
+  if (!n) {
+    fuse_reply_err(req, ENOENT);
+    return;
+  }
+  for (const auto& [key, value] : n->xattrs) {
+    if (key != name) continue;
+    if (size == 0) fuse_reply_xattr(req, value.size());
+    else if (size < value.size()) fuse_reply_err(req, ERANGE);
+    else fuse_reply_buf(req, value.data(), value.size());
+    return;
+  }
+  fuse_reply_err(req, ENODATA);
+}
+
+void ListXattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
+  auto n = Ctx(req).view->Get(ino);
+  if (!n) {
+    fuse_reply_err(req, ENOENT);
+    return;
+  }
+  std::string names;
+  for (const auto& [key, value] : n->xattrs) names += key + '\0';
+  if (size == 0) fuse_reply_xattr(req, names.size());
+  else if (size < names.size()) fuse_reply_err(req, ERANGE);
+  else fuse_reply_buf(req, names.data(), names.size());
+}
+
+void StatFs(fuse_req_t req, fuse_ino_t) {
+  struct statvfs sv {};
+  sv.f_bsize = sv.f_frsize = 4096;
+  sv.f_namemax = 255;
+  sv.f_flag = ST_RDONLY;
+  fuse_reply_statfs(req, &sv);
+}
+
+// Everything that would change the tree: the view is read-only.
+void RoSetAttr(fuse_req_t req, fuse_ino_t, struct stat*, int, fuse_file_info*) { fuse_reply_err(req, EROFS); }
+void RoMknod(fuse_req_t req, fuse_ino_t, const char*, mode_t, dev_t) { fuse_reply_err(req, EROFS); }
+void RoMkdir(fuse_req_t req, fuse_ino_t, const char*, mode_t) { fuse_reply_err(req, EROFS); }
+void RoUnlink(fuse_req_t req, fuse_ino_t, const char*) { fuse_reply_err(req, EROFS); }
+void RoSymlink(fuse_req_t req, const char*, fuse_ino_t, const char*) { fuse_reply_err(req, EROFS); }
+void RoRename(fuse_req_t req, fuse_ino_t, const char*, fuse_ino_t, const char*, unsigned) { fuse_reply_err(req, EROFS); }
+void RoLink(fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*) { fuse_reply_err(req, EROFS); }
+void RoCreate(fuse_req_t req, fuse_ino_t, const char*, mode_t, fuse_file_info*) { fuse_reply_err(req, EROFS); }
+void RoSetXattr(fuse_req_t req, fuse_ino_t, const char*, const char*, size_t, int) { fuse_reply_err(req, EROFS); }
+void RoRemoveXattr(fuse_req_t req, fuse_ino_t, const char*) { fuse_reply_err(req, EROFS); }
+void RoWrite(fuse_req_t req, fuse_ino_t, const char*, size_t, off_t, fuse_file_info*) { fuse_reply_err(req, EROFS); }
+
+}  // namespace
+
+fuse_lowlevel_ops MakeOperations() {
+  fuse_lowlevel_ops ops{};
+  ops.init = Init;
+  ops.lookup = Lookup;
+  ops.getattr = GetAttr;
+  ops.readlink = ReadLink;
+  ops.opendir = OpenDir;
+  ops.readdir = ReadDir;
+  ops.releasedir = ReleaseDir;
+  ops.open = Open;
+  ops.read = Read;
+  ops.release = Release;
+  ops.getxattr = GetXattr;
+  ops.listxattr = ListXattr;
+  ops.statfs = StatFs;
+  ops.setattr = RoSetAttr;
+  ops.mknod = RoMknod;
+  ops.mkdir = RoMkdir;
+  ops.unlink = RoUnlink;
+  ops.rmdir = RoUnlink;
+  ops.symlink = RoSymlink;
+  ops.rename = RoRename;
+  ops.link = RoLink;
+  ops.create = RoCreate;
+  ops.setxattr = RoSetXattr;
+  ops.removexattr = RoRemoveXattr;
+  ops.write = RoWrite;
+  return ops;
+}
+
+}  // namespace ckptfs::daemon

@@ -1,0 +1,297 @@
+// ckptfs: the daemon. Mounts SRC at MOUNTPOINT as a read-only,
+// content-addressed view (DESIGN.md section 2) and keeps it in step with SRC.
+//
+// Order matters: everything that can fail is checked before mounting; the
+// mount comes up before any indexing (so it is there within a second however
+// large the tree); threads start only after fuse_daemonize, because a fork
+// keeps only the thread that called it.
+#include "fuse_ops.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/sinks/syslog_sink.h>
+#include <spdlog/spdlog.h>
+
+#include "ckptfs/build_info.h"
+#include "ckptfs/catalog_watcher.h"
+#include "ckptfs/control.h"
+#include "ckptfs/index.h"
+#include "ckptfs/mount_options.h"
+#include "ckptfs/thread_pool.h"
+
+using namespace ckptfs;
+
+namespace {
+
+CatalogWatcher* g_watcher_for_sighup = nullptr;  // set once, read by the signal handler
+
+void OnSighup(int) {
+  if (g_watcher_for_sighup) g_watcher_for_sighup->RequestRescan();  // an eventfd write: signal-safe
+}
+
+void SetupLogging(const MountOptions& o, bool to_syslog) {
+  std::shared_ptr<spdlog::logger> logger;
+  if (to_syslog) {
+    logger = spdlog::syslog_logger_mt("ckptfs", "ckptfs", LOG_PID, LOG_DAEMON);
+  } else {
+    logger = spdlog::stderr_logger_mt(to_syslog ? "ckptfs-syslog" : "ckptfs");
+    logger->set_pattern("ckptfs: %Y-%m-%d %H:%M:%S.%e %l: %v");
+  }
+  logger->set_level(spdlog::level::from_str(o.log_level));
+  logger->flush_on(spdlog::level::info);
+  spdlog::set_default_logger(logger);
+}
+
+std::string RealPath(const std::string& path) {
+  char buf[PATH_MAX];
+  return ::realpath(path.c_str(), buf) ? std::string(buf) : path;
+}
+
+// Raises the kernel's read-ahead for this mount (its BDI), found through
+// /proc/self/mountinfo so that nothing here has to stat the mount itself.
+void SetBdiReadahead(const std::string& mountpoint, uint64_t bytes) {
+  std::ifstream info("/proc/self/mountinfo");
+  std::string line, devno;
+  while (std::getline(info, line)) {
+    std::istringstream ss(line);
+    std::string id, parent, dev, root, point;
+    ss >> id >> parent >> dev >> root >> point;
+    if (point == mountpoint) devno = dev;  // the last one is ours
+  }
+  if (devno.empty()) return;
+  const std::string path = "/sys/class/bdi/" + devno + "/read_ahead_kb";
+  std::ofstream out(path);
+  out << bytes / 1024;
+  out.flush();
+  if (!out) spdlog::debug("cannot set {} to {} KiB; kernel default read-ahead stays", path, bytes / 1024);
+}
+
+nlohmann::json StatusJson(const CatalogWatcher& watcher, const MountOptions& o, const std::string& state_dir,
+                          const std::string& index_path, const daemon::FsContext& ctx) {
+  nlohmann::json list = nlohmann::json::array();
+  size_t counts[4] = {0, 0, 0, 0};
+  for (const auto& s : watcher.States()) {
+    ++counts[static_cast<int>(s.phase)];
+    nlohmann::json j{{"path", s.path}, {"state", PhaseName(s.phase)}, {"files", s.files}, {"size", s.size}};
+    if (!s.name.empty()) j["name"] = s.name;
+    if (!s.reason.empty()) j["reason"] = s.reason;
+    if (s.phase == CheckpointState::Phase::kIndexing) {
+      j["bytes_done"] = s.bytes_done;
+      j["bytes_total"] = s.bytes_total;
+    }
+    if (s.indexed_at) j["indexed_at"] = s.indexed_at;
+    list.push_back(j);
+  }
+  return {{"ok", true},
+          {"source", o.source},
+          {"mountpoint", o.mountpoint},
+          {"state_dir", state_dir},
+          {"index", index_path},
+          {"pid", ::getpid()},
+          {"scans", watcher.scans_completed()},
+          {"counts",
+           {{"exposed", counts[0]}, {"indexing", counts[1]}, {"pending", counts[2]}, {"invalid", counts[3]}}},
+          {"options",
+           {{"rescan", o.rescan_s},
+            {"settle", o.settle_s},
+            {"symlinks", o.symlinks == SymlinkPolicy::kFollow ? "follow" : "contained"},
+            {"threads", EffectiveThreads(o.threads)},
+            {"readahead", o.readahead},
+            {"allow_other", o.allow_other},
+            {"log", o.log_level}}},
+          {"reads", {{"requests", ctx.reads.load()}, {"bytes", ctx.bytes_read.load()}, {"stale", ctx.stale_reads.load()}}},
+          {"checkpoints", list}};
+}
+
+// One row per digest directory: its by-name paths and sources.
+nlohmann::json LsJson(const CatalogWatcher& watcher, const View& view) {
+  std::map<std::string, nlohmann::json> rows;
+  for (const auto& s : watcher.States()) {
+    if (s.phase != CheckpointState::Phase::kExposed) continue;
+    auto& row = rows[s.name];
+    if (row.is_null()) {
+      row = {{"name", s.name}, {"files", s.files}, {"size", s.size}, {"indexed_at", s.indexed_at},
+             {"sources", nlohmann::json::array()}, {"by_name", nlohmann::json::array()}};
+    }
+    row["sources"].push_back(s.path);
+  }
+  for (const auto& [path, digest] : view.ByNameLinks()) {
+    if (auto it = rows.find(digest); it != rows.end()) it->second["by_name"].push_back(path);
+  }
+  nlohmann::json list = nlohmann::json::array();
+  for (auto& [name, row] : rows) list.push_back(std::move(row));
+  return {{"ok", true}, {"checkpoints", list}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto parsed = ParseMountOptions(argc, argv);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "ckptfs: %s\n", parsed.status().message().c_str());
+    return 2;
+  }
+  MountOptions o = std::move(*parsed);
+  if (o.show_help) {
+    std::fputs(MountUsage().c_str(), stdout);
+    return 0;
+  }
+  if (o.show_version) {
+    std::printf("%s\n", BuildDescription().c_str());
+    return 0;
+  }
+  SetupLogging(o, /*to_syslog=*/false);
+
+  // Everything that can be refused is refused before mounting.
+  struct stat src_st;
+  if (::stat(o.source.c_str(), &src_st) != 0) {
+    spdlog::critical("source {}: {}", o.source, std::strerror(errno));
+    return 1;
+  }
+  if (!S_ISDIR(src_st.st_mode)) {
+    spdlog::critical("source {}: Not a directory", o.source);
+    return 1;
+  }
+  struct stat mnt_st;
+  if (::stat(o.mountpoint.c_str(), &mnt_st) != 0 || !S_ISDIR(mnt_st.st_mode)) {
+    spdlog::critical("mount point {}: {}", o.mountpoint,
+                     errno && !S_ISDIR(mnt_st.st_mode) ? std::strerror(errno) : "Not a directory");
+    return 1;
+  }
+  const std::string state_dir = o.state_dir.empty() ? DefaultStateDir() : o.state_dir;
+  if (Status s = PrepareStateDir(state_dir); !s.ok()) {
+    spdlog::critical("{} (choose another with -o state=DIR)", s.message());
+    return 1;
+  }
+  const std::string real_source = RealPath(o.source);
+  const std::string real_mountpoint = RealPath(o.mountpoint);
+  if (real_source == real_mountpoint) {
+    spdlog::critical("mount point {} is the source itself", o.mountpoint);
+    return 1;
+  }
+  // fuse_daemonize changes to "/": from here on only canonical paths.
+  if (o.fsname == o.source) o.fsname = real_source;
+  o.source = real_source;
+  o.mountpoint = real_mountpoint;
+
+  View view(real_source, Ownership::FromStat(src_st));
+  daemon::FsContext ctx;
+  ctx.view = &view;
+  ctx.readahead = o.readahead;
+
+  std::string fuse_opts = "ro,default_permissions,subtype=ckptfs,fsname=" + o.fsname;
+  if (o.allow_other) fuse_opts += ",allow_other";
+  for (const auto& f : o.fuse_options) fuse_opts += "," + f;
+  std::vector<std::string> fuse_argv_s = {argv[0], "-o", fuse_opts};
+  if (o.debug) fuse_argv_s.push_back("-d");
+  std::vector<char*> fuse_argv;
+  for (auto& s : fuse_argv_s) fuse_argv.push_back(s.data());
+  fuse_args args = FUSE_ARGS_INIT(static_cast<int>(fuse_argv.size()), fuse_argv.data());
+
+  const fuse_lowlevel_ops ops = daemon::MakeOperations();
+  fuse_session* se = fuse_session_new(&args, &ops, sizeof ops, &ctx);
+  if (se == nullptr) {
+    spdlog::critical("cannot create the FUSE session (options: {})", fuse_opts);
+    return 1;
+  }
+  if (fuse_set_signal_handlers(se) != 0 || fuse_session_mount(se, o.mountpoint.c_str()) != 0) {
+    spdlog::critical("cannot mount {} at {} (is /dev/fuse there, and fusermount3 installed?)", o.source,
+                     o.mountpoint);
+    fuse_session_destroy(se);
+    return 1;
+  }
+  if (fuse_daemonize(o.foreground) != 0) {
+    spdlog::critical("cannot daemonize");
+    fuse_session_unmount(se);
+    fuse_session_destroy(se);
+    return 1;
+  }
+  if (!o.foreground) {
+    spdlog::drop_all();
+    SetupLogging(o, /*to_syslog=*/true);
+  }
+  SetBdiReadahead(real_mountpoint, o.readahead);
+
+  // From here on threads may start.
+  std::vector<std::string> warnings;
+  auto index = Index::Open(state_dir, &warnings);
+  for (const auto& w : warnings) spdlog::warn("{}", w);
+  if (!index.ok()) {
+    spdlog::critical("{}", index.status().message());
+    fuse_session_unmount(se);
+    fuse_session_destroy(se);
+    return 1;
+  }
+
+  CatalogWatcher::Options wo;
+  wo.source = real_source;
+  wo.catalog.symlinks = o.symlinks;
+  wo.catalog.excluded_paths = {real_mountpoint};  // never walk into our own mount: that would deadlock
+  wo.rescan_s = o.rescan_s;
+  wo.settle_s = o.settle_s;
+  wo.threads = o.threads;
+  CatalogWatcher watcher(wo, index->get(), &view, [se](const auto& changes) {
+    for (const auto& [parent, name] : changes) {
+      fuse_lowlevel_notify_inval_entry(se, parent, name.c_str(), name.size());
+    }
+  });
+  ctx.on_source_changed = [&watcher] { watcher.RequestRescan(); };
+
+  ControlServer control(ControlSocketPath(real_mountpoint, state_dir), [&](const ControlServer::Request& r) {
+    const std::string cmd = r.body["cmd"];
+    if (cmd == "status") return StatusJson(watcher, o, state_dir, (*index)->path(), ctx);
+    if (cmd == "ls") return LsJson(watcher, view);
+    if (cmd == "rescan") {
+      if (!r.privileged) {
+        return nlohmann::json{{"ok", false},
+                              {"error", "rescan is for root or the mount's owner (uid " + std::to_string(::geteuid()) +
+                                            "); you are uid " + std::to_string(r.peer_uid)}};
+      }
+      watcher.RequestRescan();
+      return nlohmann::json{{"ok", true}};
+    }
+    return nlohmann::json{{"ok", false}, {"error", "unknown command: " + cmd}};
+  });
+  if (Status s = control.Start(); !s.ok()) {
+    spdlog::warn("{}; ckptfsctl cannot reach this mount", s.message());
+  } else {
+    view.SetRootXattr("user.ckptfs.control", control.path());
+  }
+
+  g_watcher_for_sighup = &watcher;
+  struct sigaction sa {};
+  sa.sa_handler = OnSighup;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGHUP, &sa, nullptr);  // after libfuse's handlers: HUP means rescan, not exit
+
+  spdlog::info("mounted {} at {} (state {}, index {})", o.source, o.mountpoint, state_dir, (*index)->path());
+  watcher.Start();
+
+  fuse_loop_config* cfg = fuse_loop_cfg_create();
+  fuse_loop_cfg_set_clone_fd(cfg, 1);
+  fuse_loop_cfg_set_max_threads(cfg, std::max(4u, 2 * EffectiveThreads(o.threads)));
+  const int rc = fuse_session_loop_mt(se, cfg);
+  fuse_loop_cfg_destroy(cfg);
+
+  spdlog::info("unmounting {}", o.mountpoint);
+  g_watcher_for_sighup = nullptr;
+  watcher.Stop();
+  control.Stop();
+  fuse_remove_signal_handlers(se);
+  fuse_session_unmount(se);
+  fuse_session_destroy(se);
+  index->reset();  // closes SQLite, folding the WAL in
+  return rc == 0 ? 0 : 1;
+}

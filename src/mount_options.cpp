@@ -1,0 +1,225 @@
+#include "ckptfs/mount_options.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
+namespace ckptfs {
+
+namespace {
+
+// Options that mean something to mount(8), fstab or systemd, not to us; they
+// may reach us when mount.fuse3 passes them on, and are ignored.
+bool IsMountBookkeeping(const std::string& opt) {
+  static const char* kIgnored[] = {"defaults", "auto", "noauto", "nofail", "_netdev", "user", "nouser", "users",
+                                   "owner", "group", "loop"};
+  for (const char* o : kIgnored) {
+    if (opt == o) return true;
+  }
+  return opt.rfind("x-", 0) == 0 || opt.rfind("comment=", 0) == 0;
+}
+
+// Standard options passed through to libfuse's mount.
+bool IsFuseOption(const std::string& opt) {
+  static const char* kFlags[] = {"ro", "allow_other", "allow_root", "default_permissions", "auto_unmount",
+                                 "dev", "nodev", "suid", "nosuid", "exec", "noexec", "atime", "noatime",
+                                 "relatime", "norelatime", "strictatime", "diratime", "nodiratime", "async",
+                                 "sync", "dirsync", "lazytime", "nolazytime"};
+  for (const char* f : kFlags) {
+    if (opt == f) return true;
+  }
+  for (const char* prefix : {"subtype=", "max_read=", "blksize=", "context=", "fscontext=", "defcontext=",
+                             "rootcontext="}) {
+    if (opt.rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+
+Result<double> ParseSeconds(const std::string& key, const std::string& value) {
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(value.c_str(), &end);
+  if (value.empty() || *end != '\0' || errno != 0 || !std::isfinite(v) || v < 0) {
+    return Status::Error("option " + key + "=" + value + ": expected a number of seconds >= 0");
+  }
+  return v;
+}
+
+Status ApplyOption(const std::string& opt, MountOptions& o) {
+  const auto eq = opt.find('=');
+  const std::string key = opt.substr(0, eq);
+  const std::string value = eq == std::string::npos ? "" : opt.substr(eq + 1);
+  const bool has_value = eq != std::string::npos;
+  auto need_value = [&]() -> Status {
+    if (!has_value || value.empty()) return Status::Error("option " + key + " needs a value (" + key + "=...)");
+    return Status::Ok();
+  };
+
+  if (key == "state") {
+    if (Status s = need_value(); !s.ok()) return s;
+    if (value[0] != '/') return Status::Error("option state=" + value + ": must be an absolute path");
+    o.state_dir = value;
+  } else if (key == "rescan" || key == "settle") {
+    if (Status s = need_value(); !s.ok()) return s;
+    auto v = ParseSeconds(key, value);
+    if (!v.ok()) return v.status();
+    (key == "rescan" ? o.rescan_s : o.settle_s) = *v;
+  } else if (key == "symlinks") {
+    auto p = ParseSymlinkPolicy(value);
+    if (!p) return Status::Error("option symlinks=" + value + ": expected contained or follow");
+    o.symlinks = *p;
+  } else if (key == "threads") {
+    if (Status s = need_value(); !s.ok()) return s;
+    char* end = nullptr;
+    long n = std::strtol(value.c_str(), &end, 10);
+    if (*end != '\0' || n < 1 || n > 1024) return Status::Error("option threads=" + value + ": expected 1 to 1024");
+    o.threads = static_cast<unsigned>(n);
+  } else if (key == "log") {
+    static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "off"};
+    bool ok = false;
+    for (const char* l : kLevels) ok = ok || value == l;
+    if (!ok) return Status::Error("option log=" + value + ": expected trace, debug, info, warn, error or off");
+    o.log_level = value;
+  } else if (key == "readahead") {
+    if (Status s = need_value(); !s.ok()) return s;
+    auto v = ParseSize(value);
+    if (!v.ok()) return Status::Error("option readahead=" + value + ": " + v.status().message());
+    if (*v < 4096 || *v > (1ull << 30)) return Status::Error("option readahead=" + value + ": expected 4K to 1G");
+    o.readahead = *v;
+  } else if (key == "fsname") {
+    if (Status s = need_value(); !s.ok()) return s;
+    o.fsname = value;
+  } else if (opt == "rw") {
+    return Status::Error("option rw: ckptfs is read-only");
+  } else if (opt == "allow_other") {
+    o.allow_other = true;
+  } else if (IsMountBookkeeping(opt)) {
+    // mount(8) and systemd bookkeeping; nothing for the filesystem to do.
+  } else if (IsFuseOption(opt)) {
+    if (opt != "ro" && opt != "default_permissions") o.fuse_options.push_back(opt);
+  } else {
+    return Status::Error("unknown option '" + opt + "' (see ckptfs --help)");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<uint64_t> ParseSize(const std::string& text) {
+  if (text.empty()) return Status::Error("empty size");
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+  if (end == text.c_str() || errno != 0 || text[0] == '-') return Status::Error("not a size: " + text);
+  std::string suffix = end;
+  if (!suffix.empty() && (suffix.back() == 'B' || suffix.back() == 'b')) suffix.pop_back();
+  if (suffix.size() == 2 && (suffix[1] == 'i' || suffix[1] == 'I')) suffix.pop_back();
+  int shift = 0;
+  if (suffix.empty()) shift = 0;
+  else if (suffix == "K" || suffix == "k") shift = 10;
+  else if (suffix == "M" || suffix == "m") shift = 20;
+  else if (suffix == "G" || suffix == "g") shift = 30;
+  else if (suffix == "T" || suffix == "t") shift = 40;
+  else return Status::Error("unknown size suffix in " + text + " (use K, M, G or T)");
+  if (shift > 0 && v > (~0ull >> shift)) return Status::Error("size too large: " + text);
+  return static_cast<uint64_t>(v) << shift;
+}
+
+Result<MountOptions> ParseMountOptions(int argc, const char* const* argv) {
+  MountOptions o;
+  std::vector<std::string> positional;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      o.show_help = true;
+    } else if (a == "-V" || a == "--version") {
+      o.show_version = true;
+    } else if (a == "-f") {
+      o.foreground = true;
+    } else if (a == "-d" || a == "-odebug") {
+      o.debug = true;
+      o.foreground = true;
+    } else if (a == "-o" || (a.rfind("-o", 0) == 0 && a.size() > 2)) {
+      std::string list;
+      if (a == "-o") {
+        if (i + 1 >= argc) return Status::Error("-o needs an option list");
+        list = argv[++i];
+      } else {
+        list = a.substr(2);
+      }
+      size_t start = 0;
+      while (start <= list.size()) {
+        size_t comma = list.find(',', start);
+        std::string opt = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        if (!opt.empty()) {
+          if (opt == "debug") {
+            o.debug = o.foreground = true;
+          } else if (Status s = ApplyOption(opt, o); !s.ok()) {
+            return s;
+          }
+        }
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+      }
+    } else if (!a.empty() && a[0] == '-') {
+      return Status::Error("unknown argument '" + a + "' (see ckptfs --help)");
+    } else {
+      positional.push_back(a);
+    }
+  }
+  if (o.show_help || o.show_version) return o;
+  if (positional.size() != 2) {
+    return Status::Error("expected SRC and MOUNTPOINT, got " + std::to_string(positional.size()) +
+                         " argument(s) (see ckptfs --help)");
+  }
+  o.source = positional[0];
+  o.mountpoint = positional[1];
+  if (o.fsname.empty()) o.fsname = o.source;
+  return o;
+}
+
+std::string MountUsage() {
+  return R"(usage: ckptfs SRC MOUNTPOINT [-o OPTION[,OPTION...]]... [-f] [-d]
+
+Mounts the model checkpoints under SRC as a read-only, content-addressed view
+at MOUNTPOINT: one directory sha256-<hex> per distinct checkpoint (the SHA-256
+of its canonical manifest) and by-name/ links that mirror SRC. The mount is up
+at once; checkpoints appear as they are indexed.
+
+  -f                   stay in the foreground and log to standard error
+                       (otherwise: daemonize and log to syslog/journald)
+  -d                   also trace every FUSE request (implies -f)
+  -h, --help           print this help
+  -V, --version        print the version
+
+ckptfs options (-o):
+  state=DIR            index and state directory (default /var/lib/ckptfs for
+                       root, else $XDG_STATE_HOME/ckptfs)
+  rescan=SECONDS       periodic full rescan of SRC, for changes inotify misses
+                       (network filesystems); 0 turns it off (default 600)
+  settle=SECONDS       index a checkpoint once none of its files changed for
+                       this long (default 5)
+  symlinks=POLICY      contained: follow links only when they resolve inside
+                       SRC (default); follow: follow every link
+  threads=N            FUSE and hashing threads (default: one per CPU)
+  log=LEVEL            trace, debug, info (default), warn, error or off
+  readahead=SIZE       kernel read-ahead and largest read request for the
+                       mount, e.g. 4M (default 4M)
+
+FUSE and mount options (-o), passed on:
+  allow_other          let every user in (default_permissions is always on,
+                       so the mirrored owners and modes are enforced)
+  fsname=NAME          source name shown in /proc/mounts (default SRC)
+  subtype=, max_read=, auto_unmount, nodev, nosuid, noexec, noatime, ...
+  ro, default_permissions   always on
+  defaults, nofail, _netdev, auto, noauto, user, users, x-*   ignored
+
+fstab:  SRC  /models  fuse.ckptfs  ro,allow_other,nofail  0 0
+
+Recovery after the daemon was killed ("Transport endpoint is not
+connected"): fusermount3 -u -z MOUNTPOINT (or umount -l MOUNTPOINT), then
+mount again.
+)";
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,307 @@
+#include "ckptfs/view.h"
+
+#include <algorithm>
+#include <set>
+
+namespace ckptfs {
+
+namespace {
+
+struct timespec Now() {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return ts;
+}
+
+struct timespec FromNanos(int64_t ns) {
+  return {static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+}
+
+std::string Parent(const std::string& path) {
+  auto slash = path.rfind('/');
+  return slash == std::string::npos ? std::string() : path.substr(0, slash);
+}
+
+std::string Join(const std::string& dir, const std::string& name) { return dir.empty() ? name : dir + "/" + name; }
+
+size_t Components(const std::string& path) {
+  return path.empty() ? 0 : static_cast<size_t>(std::count(path.begin(), path.end(), '/')) + 1;
+}
+
+std::string Dots(size_t n) {
+  std::string s;
+  for (size_t i = 0; i < n; ++i) s += "../";
+  return s;
+}
+
+Ownership ReadOnly(Ownership o) {
+  o.mode = ReadOnlyMode(o.mode);
+  return o;
+}
+
+}  // namespace
+
+// Builds one publish's nodes; View::Publish swaps them in.
+class View::Builder {
+ public:
+  Builder(View& view, const std::vector<ExposedCheckpoint>& checkpoints,
+          const std::map<std::string, Ownership>& source_dirs)
+      : view_(view), source_dirs_(source_dirs), now_(Now()) {
+    for (const auto& cp : checkpoints) by_digest_[cp.name].push_back(&cp);
+    const std::string base = BaseName(view_.source_root_);
+    root_is_checkpoint_ = std::any_of(checkpoints.begin(), checkpoints.end(),
+                                      [](const ExposedCheckpoint& cp) { return cp.rel_path.empty(); });
+    for (const auto& cp : checkpoints) {
+      std::string p = cp.rel_path.empty() ? base : (root_is_checkpoint_ ? base + "/" + cp.rel_path : cp.rel_path);
+      by_name_[p] = cp.name;
+    }
+    base_ = base;
+  }
+
+  void Build() {
+    auto root = NewNode(FUSE_ROOT_ID, Kind::kDir, ReadOnly(view_.root_owner_));
+    root->mtime = view_.mount_time_;
+    root->xattrs = view_.root_xattrs_;
+    for (const auto& [name, copies] : by_digest_) root->children[name] = BuildDigest(name, copies);
+    root->children["by-name"] = BuildByNameDir("", "", "", /*has_digest=*/false);
+    Add(root, /*is_mutable=*/true);
+  }
+
+  std::unordered_map<fuse_ino_t, std::shared_ptr<Node>> nodes;
+  std::set<fuse_ino_t> mutable_dirs;
+  std::map<std::string, std::string> by_name_digest;  // "by-name/<p>" -> digest
+
+ private:
+  static std::string BaseName(const std::string& path) {
+    std::string p = path;
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    auto slash = p.rfind('/');
+    std::string b = slash == std::string::npos ? p : p.substr(slash + 1);
+    return b.empty() ? std::string("root") : b;
+  }
+
+  std::shared_ptr<Node> NewNode(fuse_ino_t ino, Kind kind, Ownership owner) {
+    auto n = std::make_shared<Node>();
+    n->ino = ino;
+    n->kind = kind;
+    n->owner = owner;
+    n->mtime = now_;
+    return n;
+  }
+
+  void Add(const std::shared_ptr<Node>& n, bool is_mutable) {
+    nodes[n->ino] = n;
+    if (is_mutable) mutable_dirs.insert(n->ino);
+  }
+
+  // sha256-<hex>/ and its members, from the copies that share the digest.
+  fuse_ino_t BuildDigest(const std::string& name, const std::vector<const ExposedCheckpoint*>& copies) {
+    const ExposedCheckpoint& first = *copies.front();
+    Ownership dir_owner = first.dir_owner;
+    std::string sources;
+    for (const auto* c : copies) {
+      dir_owner = Intersect(dir_owner, c->dir_owner);
+      sources += c->abs_path + "\n";
+    }
+    auto dir = NewNode(view_.InoFor("D:" + name), Kind::kDir, ReadOnly(dir_owner));
+    dir->immutable = true;
+    dir->digest = name;
+    dir->mtime = {static_cast<time_t>(first.indexed_at), 0};
+    dir->xattrs = {{"user.ckptfs.digest", name},
+                   {"user.ckptfs.sources", sources},
+                   {"user.ckptfs.size", std::to_string(first.total_size)}};
+
+    std::map<std::string, std::shared_ptr<Node>> subdirs{{"", dir}};
+    auto subdir = [&](const std::string& rel, auto& self) -> std::shared_ptr<Node> {
+      if (auto it = subdirs.find(rel); it != subdirs.end()) return it->second;
+      auto parent = self(Parent(rel), self);
+      Ownership owner = dir_owner;
+      bool first_copy = true;
+      for (const auto* c : copies) {
+        auto it = c->subdirs.find(rel);
+        Ownership o = it != c->subdirs.end() ? it->second : c->dir_owner;
+        owner = first_copy ? o : Intersect(owner, o);
+        first_copy = false;
+      }
+      auto n = NewNode(view_.InoFor("D:" + name + "/" + rel), Kind::kDir, ReadOnly(owner));
+      n->immutable = true;
+      n->digest = name;
+      n->mtime = dir->mtime;
+      parent->children[rel.substr(rel.rfind('/') + 1)] = n->ino;
+      subdirs[rel] = n;
+      return n;
+    };
+
+    for (size_t i = 0; i < first.files.size(); ++i) {
+      const auto& f = first.files[i];
+      Ownership owner = f.owner;
+      for (const auto* c : copies) {
+        if (i < c->files.size() && c->files[i].rel_path == f.rel_path) owner = Intersect(owner, c->files[i].owner);
+      }
+      auto parent = subdir(Parent(f.rel_path), subdir);
+      auto n = NewNode(view_.InoFor("D:" + name + "/" + f.rel_path), Kind::kFile, ReadOnly(owner));
+      n->immutable = true;
+      n->digest = name;
+      n->size = f.stamp.size;
+      n->mtime = FromNanos(f.stamp.mtime_ns);
+      n->source_path = f.source_path;
+      n->stamp = f.stamp;
+      n->xattrs = {{"user.ckptfs.sha256", ToHex(f.sha256)}};
+      const auto slash = f.rel_path.rfind('/');
+      parent->children[slash == std::string::npos ? f.rel_path : f.rel_path.substr(slash + 1)] = n->ino;
+      Add(n, false);
+      // Remember the tree shape for by-name mirror directories.
+      entries_[name][Parent(f.rel_path)].insert(slash == std::string::npos ? f.rel_path : f.rel_path.substr(slash + 1));
+    }
+    for (const auto& [rel, n] : subdirs) {
+      Add(n, false);
+      if (!rel.empty()) entries_[name][Parent(rel)].insert(rel.substr(rel.rfind('/') + 1));
+    }
+    return dir->ino;
+  }
+
+  bool HasCheckpointBelow(const std::string& p) const {
+    const std::string prefix = p.empty() ? "" : p + "/";
+    auto it = by_name_.lower_bound(prefix);
+    if (p.empty()) return it != by_name_.end();
+    return it != by_name_.end() && it->first.compare(0, prefix.size(), prefix) == 0;
+  }
+
+  Ownership SourceDirOwner(const std::string& by_name_path) const {
+    std::string rel = by_name_path;
+    if (root_is_checkpoint_) rel = rel == base_ ? "" : rel.substr(std::min(rel.size(), base_.size() + 1));
+    auto it = source_dirs_.find(rel);
+    return ReadOnly(it != source_dirs_.end() ? it->second : view_.root_owner_);
+  }
+
+  // by-name/<p>/: entries are the next components of checkpoint paths below
+  // p and, when p lies inside checkpoint `digest` at `offset`, that digest's
+  // entries there (as links into it).
+  fuse_ino_t BuildByNameDir(const std::string& p, const std::string& digest, const std::string& offset,
+                            bool has_digest) {
+    auto dir = NewNode(view_.InoFor("N:" + p), Kind::kDir, SourceDirOwner(p));
+    std::set<std::string> names;
+    const std::string prefix = p.empty() ? "" : p + "/";
+    for (auto it = by_name_.lower_bound(prefix); it != by_name_.end(); ++it) {
+      if (it->first.compare(0, prefix.size(), prefix) != 0) break;
+      const std::string rest = it->first.substr(prefix.size());
+      names.insert(rest.substr(0, rest.find('/')));
+    }
+    if (has_digest) {
+      if (auto d = entries_.find(digest); d != entries_.end()) {
+        if (auto e = d->second.find(offset); e != d->second.end()) names.insert(e->second.begin(), e->second.end());
+      }
+    }
+    const size_t depth = 1 + Components(p);  // of this directory below the mount root
+    for (const auto& c : names) {
+      const std::string q = Join(p, c);
+      if (auto cp = by_name_.find(q); cp != by_name_.end()) {
+        by_name_digest["by-name/" + q] = cp->second;
+        dir->children[c] = HasCheckpointBelow(q) ? BuildByNameDir(q, cp->second, "", true)
+                                                 : Link(q, Dots(depth) + cp->second);
+      } else if (HasCheckpointBelow(q)) {
+        dir->children[c] = BuildByNameDir(q, digest, Join(offset, c), has_digest);
+      } else {
+        dir->children[c] = Link(q, Dots(depth) + digest + "/" + Join(offset, c));
+      }
+    }
+    Add(dir, true);
+    return dir->ino;
+  }
+
+  fuse_ino_t Link(const std::string& by_name_path, const std::string& target) {
+    // The target is part of the key: a link that moves is a new inode, so a
+    // kernel that cached the old one cannot mix them up.
+    auto n = NewNode(view_.InoFor("L:" + by_name_path + '\0' + target), Kind::kSymlink,
+                     {view_.root_owner_.uid, view_.root_owner_.gid, 0777});
+    n->link_target = target;
+    n->size = target.size();
+    Add(n, false);
+    return n->ino;
+  }
+
+  View& view_;
+  const std::map<std::string, Ownership>& source_dirs_;
+  const struct timespec now_;
+  std::map<std::string, std::vector<const ExposedCheckpoint*>> by_digest_;
+  std::map<std::string, std::string> by_name_;  // by-name path (without "by-name/") -> digest
+  bool root_is_checkpoint_ = false;
+  std::string base_;
+  // digest -> directory inside it -> entry names
+  std::map<std::string, std::map<std::string, std::set<std::string>>> entries_;
+};
+
+View::View(std::string source_root, Ownership root_owner)
+    : source_root_(std::move(source_root)), root_owner_(root_owner), mount_time_(Now()) {
+  std::vector<ExposedCheckpoint> none;
+  Publish(none, {});
+}
+
+fuse_ino_t View::InoFor(const std::string& key) {
+  auto [it, inserted] = ino_by_key_.emplace(key, next_ino_);
+  if (inserted) ++next_ino_;
+  return it->second;
+}
+
+std::vector<std::pair<fuse_ino_t, std::string>> View::Publish(const std::vector<ExposedCheckpoint>& checkpoints,
+                                                              const std::map<std::string, Ownership>& source_dirs) {
+  std::unique_lock lock(mu_);
+  Builder b(*this, checkpoints, source_dirs);
+  b.Build();
+
+  std::vector<std::pair<fuse_ino_t, std::string>> changed;
+  for (fuse_ino_t ino : b.mutable_dirs) {
+    const auto& fresh = b.nodes.at(ino)->children;
+    auto old_it = nodes_.find(ino);
+    if (old_it == nodes_.end()) continue;  // new directory: its parent's entry covers it
+    const auto& old = old_it->second->children;
+    for (const auto& [name, child] : old) {
+      auto f = fresh.find(name);
+      if (f == fresh.end() || f->second != child) changed.emplace_back(ino, name);
+    }
+    for (const auto& [name, child] : fresh) {
+      if (!old.count(name)) changed.emplace_back(ino, name);
+    }
+  }
+  for (auto& [ino, node] : b.nodes) nodes_[ino] = std::move(node);
+  by_name_digest_ = std::move(b.by_name_digest);
+  return changed;
+}
+
+View::NodePtr View::Get(fuse_ino_t ino) const {
+  std::shared_lock lock(mu_);
+  auto it = nodes_.find(ino);
+  return it == nodes_.end() ? nullptr : it->second;
+}
+
+View::NodePtr View::Lookup(fuse_ino_t parent, const std::string& name) const {
+  std::shared_lock lock(mu_);
+  auto p = nodes_.find(parent);
+  if (p == nodes_.end() || p->second->kind != Kind::kDir) return nullptr;
+  auto c = p->second->children.find(name);
+  if (c == p->second->children.end()) return nullptr;
+  auto it = nodes_.find(c->second);
+  return it == nodes_.end() ? nullptr : it->second;
+}
+
+void View::SetRootXattr(const std::string& name, const std::string& value) {
+  std::unique_lock lock(mu_);
+  root_xattrs_.emplace_back(name, value);
+  auto root = std::make_shared<Node>(*nodes_.at(FUSE_ROOT_ID));
+  root->xattrs = root_xattrs_;
+  nodes_[FUSE_ROOT_ID] = root;
+}
+
+std::optional<std::string> View::DigestOfByName(const std::string& by_name_path) const {
+  std::shared_lock lock(mu_);
+  auto it = by_name_digest_.find(by_name_path);
+  if (it == by_name_digest_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::map<std::string, std::string> View::ByNameLinks() const {
+  std::shared_lock lock(mu_);
+  return by_name_digest_;
+}
+
+}  // namespace ckptfs

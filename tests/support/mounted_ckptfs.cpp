@@ -1,0 +1,95 @@
+#include "mounted_ckptfs.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "test_tree.h"
+
+namespace ckptfs::testing {
+
+bool IsMounted(const std::string& path) {
+  char buf[4096];
+  std::string real = ::realpath(path.c_str(), buf) ? buf : path;
+  std::ifstream info("/proc/self/mountinfo");
+  std::string line;
+  while (std::getline(info, line)) {
+    std::istringstream ss(line);
+    std::string id, parent, dev, root, point;
+    ss >> id >> parent >> dev >> root >> point;
+    if (point == real || point == path) return true;
+  }
+  return false;
+}
+
+bool WaitFor(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return condition();
+}
+
+MountedCkptfs::MountedCkptfs(const std::string& daemon, const std::string& src, const std::string& mnt,
+                             const std::string& options, const std::string& log_path)
+    : mnt_(mnt), log_path_(log_path) {
+  MakeDirs(mnt);
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, STDERR_FILENO);
+    ::dup2(fd, STDOUT_FILENO);
+    ::execl(daemon.c_str(), daemon.c_str(), src.c_str(), mnt.c_str(), "-f", "-o", options.c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  mounted_ = WaitFor([&] {
+    int status;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;  // it exited: no mount is coming
+      return true;
+    }
+    return IsMounted(mnt);
+  }) && pid_ > 0 && IsMounted(mnt);
+}
+
+MountedCkptfs::~MountedCkptfs() { Unmount(); }
+
+std::string MountedCkptfs::Log() const {
+  std::ifstream f(log_path_);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void MountedCkptfs::Unmount() {
+  if (IsMounted(mnt_)) {
+    if (RunCommand("fusermount3 -u " + ShellQuote(mnt_) + " 2>/dev/null").exit_code != 0) {
+      RunCommand("fusermount3 -u -z " + ShellQuote(mnt_) + " 2>/dev/null");
+    }
+  }
+  mounted_ = false;
+  if (pid_ <= 0) return;
+  const bool exited = WaitFor([&] { return ::waitpid(pid_, nullptr, WNOHANG) == pid_; }, std::chrono::seconds(10));
+  if (!exited) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  pid_ = -1;
+}
+
+void MountedCkptfs::KillDashNine() {
+  if (pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+}
+
+}  // namespace ckptfs::testing
