@@ -61,10 +61,11 @@ void ReplyEntry(fuse_req_t req, const View::NodePtr& n) {
 
 void Init(void* userdata, fuse_conn_info* conn) {
   auto& ctx = *static_cast<FsContext*>(userdata);
-  conn->max_readahead = static_cast<unsigned>(std::min<uint64_t>(ctx.readahead, conn->max_readahead));
+  conn->max_readahead = static_cast<unsigned>(ctx.readahead);
   // Content never changes under a name, so the kernel may keep it cached.
   if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
   conn->want &= ~static_cast<unsigned>(FUSE_CAP_AUTO_INVAL_DATA);
+  if (ctx.on_init) ctx.on_init();
 }
 
 void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {

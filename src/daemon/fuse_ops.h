@@ -22,6 +22,9 @@ struct FsContext {
   double mutable_timeout_s = 1;
   // Called when a read finds a source file changed (so the catalog rescans).
   std::function<void()> on_source_changed;
+  // Set once the kernel's INIT has been answered; the BDI read-ahead can only
+  // be raised after that (the kernel lowers it to the INIT reply's value).
+  std::function<void()> on_init;
   std::atomic<uint64_t> reads{0};
   std::atomic<uint64_t> bytes_read{0};
   std::atomic<uint64_t> stale_reads{0};

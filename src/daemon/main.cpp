@@ -18,6 +18,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/sinks/syslog_sink.h>
@@ -60,6 +61,8 @@ std::string RealPath(const std::string& path) {
 
 // Raises the kernel's read-ahead for this mount (its BDI), found through
 // /proc/self/mountinfo so that nothing here has to stat the mount itself.
+// The kernel sets the BDI's read-ahead from the INIT reply, so this runs
+// after INIT; it retries until the value sticks.
 void SetBdiReadahead(const std::string& mountpoint, uint64_t bytes) {
   std::ifstream info("/proc/self/mountinfo");
   std::string line, devno;
@@ -71,10 +74,28 @@ void SetBdiReadahead(const std::string& mountpoint, uint64_t bytes) {
   }
   if (devno.empty()) return;
   const std::string path = "/sys/class/bdi/" + devno + "/read_ahead_kb";
-  std::ofstream out(path);
-  out << bytes / 1024;
-  out.flush();
-  if (!out) spdlog::debug("cannot set {} to {} KiB; kernel default read-ahead stays", path, bytes / 1024);
+  const std::string want = std::to_string(bytes / 1024);
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    {
+      std::ofstream out(path);
+      out << want;
+      out.flush();
+      if (!out) {
+        spdlog::warn("cannot set {} to {} KiB: {}; the kernel's default read-ahead stays", path, want,
+                     std::strerror(errno));
+        return;
+      }
+    }
+    std::ifstream in(path);
+    std::string got;
+    in >> got;
+    if (got == want) {
+      spdlog::debug("read-ahead of {} set to {} KiB", mountpoint, want);
+      return;
+    }
+  }
+  spdlog::warn("read-ahead of {} did not stay at {} KiB", mountpoint, want);
 }
 
 nlohmann::json StatusJson(const CatalogWatcher& watcher, const MountOptions& o, const std::string& state_dir,
@@ -221,7 +242,6 @@ int main(int argc, char** argv) {
     spdlog::drop_all();
     SetupLogging(o, /*to_syslog=*/true);
   }
-  SetBdiReadahead(real_mountpoint, o.readahead);
 
   // From here on threads may start.
   std::vector<std::string> warnings;
@@ -276,6 +296,11 @@ int main(int argc, char** argv) {
   sa.sa_flags = SA_RESTART;
   sigaction(SIGHUP, &sa, nullptr);  // after libfuse's handlers: HUP means rescan, not exit
 
+  std::thread readahead_setter;
+  ctx.on_init = [&] {
+    readahead_setter = std::thread([&] { SetBdiReadahead(real_mountpoint, o.readahead); });
+  };
+
   spdlog::info("mounted {} at {} (state {}, index {})", o.source, o.mountpoint, state_dir, (*index)->path());
   watcher.Start();
 
@@ -284,6 +309,7 @@ int main(int argc, char** argv) {
   fuse_loop_cfg_set_max_threads(cfg, std::max(4u, 2 * EffectiveThreads(o.threads)));
   const int rc = fuse_session_loop_mt(se, cfg);
   fuse_loop_cfg_destroy(cfg);
+  if (readahead_setter.joinable()) readahead_setter.join();
 
   spdlog::info("unmounting {}", o.mountpoint);
   g_watcher_for_sighup = nullptr;

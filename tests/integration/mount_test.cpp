@@ -475,5 +475,32 @@ TEST_F(MountTest, KillDashNineThenLazyUnmountThenRemount) {
   EXPECT_TRUE(WaitForDigests(1)) << again->Log();
 }
 
+// A file the daemon may not read (here: a daemon without the capabilities
+// that let root read anything, over a file that only its owner may read):
+// that checkpoint is reported invalid with the cause, the others are served.
+TEST_F(MountTest, FileUnreadableByTheDaemonInvalidatesItsCheckpoint) {
+  WriteModel(src_ + "/open", {.seed = 1});
+  WriteModel(src_ + "/locked", {.seed = 2});
+  RunCommand("chmod -R a+rX " + src_);
+  ASSERT_EQ(::chown((src_ + "/locked/config.json").c_str(), 1234, 1234), 0);
+  ASSERT_EQ(::chmod((src_ + "/locked/config.json").c_str(), 0600), 0);
+  MakeDirs(mnt_);
+  const std::string log = tmp_ / "capless-daemon.log";
+  CommandResult r = RunCommand("setpriv --bounding-set=-dac_override,-dac_read_search " + kDaemon + " " + src_ +
+                                   " " + mnt_ + " -o state=" + state_ + ",settle=0 2>" + log,
+                               true);
+  ASSERT_EQ(r.exit_code, 0) << r.out << ReadFile(log);
+  bool shown = WaitFor([&] { return fs::is_symlink(mnt_ + "/by-name/open"); });
+  CommandResult status = RunCommand(kCtl + " status " + mnt_, true);
+  const bool locked_shown = fs::exists(fs::symlink_status(mnt_ + "/by-name/locked"));
+  RunCommand("fusermount3 -u " + mnt_);
+  EXPECT_TRUE(shown);
+  EXPECT_FALSE(locked_shown);
+  EXPECT_NE(status.out.find("invalid   " + src_ + "/locked"), std::string::npos) << status.out;
+  EXPECT_NE(status.out.find("cannot open " + src_ + "/locked/config.json: Permission denied"), std::string::npos)
+      << status.out;
+  EXPECT_FALSE(IsMounted(mnt_));
+}
+
 }  // namespace
 }  // namespace ckptfs::testing
