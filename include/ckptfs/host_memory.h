@@ -1,0 +1,53 @@
+// HostMemory: the host tier's chunk slots. Memory is taken in slabs as the
+// cache fills, never all at start, so a cache_size larger than free memory
+// costs nothing until it is used. Slabs are pinned: cudaHostAlloc when a CUDA
+// device is in use (page-locked and DMA-ready), otherwise mmap + mlock with
+// transparent huge pages requested. If the kernel refuses to lock
+// (RLIMIT_MEMLOCK), that is logged once and the slabs stay unpinned.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+namespace ckptfs {
+
+class HostMemory {
+ public:
+  static constexpr size_t kChunksPerSlab = 16;  // 64 MiB slabs of 4 MiB chunks
+
+  // `capacity` bytes at most, in `slot_size` slots.
+  HostMemory(uint64_t capacity, size_t slot_size, bool use_cuda_host_alloc);
+  ~HostMemory();
+  HostMemory(const HostMemory&) = delete;
+  HostMemory& operator=(const HostMemory&) = delete;
+
+  // A free slot, growing by one slab if allowed; null when full (or when the
+  // system refuses more memory).
+  uint8_t* Take();
+  void Give(uint8_t* slot);
+
+  uint64_t capacity() const { return capacity_; }
+  uint64_t reserved_bytes() const;  // slabs taken from the system
+  bool pinned() const { return pinned_; }
+
+ private:
+  bool Grow();
+
+  mutable std::mutex mu_;
+  const uint64_t capacity_;
+  const size_t slot_size_;
+  const bool cuda_;
+  bool pinned_ = true;
+  bool pin_failure_logged_ = false;
+  struct Slab {
+    uint8_t* base;
+    size_t bytes;
+  };
+  std::vector<Slab> slabs_;
+  std::vector<uint8_t*> free_;
+  uint64_t reserved_ = 0;
+};
+
+}  // namespace ckptfs
