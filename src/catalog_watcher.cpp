@@ -55,7 +55,8 @@ ExposedCheckpoint ToExposed(const CheckpointSource& src, const IndexedCheckpoint
   e.dir_owner = src.dir_owner;
   e.subdirs = src.subdirs;
   for (const auto& f : indexed.files) {
-    e.files.push_back({f.member.rel_path, f.member.open_path, f.member.stamp, f.hashes.sha256, f.member.owner});
+    e.files.push_back({f.member.rel_path, f.member.open_path, f.member.stamp, f.hashes.sha256,
+                       std::make_shared<const std::vector<ChunkHash>>(f.hashes.chunks), f.member.owner});
   }
   return e;
 }
@@ -104,11 +105,37 @@ void CatalogWatcher::RequestRescan() {
   }
 }
 
+void CatalogWatcher::Withdraw(const std::string& name, const std::string& reason) {
+  {
+    std::lock_guard lock(mu_);
+    withdrawals_[name] = reason;
+  }
+  RequestRescan();
+}
+
 void CatalogWatcher::Run() {
   double next_periodic = std::numeric_limits<double>::infinity();
   double next_debounced = std::numeric_limits<double>::infinity();
   while (!stop_) {
     const double now = MonotonicSeconds();
+    std::map<std::string, std::string> withdrawals;
+    {
+      std::lock_guard lock(mu_);
+      withdrawals.swap(withdrawals_);
+      for (const auto& [name, reason] : withdrawals) {
+        for (auto it = exposed_.begin(); it != exposed_.end();) {
+          if (it->second.name != name) {
+            ++it;
+            continue;
+          }
+          auto& st = states_[it->first];
+          st.phase = CheckpointState::Phase::kPending;
+          st.reason = "withdrawn: " + reason;
+          it = exposed_.erase(it);
+        }
+      }
+    }
+    if (!withdrawals.empty()) PublishExposed(last_dirs_);
     if (rescan_requested_.exchange(false) || now >= next_periodic || now >= next_debounced ||
         (next_settle_deadline_ > 0 && now >= next_settle_deadline_)) {
       next_debounced = std::numeric_limits<double>::infinity();
@@ -216,6 +243,7 @@ void CatalogWatcher::ScanOnce() {
     last_scan_error_.clear();
   }
   const CatalogScan& scan = *result;
+  last_dirs_ = scan.dirs;
   UpdateWatches(scan);
   for (const auto& w : scan.warnings) spdlog::debug("{}", w);
 

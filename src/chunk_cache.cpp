@@ -177,7 +177,7 @@ bool ChunkCache::EvictOneHost(std::unique_lock<std::mutex>&) {
   Unlink(victim);
   host_.Give(victim->host);
   victim->host = nullptr;
-  host_used_ -= victim->len;
+  host_used_ -= kChunkSize;
   ++stats_.host.evictions;
   if (victim->gpu == nullptr) Erase(victim);
   return true;
@@ -225,7 +225,7 @@ Result<ChunkCache::Entry*> ChunkCache::Acquire(const ChunkKey& key, size_t len, 
       }
       ++stats_.gpu.hits;
       e->host = slot;
-      host_used_ += e->len;
+      host_used_ += kChunkSize;
       probation_.push_front(e);
       e->host_pos = probation_.begin();
       e->segment = Entry::Segment::kProbation;
@@ -268,7 +268,7 @@ Result<ChunkCache::Entry*> ChunkCache::Acquire(const ChunkKey& key, size_t len, 
       return s;
     }
     e->host = slot;
-    host_used_ += len;
+    host_used_ += kChunkSize;
     e->readahead = readahead;
     probation_.push_front(e);
     e->host_pos = probation_.begin();
@@ -311,7 +311,7 @@ Status ChunkCache::Load(const ChunkKey& key, size_t len, const FillFn& fill, Tie
     auto it = entries_.find(key);
     const bool already = it != entries_.end() && it->second->host_pinned;
     if (pin && !already &&
-        host_pinned_ + len + kUnpinnedReserveSlots * kChunkSize > options_.host_capacity) {
+        host_pinned_ + kChunkSize + kUnpinnedReserveSlots * kChunkSize > options_.host_capacity) {
       return Status::Error("pinning would exceed the host cache (" + std::to_string(host_pinned_) +
                            " bytes pinned of cache_size=" + std::to_string(options_.host_capacity) +
                            "); unpin something or raise cache_size");
@@ -320,7 +320,7 @@ Status ChunkCache::Load(const ChunkKey& key, size_t len, const FillFn& fill, Tie
     if (!e.ok()) return e.status();
     if (pin && !(*e)->host_pinned) {
       (*e)->host_pinned = true;
-      host_pinned_ += len;
+      host_pinned_ += kChunkSize;
     }
     --(*e)->refs;
     return Status::Ok();
@@ -389,7 +389,7 @@ uint64_t ChunkCache::Unpin(const Sha256Digest& file) {
     if (key.file != file) continue;
     if (e->host_pinned) {
       e->host_pinned = false;
-      host_pinned_ -= e->len;
+      host_pinned_ -= kChunkSize;
       bytes += e->len;
     }
     if (e->gpu_pinned) {
@@ -409,11 +409,11 @@ uint64_t ChunkCache::Evict(const Sha256Digest& file) {
     if (key.file == file && e->refs == 0 && !e->filling) victims.push_back(e.get());
   }
   for (Entry* e : victims) {
-    if (e->host_pinned) host_pinned_ -= e->len;
+    if (e->host_pinned) host_pinned_ -= kChunkSize;
     if (e->gpu_pinned) gpu_pinned_ -= e->len;
     if (e->host) {
       host_.Give(e->host);
-      host_used_ -= e->len;
+      host_used_ -= kChunkSize;
       bytes += e->len;
     }
     if (e->gpu) {

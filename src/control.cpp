@@ -34,11 +34,17 @@ Status WriteAll(int fd, const std::string& data) {
   return Status::Ok();
 }
 
-// Reads one '\n'-terminated line (without it), at most `limit` bytes.
-Result<std::string> ReadLine(int fd, size_t limit, int timeout_ms) {
-  std::string line;
+// Reads one '\n'-terminated line (without it), at most `limit` bytes;
+// `pending` keeps what was read past the line for the next call.
+Result<std::string> ReadLine(int fd, size_t limit, int timeout_ms, std::string& pending) {
+  std::string& line = pending;
   char buf[4096];
   for (;;) {
+    if (auto nl = line.find('\n'); nl != std::string::npos) {
+      std::string out = line.substr(0, nl);
+      line.erase(0, nl + 1);
+      return out;
+    }
     pollfd p{fd, POLLIN, 0};
     int r = ::poll(&p, 1, timeout_ms);
     if (r == 0) return Status::Error("timed out waiting for the control socket");
@@ -50,8 +56,7 @@ Result<std::string> ReadLine(int fd, size_t limit, int timeout_ms) {
     }
     if (n == 0) return line.empty() ? Result<std::string>(Status::Error("control socket closed")) : line;
     line.append(buf, static_cast<size_t>(n));
-    if (auto nl = line.find('\n'); nl != std::string::npos) return line.substr(0, nl);
-    if (line.size() > limit) return Status::Error("control message too long");
+    if (line.size() > limit && line.find('\n') == std::string::npos) return Status::Error("control message too long");
   }
 }
 
@@ -105,6 +110,8 @@ void ControlServer::Stop() {
   if (::write(wake_.get(), &one, sizeof one) < 0) {
   }
   thread_.join();
+  std::unique_lock lock(conn_mu_);
+  conn_cv_.wait(lock, [this] { return connections_ == 0; });  // handlers watch stop_
   ::unlink(path_.c_str());
 }
 
@@ -114,8 +121,19 @@ void ControlServer::Run() {
     if (::poll(fds, 2, -1) < 0) continue;
     if (fds[1].revents & POLLIN) break;
     if (!(fds[0].revents & POLLIN)) continue;
-    UniqueFd conn(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-    if (conn.valid()) Serve(conn.get());
+    int conn = ::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (conn < 0) continue;
+    {
+      std::lock_guard lock(conn_mu_);
+      ++connections_;
+    }
+    std::thread([this, conn] {
+      UniqueFd owned(conn);
+      Serve(owned.get());
+      std::lock_guard lock(conn_mu_);
+      --connections_;
+      conn_cv_.notify_all();
+    }).detach();
   }
 }
 
@@ -124,7 +142,8 @@ void ControlServer::Serve(int fd) {
   socklen_t len = sizeof cred;
   if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return;
   nlohmann::json reply;
-  auto line = ReadLine(fd, kMaxRequest, 5000);
+  std::string pending;
+  auto line = ReadLine(fd, kMaxRequest, 5000, pending);
   if (!line.ok()) {
     reply = {{"ok", false}, {"error", line.status().message()}};
   } else {
@@ -132,6 +151,8 @@ void ControlServer::Serve(int fd) {
     req.body = nlohmann::json::parse(*line, nullptr, /*allow_exceptions=*/false);
     req.peer_uid = cred.uid;
     req.privileged = cred.uid == 0 || cred.uid == ::geteuid();
+    req.stopping = &stop_;
+    req.progress = [fd](const nlohmann::json& p) { return WriteAll(fd, p.dump() + "\n").ok(); };
     if (req.body.is_discarded() || !req.body.is_object() || !req.body.contains("cmd") ||
         !req.body["cmd"].is_string()) {
       reply = {{"ok", false}, {"error", "malformed request: expected a JSON object with a string \"cmd\""}};
@@ -146,7 +167,8 @@ void ControlServer::Serve(int fd) {
   if (Status s = WriteAll(fd, reply.dump() + "\n"); !s.ok()) spdlog::debug("{}", s.message());
 }
 
-Result<nlohmann::json> ControlCall(const std::string& socket_path, const nlohmann::json& request) {
+Result<nlohmann::json> ControlCall(const std::string& socket_path, const nlohmann::json& request,
+                                   const std::function<void(const nlohmann::json&)>& on_progress) {
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return Status::FromErrno("socket", errno);
   sockaddr_un addr = Address(socket_path);
@@ -154,11 +176,19 @@ Result<nlohmann::json> ControlCall(const std::string& socket_path, const nlohman
     return Status::FromErrno("cannot connect to the control socket " + socket_path, errno);
   }
   if (Status s = WriteAll(fd.get(), request.dump() + "\n"); !s.ok()) return s;
-  auto line = ReadLine(fd.get(), 64 << 20, 60000);
-  if (!line.ok()) return line.status();
-  auto reply = nlohmann::json::parse(*line, nullptr, false);
-  if (reply.is_discarded()) return Status::Error("malformed reply from " + socket_path);
-  return reply;
+  std::string pending;
+  for (;;) {
+    // Long work sends progress at least every few seconds; silence this long means trouble.
+    auto line = ReadLine(fd.get(), 64 << 20, 600000, pending);
+    if (!line.ok()) return line.status();
+    auto reply = nlohmann::json::parse(*line, nullptr, false);
+    if (reply.is_discarded()) return Status::Error("malformed reply from " + socket_path);
+    if (reply.contains("progress")) {
+      if (on_progress) on_progress(reply);
+      continue;
+    }
+    return reply;
+  }
 }
 
 }  // namespace ckptfs

@@ -277,6 +277,16 @@ Status Index::PutFile(const FileStamp& stamp, const std::string& path, const Fil
   return Status::Ok();
 }
 
+Status Index::ForgetFile(uint64_t dev, uint64_t ino) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, "DELETE FROM files WHERE dev=?1 AND ino=?2");
+  if (!s.ok()) return Status::Error("index " + path_ + ": " + sqlite3_errmsg(db_));
+  s.Bind(1, dev);
+  s.Bind(2, ino);
+  if (s.Step() != SQLITE_DONE) return Status::Error("index " + path_ + ": " + sqlite3_errmsg(db_));
+  return Status::Ok();
+}
+
 Status Index::PutCheckpoint(const std::string& name, const std::string& manifest, uint64_t total_size,
                             uint64_t file_count) {
   std::lock_guard lock(mu_);

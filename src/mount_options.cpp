@@ -1,5 +1,7 @@
 #include "ckptfs/mount_options.h"
 
+#include "ckptfs/hashes.h"
+
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -86,6 +88,32 @@ Status ApplyOption(const std::string& opt, MountOptions& o) {
     if (!v.ok()) return Status::Error("option readahead=" + value + ": " + v.status().message());
     if (*v < 4096 || *v > (1ull << 30)) return Status::Error("option readahead=" + value + ": expected 4K to 1G");
     o.readahead = *v;
+  } else if (key == "cache_size" || key == "gpu_cache_size") {
+    if (Status s = need_value(); !s.ok()) return s;
+    const bool gpu = key == "gpu_cache_size";
+    if (value.back() == '%') {
+      char* end = nullptr;
+      double pct = std::strtod(value.c_str(), &end);
+      if (end != value.c_str() + value.size() - 1 || !(pct > 0 && pct <= 100)) {
+        return Status::Error("option " + key + "=" + value + ": expected a size (e.g. 32G) or a percentage (1% to 100%)");
+      }
+      (gpu ? o.gpu_cache_percent : o.cache_percent) = pct;
+    } else {
+      auto v = ParseSize(value);
+      if (!v.ok()) return Status::Error("option " + key + "=" + value + ": " + v.status().message());
+      if (*v < kChunkSize * 4) {
+        return Status::Error("option " + key + "=" + value + ": at least 16M (four 4 MiB chunks)");
+      }
+      (gpu ? o.gpu_cache_size : o.cache_size) = *v;
+    }
+  } else if (key == "gpu") {
+    if (Status s = need_value(); !s.ok()) return s;
+    char* end = nullptr;
+    long idx = std::strtol(value.c_str(), &end, 10);
+    if (value != "auto" && value != "sim" && (*end != '\0' || idx < 0)) {
+      return Status::Error("option gpu=" + value + ": expected a device index, auto or sim");
+    }
+    o.gpu = value;
   } else if (key == "fsname") {
     if (Status s = need_value(); !s.ok()) return s;
     o.fsname = value;
@@ -203,8 +231,13 @@ ckptfs options (-o):
                        SRC (default); follow: follow every link
   threads=N            FUSE and hashing threads (default: one per CPU)
   log=LEVEL            trace, debug, info (default), warn, error or off
-  readahead=SIZE       kernel read-ahead and largest read request for the
-                       mount, e.g. 4M (default 4M)
+  readahead=SIZE       kernel read-ahead for the mount, e.g. 4M (default 4M)
+  cache_size=SIZE|N%   host chunk cache in pinned memory, e.g. 32G or 40%
+                       (default 25% of physical memory); taken as it fills
+  gpu=INDEX|auto|sim   add a GPU tier on CUDA device INDEX; auto: the first
+                       device if there is one (else a warning); sim: a
+                       simulated device in host memory (testing)
+  gpu_cache_size=SIZE|N%   GPU tier size (default 50% of device memory)
 
 FUSE and mount options (-o), passed on:
   allow_other          let every user in (default_permissions is always on,

@@ -146,6 +146,8 @@ class View::Builder {
       n->mtime = FromNanos(f.stamp.mtime_ns);
       n->source_path = f.source_path;
       n->stamp = f.stamp;
+      n->sha256 = f.sha256;
+      n->chunks = f.chunks;
       n->xattrs = {{"user.ckptfs.sha256", ToHex(f.sha256)}};
       const auto slash = f.rel_path.rfind('/');
       parent->children[slash == std::string::npos ? f.rel_path : f.rel_path.substr(slash + 1)] = n->ino;
@@ -297,6 +299,33 @@ std::optional<std::string> View::DigestOfByName(const std::string& by_name_path)
   auto it = by_name_digest_.find(by_name_path);
   if (it == by_name_digest_.end()) return std::nullopt;
   return it->second;
+}
+
+View::NodePtr View::Resolve(const std::string& rel_path) const {
+  NodePtr n = Get(FUSE_ROOT_ID);
+  size_t pos = 0;
+  while (n && pos < rel_path.size()) {
+    size_t slash = rel_path.find('/', pos);
+    std::string part = rel_path.substr(pos, slash == std::string::npos ? std::string::npos : slash - pos);
+    pos = slash == std::string::npos ? rel_path.size() : slash + 1;
+    if (part.empty() || part == ".") continue;
+    n = Lookup(n->ino, part);
+  }
+  return n;
+}
+
+std::vector<View::NodePtr> View::FilesUnder(const NodePtr& node) const {
+  std::vector<NodePtr> out;
+  std::vector<NodePtr> stack{node};
+  while (!stack.empty()) {
+    NodePtr n = stack.back();
+    stack.pop_back();
+    if (!n) continue;
+    if (n->kind == Kind::kFile) out.push_back(n);
+    if (n->kind != Kind::kDir) continue;
+    for (const auto& [name, ino] : n->children) stack.push_back(Get(ino));
+  }
+  return out;
 }
 
 std::map<std::string, std::string> View::ByNameLinks() const {

@@ -63,6 +63,9 @@ class CatalogWatcher {
   void Start();
   void Stop();
   void RequestRescan();
+  // Takes a digest out of the view at once (from any thread: the work is
+  // done on the watcher's thread), e.g. when its content failed a check.
+  void Withdraw(const std::string& name, const std::string& reason);
 
   std::vector<CheckpointState> States() const;
   uint64_t scans_completed() const { return scans_.load(); }
@@ -95,6 +98,8 @@ class CatalogWatcher {
   std::map<std::string, CheckpointState> states_;          // by source path
   std::map<std::string, ExposedCheckpoint> exposed_;       // by source path
   std::string last_scan_error_;
+  std::map<std::string, Ownership> last_dirs_;
+  std::map<std::string, std::string> withdrawals_;  // digest -> reason; guarded by mu_
 };
 
 }  // namespace ckptfs

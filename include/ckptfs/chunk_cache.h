@@ -46,7 +46,9 @@ enum class Tier { kHost, kGpu };
 
 struct TierStats {
   uint64_t capacity = 0;
-  uint64_t used = 0;  // bytes of chunks held
+  // Bytes of memory held. In the host tier every chunk takes a whole 4 MiB
+  // slot, even a file's short last chunk (or a small config file).
+  uint64_t used = 0;
   uint64_t hits = 0;
   uint64_t misses = 0;
   uint64_t fills = 0;       // host: chunks read from the source; gpu: chunks demoted into it

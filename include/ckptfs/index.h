@@ -60,6 +60,8 @@ class Index {
   std::optional<StoredFile> LookupInode(uint64_t dev, uint64_t ino);
 
   Status PutFile(const FileStamp& stamp, const std::string& path, const FileHashes& hashes);
+  // Drops what is known of (dev, ino), so the next scan hashes it again.
+  Status ForgetFile(uint64_t dev, uint64_t ino);
   Status PutCheckpoint(const std::string& name, const std::string& manifest, uint64_t total_size,
                        uint64_t file_count);
   Status PutSource(const std::string& real_root, const std::string& rel_path, const std::string& name);

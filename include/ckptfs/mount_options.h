@@ -28,6 +28,14 @@ struct MountOptions {
   unsigned threads = 0;       // threads=N: FUSE and hashing threads; 0 = one per CPU
   std::string log_level = "info";
   uint64_t readahead = 4ull << 20;  // readahead=SIZE, bytes
+  // cache_size=SIZE or N% of physical memory; 0 = the default (25%).
+  uint64_t cache_size = 0;
+  double cache_percent = 0;
+  // gpu=INDEX|auto|sim; empty: no GPU tier. "sim" is a simulated device in
+  // host memory, for tests and for trying the tier without a GPU.
+  std::string gpu;
+  uint64_t gpu_cache_size = 0;  // gpu_cache_size=SIZE or N% of device memory; 0 = 50%
+  double gpu_cache_percent = 0;
   bool allow_other = false;
   std::string fsname;         // fsname=, default: SRC
   // Options handed to libfuse as "-o a,b,c" (always ro and default_permissions).

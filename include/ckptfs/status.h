@@ -16,6 +16,7 @@ class Status {
     kError,     // a failure the caller reports
     kChanged,   // the input changed underneath us; the caller should retry
     kNotFound,  // an expected thing is absent
+    kCorrupt,   // content does not match what the index recorded for it
   };
 
   Status() = default;
@@ -23,6 +24,7 @@ class Status {
   static Status Error(std::string message) { return Status(Code::kError, std::move(message)); }
   static Status Changed(std::string message) { return Status(Code::kChanged, std::move(message)); }
   static Status NotFound(std::string message) { return Status(Code::kNotFound, std::move(message)); }
+  static Status Corrupt(std::string message) { return Status(Code::kCorrupt, std::move(message)); }
   // "PATH: strerror(err)" in the style of coreutils.
   static Status FromErrno(const std::string& what, int err);
 

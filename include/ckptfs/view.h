@@ -47,6 +47,7 @@ struct ExposedCheckpoint {
     std::string source_path;  // resolved path of the bytes
     FileStamp stamp;          // as hashed; reads check it
     Sha256Digest sha256{};
+    std::shared_ptr<const std::vector<ChunkHash>> chunks;  // XXH3-128 per 4 MiB chunk
     Ownership owner;
   };
   std::string rel_path;  // relative to the source root ("" = the root)
@@ -76,6 +77,8 @@ class View {
     std::string link_target;                     // symlinks
     std::string source_path;                     // files
     FileStamp stamp;                             // files
+    Sha256Digest sha256{};                       // files
+    std::shared_ptr<const std::vector<ChunkHash>> chunks;  // files
     std::string digest;                          // the sha256-<hex> this node belongs to, if any
     std::vector<std::pair<std::string, std::string>> xattrs;
   };
@@ -99,6 +102,10 @@ class View {
   // The digest path a by-name path leads to ("by-name/a/b" -> "sha256-..."),
   // for ckptfsctl resolve and tests; nullopt if it is not a checkpoint link.
   std::optional<std::string> DigestOfByName(const std::string& by_name_path) const;
+  // The node at `rel_path` below the root ("sha256-.../a/b"), following no links.
+  NodePtr Resolve(const std::string& rel_path) const;
+  // Every file node at or below `node`.
+  std::vector<NodePtr> FilesUnder(const NodePtr& node) const;
   // Every by-name checkpoint path ("by-name/...") and the digest it leads to.
   std::map<std::string, std::string> ByNameLinks() const;
 

@@ -65,4 +65,19 @@ int RunStatus(const MountArgs& args);
 int RunLs(const MountArgs& args);
 int RunRescan(const MountArgs& args);
 
+struct CacheArgs {
+  std::string command;  // preload, unpin or evict
+  std::string path;
+  std::string tier = "host";
+  bool pin = false;
+};
+int RunCacheCommand(const CacheArgs& args);
+
+struct StatsArgs {
+  std::string mountpoint;
+  bool json = false;
+  bool prometheus = false;
+};
+int RunStats(const StatsArgs& args);
+
 }  // namespace ckptfs::ctl

@@ -68,6 +68,31 @@ int main(int argc, char** argv) {
   cmd_rescan->add_option("MOUNTPOINT", rescan_args.mountpoint, "A ckptfs mount point")->required();
   cmd_rescan->add_flag("--json", rescan_args.json, "Print JSON");
 
+  CacheArgs preload_args, unpin_args, evict_args;
+  preload_args.command = "preload";
+  unpin_args.command = "unpin";
+  evict_args.command = "evict";
+  auto* cmd_preload = app.add_subcommand(
+      "preload", "Read every chunk of PATH into the cache, verified, with a progress bar (root or the mount's owner).\n"
+                 "PATH: a digest directory, a by-name link or a file under a mount");
+  cmd_preload->add_option("PATH", preload_args.path, "What to preload")->required();
+  cmd_preload->add_option("--tier", preload_args.tier, "host (default) or gpu")
+      ->check(CLI::IsMember({"host", "gpu"}));
+  cmd_preload->add_flag("--pin", preload_args.pin, "Keep the chunks: eviction never touches them until unpin");
+  auto* cmd_unpin = app.add_subcommand("unpin", "Let the cache evict PATH's chunks again");
+  cmd_unpin->add_option("PATH", unpin_args.path, "A digest directory, a by-name link or a file")->required();
+  auto* cmd_evict = app.add_subcommand("evict", "Drop PATH's chunks from every tier now, pinned or not");
+  cmd_evict->add_option("PATH", evict_args.path, "A digest directory, a by-name link or a file")->required();
+  StatsArgs stats_args;
+  auto* cmd_stats = app.add_subcommand(
+      "stats", "Cache numbers of a mount: per tier bytes used and capacity, hits, misses, fills, evictions;\n"
+               "verification failures, read-ahead hits; per checkpoint bytes resident and pinned");
+  cmd_stats->add_option("MOUNTPOINT", stats_args.mountpoint, "A ckptfs mount point")->required();
+  auto* stats_json = cmd_stats->add_flag("--json", stats_args.json, "Print JSON");
+  cmd_stats->add_flag("--prometheus", stats_args.prometheus,
+                      "Print the Prometheus text format (for node_exporter's textfile collector)")
+      ->excludes(stats_json);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -80,5 +105,9 @@ int main(int argc, char** argv) {
   if (*cmd_status) return RunStatus(status_args);
   if (*cmd_ls) return RunLs(ls_args);
   if (*cmd_rescan) return RunRescan(rescan_args);
+  if (*cmd_preload) return RunCacheCommand(preload_args);
+  if (*cmd_unpin) return RunCacheCommand(unpin_args);
+  if (*cmd_evict) return RunCacheCommand(evict_args);
+  if (*cmd_stats) return RunStats(stats_args);
   return kExitUsage;
 }

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <sys/uio.h>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -151,20 +152,16 @@ void ReleaseDir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   fuse_reply_err(req, 0);
 }
 
+// Per open file: where the last read ended, to spot a sequential reader, and
+// how far ahead chunks have been requested.
 struct OpenFile {
   View::NodePtr node;
-  UniqueFd fd;
-  std::atomic<bool> stale_logged{false};
+  std::atomic<uint64_t> next_offset{0};
+  std::atomic<uint64_t> readahead_until{0};  // chunks below this were requested
 };
 
-bool StampStillMatches(const OpenFile& f) {
-  struct stat st;
-  return ::fstat(f.fd.get(), &st) == 0 && FileStamp::FromStat(st) == f.node->stamp;
-}
-
 void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  auto& ctx = Ctx(req);
-  auto n = ctx.view->Get(ino);
+  auto n = Ctx(req).view->Get(ino);
   if (!n) {
     fuse_reply_err(req, ENOENT);
     return;
@@ -179,61 +176,63 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   }
   auto f = std::make_unique<OpenFile>();
   f->node = n;
-  f->fd.reset(::open(n->source_path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!f->fd.valid()) {
-    const int err = errno;
-    spdlog::error("{}: cannot open source {}: {}", n->digest, n->source_path, std::strerror(err));
-    if (ctx.on_source_changed) ctx.on_source_changed();
-    fuse_reply_err(req, err == ENOENT ? EIO : err);
-    return;
-  }
-  if (!StampStillMatches(*f)) {
-    spdlog::error("{}: source {} changed since it was indexed; refusing to serve it under this digest", n->digest,
-                  n->source_path);
-    if (ctx.on_source_changed) ctx.on_source_changed();
-    fuse_reply_err(req, EIO);
-    return;
-  }
-  ::posix_fadvise(f->fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
   fi->fh = reinterpret_cast<uint64_t>(f.release());
   fi->keep_cache = 1;  // the bytes behind this name can never change
   fi->noflush = 1;
   fuse_reply_open(req, fi);
 }
 
+// Requests the chunks after `last_chunk` on the read-ahead pool, so the
+// source's I/O and the checks overlap the reader's consumption.
+void ReadAhead(FsContext& ctx, OpenFile& f, uint64_t last_chunk) {
+  const uint64_t chunks = ChunkCount(f.node->size);
+  const uint64_t target = std::min<uint64_t>(chunks, last_chunk + 1 + ctx.readahead_chunks);
+  uint64_t from = f.readahead_until.load();
+  from = std::max(from, last_chunk + 1);
+  if (from >= target) return;
+  f.readahead_until = target;
+  for (uint64_t c = from; c < target; ++c) {
+    ctx.readahead_pool->Submit([&ctx, node = f.node, c] { (void)FetchChunk(ctx, node, c, /*readahead=*/true); });
+  }
+}
+
 void Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
   auto& ctx = Ctx(req);
   auto* f = reinterpret_cast<OpenFile*>(fi->fh);
   const uint64_t file_size = f->node->size;
-  if (off < 0 || static_cast<uint64_t>(off) >= file_size) {
+  if (off < 0 || static_cast<uint64_t>(off) >= file_size || size == 0) {
     fuse_reply_buf(req, nullptr, 0);
     return;
   }
-  const size_t want = static_cast<size_t>(std::min<uint64_t>(size, file_size - static_cast<uint64_t>(off)));
-  thread_local std::vector<char> buf;
-  if (buf.size() < want) buf.resize(want);
-  size_t got = 0;
-  while (got < want) {
-    ssize_t n = ::pread(f->fd.get(), buf.data() + got, want - got, off + static_cast<off_t>(got));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    got += static_cast<size_t>(n);
-  }
-  // Checked after the read: a change that raced with it shows in the stamp
-  // (writers update mtime and ctime before they copy data in).
-  if (got != want || !StampStillMatches(*f)) {
-    ++ctx.stale_reads;
-    if (!f->stale_logged.exchange(true)) {
-      spdlog::error("{}: source {} changed since it was indexed; reads of it fail with EIO", f->node->digest,
-                    f->node->source_path);
-      if (ctx.on_source_changed) ctx.on_source_changed();
+  const uint64_t begin = static_cast<uint64_t>(off);
+  const uint64_t end = std::min<uint64_t>(file_size, begin + size);
+  const uint64_t first = begin / kChunkSize, last = (end - 1) / kChunkSize;
+
+  // A request is at most max_read (1 MiB), so it spans one or two chunks;
+  // the references keep them in memory until the reply has been written.
+  std::vector<ChunkCache::Ref> refs;
+  std::vector<iovec> iov;
+  for (uint64_t c = first; c <= last; ++c) {
+    auto ref = FetchChunk(ctx, f->node, c, /*readahead=*/false);
+    if (!ref.ok()) {
+      ++ctx.failed_reads;
+      fuse_reply_err(req, EIO);
+      return;
     }
-    fuse_reply_err(req, EIO);
-    return;
+    const uint64_t chunk_start = c * kChunkSize;
+    const uint64_t from = std::max(begin, chunk_start) - chunk_start;
+    const uint64_t to = std::min(end, chunk_start + ref->size()) - chunk_start;
+    iov.push_back({const_cast<uint8_t*>(ref->data() + from), static_cast<size_t>(to - from)});
+    refs.push_back(std::move(*ref));
   }
+  // The kernel's read-ahead sends neighbouring requests in parallel, so
+  // "sequential" means near where the last one ended, not exactly there.
+  const uint64_t prev = f->next_offset.exchange(end);
+  const bool sequential = begin == 0 || (begin + 2 * kChunkSize >= prev && begin <= prev + 2 * kChunkSize);
+  if (sequential && ctx.readahead_pool != nullptr) ReadAhead(ctx, *f, last);
   ++ctx.reads;
-  ctx.bytes_read += want;
-  fuse_reply_buf(req, buf.data(), want);
+  ctx.bytes_read += end - begin;
+  fuse_reply_iov(req, iov.data(), static_cast<int>(iov.size()));
 }
 
 void Release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
@@ -292,6 +291,31 @@ void RoRemoveXattr(fuse_req_t req, fuse_ino_t, const char*) { fuse_reply_err(req
 void RoWrite(fuse_req_t req, fuse_ino_t, const char*, size_t, off_t, fuse_file_info*) { fuse_reply_err(req, EROFS); }
 
 }  // namespace
+
+Result<ChunkCache::Ref> FetchChunk(FsContext& ctx, const View::NodePtr& file, uint64_t index, bool readahead) {
+  const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunkSize, file->size - index * kChunkSize));
+  ChunkKey key{file->sha256, static_cast<uint32_t>(index)};
+  auto ref = ctx.cache->Get(
+      key, len,
+      [&](uint8_t* dst, size_t n) {
+        return ctx.reader->ReadChunk(file->source_path, file->stamp, *file->chunks, index, dst, n);
+      },
+      readahead);
+  if (!ref.ok()) {
+    const Status& s = ref.status();
+    if (s.code() == Status::Code::kCorrupt) {
+      ctx.cache->CountVerificationFailure();
+      spdlog::error("{}: {}; the digest is withdrawn and the file will be hashed again", file->digest, s.message());
+      if (ctx.on_corrupt_chunk) ctx.on_corrupt_chunk(*file, s);
+    } else if (s.code() == Status::Code::kChanged) {
+      spdlog::warn("{}: {}; its bytes are no longer served under this digest", file->digest, s.message());
+      if (ctx.on_source_changed) ctx.on_source_changed();
+    } else {
+      spdlog::error("{}: {}", file->digest, s.message());
+    }
+  }
+  return ref;
+}
 
 fuse_lowlevel_ops MakeOperations() {
   fuse_lowlevel_ops ops{};

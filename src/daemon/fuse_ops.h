@@ -1,6 +1,7 @@
-// The FUSE low-level operations over a View. Reads go straight to the source
-// file and are checked against the stamp the content was indexed under: a
-// file that changed since returns EIO, never the new bytes under the old name.
+// The FUSE low-level operations over a View. File reads are served from the
+// ChunkCache: a chunk is filled by the SourceReader, which checks the file's
+// stamp and the chunk's XXH3-128 before it is published, so a byte that does
+// not belong to a name is never served under it.
 #pragma once
 
 #define FUSE_USE_VERSION 312
@@ -9,26 +10,40 @@
 #include <atomic>
 #include <functional>
 
+#include "ckptfs/chunk_cache.h"
+#include "ckptfs/source_reader.h"
+#include "ckptfs/thread_pool.h"
 #include "ckptfs/view.h"
 
 namespace ckptfs::daemon {
 
 struct FsContext {
   View* view = nullptr;
-  uint64_t readahead = 4ull << 20;
+  ChunkCache* cache = nullptr;
+  SourceReader* reader = nullptr;
+  ThreadPool* readahead_pool = nullptr;
+  // Chunks filled ahead of a sequential reader.
+  unsigned readahead_chunks = 4;
+  uint64_t readahead = 4ull << 20;  // the kernel's, for INIT
   // Kernel cache lifetimes: digest directories never change; the root and
   // by-name/ change when the source does.
   double immutable_timeout_s = 86400;
   double mutable_timeout_s = 1;
-  // Called when a read finds a source file changed (so the catalog rescans).
+  // A fill found the source changed: rescan.
   std::function<void()> on_source_changed;
+  // A fill found a chunk that does not match the index: withdraw the digest.
+  std::function<void(const View::Node& file, const Status& why)> on_corrupt_chunk;
   // Set once the kernel's INIT has been answered; the BDI read-ahead can only
   // be raised after that (the kernel lowers it to the INIT reply's value).
   std::function<void()> on_init;
   std::atomic<uint64_t> reads{0};
   std::atomic<uint64_t> bytes_read{0};
-  std::atomic<uint64_t> stale_reads{0};
+  std::atomic<uint64_t> failed_reads{0};
 };
+
+// The verified chunk `index` of `file`, from the cache or filled from the
+// source; failures are reported to the context's callbacks.
+Result<ChunkCache::Ref> FetchChunk(FsContext& ctx, const View::NodePtr& file, uint64_t index, bool readahead);
 
 fuse_lowlevel_ops MakeOperations();
 

@@ -7,6 +7,8 @@
 // keeps only the thread that called it.
 #include "fuse_ops.h"
 
+#include <sys/wait.h>
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -25,7 +27,10 @@
 #include <spdlog/spdlog.h>
 
 #include "ckptfs/build_info.h"
+#include "cache_commands.h"
 #include "ckptfs/catalog_watcher.h"
+#include "ckptfs/chunk_cache.h"
+#include "ckptfs/device_memory.h"
 #include "ckptfs/control.h"
 #include "ckptfs/index.h"
 #include "ckptfs/mount_options.h"
@@ -131,8 +136,39 @@ nlohmann::json StatusJson(const CatalogWatcher& watcher, const MountOptions& o, 
             {"readahead", o.readahead},
             {"allow_other", o.allow_other},
             {"log", o.log_level}}},
-          {"reads", {{"requests", ctx.reads.load()}, {"bytes", ctx.bytes_read.load()}, {"stale", ctx.stale_reads.load()}}},
+          {"reads", {{"requests", ctx.reads.load()}, {"bytes", ctx.bytes_read.load()}, {"failed", ctx.failed_reads.load()}}},
+          {"cache", {{"host", ctx.cache->Stats().host.capacity}, {"gpu", ctx.cache->Stats().gpu.capacity}}},
           {"checkpoints", list}};
+}
+
+uint64_t PhysicalMemory() {
+  return static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+// How many CUDA devices are usable, asked in a child process: a process that
+// has touched CUDA cannot use it after fork, and the daemon forks to
+// daemonize after this check.
+int ProbeCudaDevices() {
+  if (!BuiltWithCuda()) return 0;
+  pid_t pid = ::fork();
+  if (pid == 0) ::_exit(std::min(CudaDeviceCount(), 100));
+  int status = 0;
+  if (pid < 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return 0;
+  return WEXITSTATUS(status);
+}
+
+// The host tier's size from cache_size, bounded by what the machine has.
+uint64_t HostCacheBytes(const MountOptions& o) {
+  const uint64_t ram = PhysicalMemory();
+  uint64_t bytes = o.cache_size;
+  if (bytes == 0) bytes = static_cast<uint64_t>(static_cast<double>(ram) * (o.cache_percent > 0 ? o.cache_percent : 25) / 100);
+  const uint64_t ceiling = ram / 10 * 9;
+  if (bytes > ceiling) {
+    spdlog::warn("cache_size={} is more than this machine's memory allows; using {} bytes (90% of {})", bytes,
+                 ceiling, ram);
+    bytes = ceiling;
+  }
+  return std::max<uint64_t>(bytes / kChunkSize * kChunkSize, 4 * kChunkSize);
 }
 
 // One row per digest directory: its by-name paths and sources.
@@ -206,6 +242,28 @@ int main(int argc, char** argv) {
   o.source = real_source;
   o.mountpoint = real_mountpoint;
 
+  // The GPU tier, decided before mounting so a bad gpu= option stops us here.
+  int cuda_device = -1;
+  if (!o.gpu.empty() && o.gpu != "sim") {
+    const int devices = ProbeCudaDevices();
+    if (o.gpu == "auto") {
+      if (devices > 0) cuda_device = 0;
+      else spdlog::warn("gpu=auto: no usable CUDA device ({}); going on without a GPU tier",
+                        BuiltWithCuda() ? "no driver or no device" : "built without CUDA");
+    } else {
+      const int idx = std::atoi(o.gpu.c_str());
+      if (!BuiltWithCuda()) {
+        spdlog::critical("gpu={}: this ckptfs was built without CUDA", o.gpu);
+        return 1;
+      }
+      if (idx >= devices) {
+        spdlog::critical("gpu={}: no such CUDA device ({} usable); use gpu=auto to go on without one", o.gpu, devices);
+        return 1;
+      }
+      cuda_device = idx;
+    }
+  }
+
   View view(real_source, Ownership::FromStat(src_st));
   daemon::FsContext ctx;
   ctx.view = &view;
@@ -243,7 +301,36 @@ int main(int argc, char** argv) {
     SetupLogging(o, /*to_syslog=*/true);
   }
 
-  // From here on threads may start.
+  // From here on threads may start, and CUDA may be touched.
+  std::unique_ptr<DeviceMemory> device;
+  uint64_t gpu_bytes = 0;
+  if (cuda_device >= 0 || o.gpu == "sim") {
+    if (o.gpu == "sim") {
+      gpu_bytes = o.gpu_cache_size ? o.gpu_cache_size : 1ull << 30;
+      device = MakeSimulatedDevice(gpu_bytes);
+    } else if (auto d = MakeCudaDevice(cuda_device); d.ok()) {
+      device = std::move(*d);
+    } else {
+      spdlog::error("GPU tier disabled: {}", d.status().message());
+    }
+    if (device) {
+      if (o.gpu_cache_size) gpu_bytes = o.gpu_cache_size;
+      else gpu_bytes = static_cast<uint64_t>(static_cast<double>(device->TotalBytes()) *
+                                             (o.gpu_cache_percent > 0 ? o.gpu_cache_percent : 50) / 100);
+      gpu_bytes = gpu_bytes / kChunkSize * kChunkSize;
+      spdlog::info("GPU tier: {} bytes on {}", gpu_bytes, device->Describe());
+    }
+  }
+  ChunkCache cache({.host_capacity = HostCacheBytes(o),
+                    .gpu_capacity = gpu_bytes,
+                    .device = device.get(),
+                    .cuda_host_memory = cuda_device >= 0 && device != nullptr});
+  SourceReader reader;
+  ThreadPool readahead_pool(EffectiveThreads(o.threads));
+  ctx.cache = &cache;
+  ctx.reader = &reader;
+  ctx.readahead_pool = &readahead_pool;
+
   std::vector<std::string> warnings;
   auto index = Index::Open(state_dir, &warnings);
   for (const auto& w : warnings) spdlog::warn("{}", w);
@@ -267,11 +354,19 @@ int main(int argc, char** argv) {
     }
   });
   ctx.on_source_changed = [&watcher] { watcher.RequestRescan(); };
+  ctx.on_corrupt_chunk = [&](const View::Node& file, const Status& why) {
+    if (Status s = (*index)->ForgetFile(file.stamp.dev, file.stamp.ino); !s.ok()) spdlog::error("{}", s.message());
+    watcher.Withdraw(file.digest, why.message());
+  };
 
   ControlServer control(ControlSocketPath(real_mountpoint, state_dir), [&](const ControlServer::Request& r) {
     const std::string cmd = r.body["cmd"];
     if (cmd == "status") return StatusJson(watcher, o, state_dir, (*index)->path(), ctx);
     if (cmd == "ls") return LsJson(watcher, view);
+    if (cmd == "stats") return daemon::HandleStats(ctx);
+    if (cmd == "preload") return daemon::HandlePreload(ctx, r);
+    if (cmd == "unpin") return daemon::HandleUnpin(ctx, r);
+    if (cmd == "evict") return daemon::HandleEvict(ctx, r);
     if (cmd == "rescan") {
       if (!r.privileged) {
         return nlohmann::json{{"ok", false},

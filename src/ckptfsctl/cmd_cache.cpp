@@ -1,0 +1,178 @@
+// ckptfsctl preload / unpin / evict / stats: the chunk cache of a mount.
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+
+#include "ckptfs/control.h"
+#include "ckptfs/progress.h"
+#include "ctl.h"
+
+namespace ckptfs::ctl {
+
+namespace {
+
+// Resolves PATH (a digest directory, a by-name link, or a file under a
+// mount) to its mount point and its path below it.
+Result<std::pair<std::string, std::string>> LocateInMount(const std::string& path) {
+  char buf[PATH_MAX];
+  if (::realpath(path.c_str(), buf) == nullptr) return Status::FromErrno(path, errno);
+  std::string real = buf;
+  for (std::string dir = real;; dir = dir.substr(0, dir.rfind('/'))) {
+    if (dir.empty()) dir = "/";
+    if (::getxattr(dir.c_str(), "user.ckptfs.control", nullptr, 0) > 0) {
+      std::string rel = real.size() > dir.size() ? real.substr(dir.size() + (dir == "/" ? 0 : 1)) : "";
+      return std::make_pair(dir, rel);
+    }
+    if (dir == "/") break;
+  }
+  return Status::Error(path + " is not inside a ckptfs mount");
+}
+
+std::string Prom(const std::string& name, const std::string& labels, uint64_t v) {
+  return "ckptfs_" + name + (labels.empty() ? "" : "{" + labels + "}") + " " + std::to_string(v) + "\n";
+}
+
+}  // namespace
+
+int RunCacheCommand(const CacheArgs& args) {
+  auto where = LocateInMount(args.path);
+  if (!where.ok()) {
+    PrintError(where.status().message());
+    return kExitFatal;
+  }
+  const auto& [mountpoint, rel] = *where;
+  nlohmann::json request{{"cmd", args.command}, {"path", rel}};
+  if (args.command == "preload") {
+    request["tier"] = args.tier;
+    request["pin"] = args.pin;
+  }
+  char buf[4096];
+  ssize_t n = ::getxattr(mountpoint.c_str(), "user.ckptfs.control", buf, sizeof buf);
+  if (n < 0) {
+    PrintError(mountpoint + ": cannot read user.ckptfs.control");
+    return kExitFatal;
+  }
+  uint64_t last = 0;
+  ProgressBar bar("preloading", args.command == "preload" && ::isatty(STDERR_FILENO) == 1);
+  auto reply = ControlCall(std::string(buf, static_cast<size_t>(n)), request, [&](const nlohmann::json& p) {
+    const uint64_t done = p.value("progress", uint64_t{0});
+    bar.SetTotal(p.value("total", uint64_t{0}));
+    bar.Add(done - last);
+    last = done;
+  });
+  if (!reply.ok()) {
+    PrintError(reply.status().message());
+    return kExitFailure;
+  }
+  if (!reply->value("ok", false)) {
+    PrintError(args.path + ": " + reply->value("error", std::string("refused")));
+    return kExitFailure;
+  }
+  const uint64_t bytes = reply->value("bytes", uint64_t{0});
+  if (args.command == "preload") {
+    std::printf("preloaded %s (%llu file(s), %s) into the %s tier%s\n", args.path.c_str(),
+                static_cast<unsigned long long>(reply->value("files", uint64_t{0})), FormatBytes(bytes).c_str(),
+                args.tier.c_str(), args.pin ? ", pinned" : "");
+  } else {
+    std::printf("%s %s of %s\n", args.command == "unpin" ? "unpinned" : "evicted", FormatBytes(bytes).c_str(),
+                args.path.c_str());
+  }
+  return kExitOk;
+}
+
+int RunStats(const StatsArgs& args) {
+  auto reply = CallMount(args.mountpoint, {{"cmd", "stats"}});
+  if (!reply.ok()) {
+    PrintError(reply.status().message());
+    return kExitFatal;
+  }
+  const auto& j = *reply;
+  if (args.json) {
+    std::printf("%s\n", j.dump(2).c_str());
+    return kExitOk;
+  }
+  if (args.prometheus) {
+    // The text exposition format, for node_exporter's textfile collector.
+    std::string out;
+    const std::string mnt = "mountpoint=\"" + args.mountpoint + "\"";
+    struct Metric {
+      const char* key;
+      const char* name;
+      const char* type;
+      const char* help;
+    } metrics[] = {
+        {"capacity", "cache_capacity_bytes", "gauge", "Capacity of the cache tier."},
+        {"used", "cache_used_bytes", "gauge", "Bytes held by the cache tier."},
+        {"pinned", "cache_pinned_bytes", "gauge", "Bytes pinned in the cache tier."},
+        {"hits", "cache_hits_total", "counter", "Chunk lookups served by the tier."},
+        {"misses", "cache_misses_total", "counter", "Chunk lookups the tier could not serve."},
+        {"fills", "cache_fills_total", "counter", "Chunks put into the tier."},
+        {"evictions", "cache_evictions_total", "counter", "Chunks evicted from the tier."},
+    };
+    for (const auto& m : metrics) {
+      out += std::string("# HELP ckptfs_") + m.name + " " + m.help + "\n# TYPE ckptfs_" + m.name + " " + m.type + "\n";
+      for (const auto& [tier, t] : j["tiers"].items()) {
+        out += Prom(m.name, mnt + ",tier=\"" + tier + "\"", t[m.key].get<uint64_t>());
+      }
+    }
+    struct Counter {
+      const char* key;
+      const char* name;
+      const char* help;
+    } counters[] = {
+        {"verification_failures", "verification_failures_total", "Chunks that did not match the index."},
+        {"readahead_hits", "readahead_hits_total", "Chunks filled ahead of a reader and then read."},
+        {"source_bytes_read", "source_read_bytes_total", "Bytes read from source files."},
+        {"bytes_served", "served_bytes_total", "Bytes returned to readers."},
+        {"failed_reads", "failed_reads_total", "Read requests answered with an error."},
+    };
+    for (const auto& c : counters) {
+      out += std::string("# HELP ckptfs_") + c.name + " " + c.help + "\n# TYPE ckptfs_" + c.name + " counter\n";
+      out += Prom(c.name, mnt, j[c.key].get<uint64_t>());
+    }
+    out += "# HELP ckptfs_checkpoint_resident_bytes Bytes of a checkpoint held by a cache tier.\n"
+           "# TYPE ckptfs_checkpoint_resident_bytes gauge\n";
+    for (const auto& cp : j["checkpoints"]) {
+      const std::string l = mnt + ",checkpoint=\"" + cp["name"].get<std::string>() + "\"";
+      out += Prom("checkpoint_resident_bytes", l + ",tier=\"host\"", cp["host"].get<uint64_t>());
+      out += Prom("checkpoint_resident_bytes", l + ",tier=\"gpu\"", cp["gpu"].get<uint64_t>());
+    }
+    out += "# HELP ckptfs_checkpoint_pinned_bytes Bytes of a checkpoint pinned in the cache.\n"
+           "# TYPE ckptfs_checkpoint_pinned_bytes gauge\n";
+    for (const auto& cp : j["checkpoints"]) {
+      out += Prom("checkpoint_pinned_bytes", mnt + ",checkpoint=\"" + cp["name"].get<std::string>() + "\"",
+                  cp["pinned"].get<uint64_t>());
+    }
+    std::fputs(out.c_str(), stdout);
+    return kExitOk;
+  }
+  std::printf("%-5s %11s %11s %11s %10s %10s %10s %10s\n", "TIER", "CAPACITY", "USED", "PINNED", "HITS", "MISSES",
+              "FILLS", "EVICTIONS");
+  for (const auto& [tier, t] : j["tiers"].items()) {
+    std::printf("%-5s %11s %11s %11s %10llu %10llu %10llu %10llu\n", tier.c_str(),
+                FormatBytes(t["capacity"].get<uint64_t>()).c_str(), FormatBytes(t["used"].get<uint64_t>()).c_str(),
+                FormatBytes(t["pinned"].get<uint64_t>()).c_str(),
+                static_cast<unsigned long long>(t["hits"].get<uint64_t>()),
+                static_cast<unsigned long long>(t["misses"].get<uint64_t>()),
+                static_cast<unsigned long long>(t["fills"].get<uint64_t>()),
+                static_cast<unsigned long long>(t["evictions"].get<uint64_t>()));
+  }
+  std::printf("\nverification failures %llu   read-ahead fills %llu, hits %llu   source read %s   served %s\n",
+              static_cast<unsigned long long>(j["verification_failures"].get<uint64_t>()),
+              static_cast<unsigned long long>(j["readahead_fills"].get<uint64_t>()),
+              static_cast<unsigned long long>(j["readahead_hits"].get<uint64_t>()),
+              FormatBytes(j["source_bytes_read"].get<uint64_t>()).c_str(),
+              FormatBytes(j["bytes_served"].get<uint64_t>()).c_str());
+  std::printf("\n%-71s %11s %11s %11s\n", "CHECKPOINT", "HOST", "GPU", "PINNED");
+  for (const auto& cp : j["checkpoints"]) {
+    std::printf("%-71s %11s %11s %11s\n", cp["name"].get<std::string>().c_str(),
+                FormatBytes(cp["host"].get<uint64_t>()).c_str(), FormatBytes(cp["gpu"].get<uint64_t>()).c_str(),
+                FormatBytes(cp["pinned"].get<uint64_t>()).c_str());
+  }
+  return kExitOk;
+}
+
+}  // namespace ckptfs::ctl

@@ -1,0 +1,129 @@
+#include "cache_commands.h"
+
+#include <chrono>
+#include <set>
+
+namespace ckptfs::daemon {
+
+namespace {
+
+nlohmann::json Refuse(const std::string& why) { return {{"ok", false}, {"error", why}}; }
+
+// The files a request's "path" names: a digest directory, a directory in it,
+// or a file (the client resolves by-name links before asking).
+Result<std::vector<View::NodePtr>> FilesOf(FsContext& ctx, const ControlServer::Request& r) {
+  if (!r.body.contains("path") || !r.body["path"].is_string()) return Status::Error("missing \"path\"");
+  const std::string path = r.body["path"];
+  auto node = ctx.view->Resolve(path);
+  if (!node) return Status::Error("no such file or directory in the mount: " + path);
+  if (node->digest.empty()) {
+    return Status::Error(path + " is not inside a digest directory (give sha256-<hex>[/FILE] or a by-name link)");
+  }
+  return ctx.view->FilesUnder(node);
+}
+
+nlohmann::json TierJson(const TierStats& t) {
+  return {{"capacity", t.capacity}, {"used", t.used},         {"pinned", t.pinned},  {"hits", t.hits},
+          {"misses", t.misses},     {"fills", t.fills},       {"evictions", t.evictions}};
+}
+
+}  // namespace
+
+nlohmann::json HandlePreload(FsContext& ctx, const ControlServer::Request& r) {
+  if (!r.privileged) return Refuse("preload is for root or the mount's owner");
+  auto files = FilesOf(ctx, r);
+  if (!files.ok()) return Refuse(files.status().message());
+  const std::string tier_name = r.body.value("tier", std::string("host"));
+  if (tier_name != "host" && tier_name != "gpu") return Refuse("tier must be host or gpu, not " + tier_name);
+  const Tier tier = tier_name == "gpu" ? Tier::kGpu : Tier::kHost;
+  const bool pin = r.body.value("pin", false);
+
+  uint64_t total = 0, done = 0;
+  for (const auto& f : *files) total += f->size;
+  auto last_progress = std::chrono::steady_clock::now();
+  for (const auto& f : *files) {
+    for (uint64_t c = 0; c < ChunkCount(f->size); ++c) {
+      if (r.stopping->load()) return Refuse("the daemon is stopping");
+      const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunkSize, f->size - c * kChunkSize));
+      Status s = ctx.cache->Load(
+          {f->sha256, static_cast<uint32_t>(c)}, len,
+          [&](uint8_t* dst, size_t n) { return ctx.reader->ReadChunk(f->source_path, f->stamp, *f->chunks, c, dst, n); },
+          tier, pin);
+      if (!s.ok()) {
+        if (s.code() == Status::Code::kCorrupt) {
+          ctx.cache->CountVerificationFailure();
+          if (ctx.on_corrupt_chunk) ctx.on_corrupt_chunk(*f, s);
+        } else if (s.code() == Status::Code::kChanged && ctx.on_source_changed) {
+          ctx.on_source_changed();
+        }
+        return Refuse("preload stopped after " + std::to_string(done) + " bytes: " + s.message());
+      }
+      done += len;
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_progress > std::chrono::milliseconds(200)) {
+        last_progress = now;
+        if (!r.progress({{"progress", done}, {"total", total}})) return Refuse("client went away");
+      }
+    }
+  }
+  return {{"ok", true}, {"files", files->size()}, {"bytes", done}, {"tier", tier_name}, {"pinned", pin}};
+}
+
+nlohmann::json HandleUnpin(FsContext& ctx, const ControlServer::Request& r) {
+  if (!r.privileged) return Refuse("unpin is for root or the mount's owner");
+  auto files = FilesOf(ctx, r);
+  if (!files.ok()) return Refuse(files.status().message());
+  uint64_t bytes = 0;
+  std::set<Sha256Digest> seen;
+  for (const auto& f : *files) {
+    if (seen.insert(f->sha256).second) bytes += ctx.cache->Unpin(f->sha256);
+  }
+  return {{"ok", true}, {"bytes", bytes}};
+}
+
+nlohmann::json HandleEvict(FsContext& ctx, const ControlServer::Request& r) {
+  if (!r.privileged) return Refuse("evict is for root or the mount's owner");
+  auto files = FilesOf(ctx, r);
+  if (!files.ok()) return Refuse(files.status().message());
+  uint64_t bytes = 0;
+  std::set<Sha256Digest> seen;
+  for (const auto& f : *files) {
+    if (seen.insert(f->sha256).second) bytes += ctx.cache->Evict(f->sha256);
+  }
+  return {{"ok", true}, {"bytes", bytes}};
+}
+
+nlohmann::json HandleStats(FsContext& ctx) {
+  CacheStats s = ctx.cache->Stats();
+  nlohmann::json per = nlohmann::json::array();
+  auto root = ctx.view->Get(FUSE_ROOT_ID);
+  for (const auto& [name, ino] : root->children) {
+    if (name.rfind("sha256-", 0) != 0) continue;
+    uint64_t host = 0, gpu = 0, pinned = 0;
+    std::set<Sha256Digest> seen;
+    for (const auto& f : ctx.view->FilesUnder(ctx.view->Get(ino))) {
+      if (!seen.insert(f->sha256).second) continue;
+      auto res = ctx.cache->ResidentBytes(f->sha256);
+      host += res.host;
+      gpu += res.gpu;
+      pinned += res.pinned;
+    }
+    per.push_back({{"name", name}, {"host", host}, {"gpu", gpu}, {"pinned", pinned}});
+  }
+  nlohmann::json tiers = {{"host", TierJson(s.host)}};
+  if (s.gpu_enabled) tiers["gpu"] = TierJson(s.gpu);
+  return {{"ok", true},
+          {"tiers", tiers},
+          {"verification_failures", s.verification_failures},
+          {"readahead_fills", s.readahead_fills},
+          {"readahead_hits", s.readahead_hits},
+          {"uncached_reads", s.uncached_reads},
+          {"source_bytes_read", ctx.reader->bytes_read()},
+          {"source_chunks_read", ctx.reader->chunks_read()},
+          {"read_requests", ctx.reads.load()},
+          {"bytes_served", ctx.bytes_read.load()},
+          {"failed_reads", ctx.failed_reads.load()},
+          {"checkpoints", per}};
+}
+
+}  // namespace ckptfs::daemon

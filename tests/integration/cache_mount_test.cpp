@@ -1,0 +1,309 @@
+// The verified chunk cache under a real mount: preload, pins, stats,
+// corruption, the GPU tier (simulated device), and a stress test.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "mounted_ckptfs.h"
+#include "test_tree.h"
+
+namespace ckptfs::testing {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kDaemon = CKPTFS_PATH;
+const std::string kCtl = CKPTFSCTL_PATH;
+constexpr size_t kMiB = 1 << 20;
+
+nlohmann::json Stats(const std::string& mnt) {
+  CommandResult r = RunCommand(kCtl + " stats --json " + mnt);
+  auto j = nlohmann::json::parse(r.out, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << r.out;
+  return j;
+}
+
+// Reads with O_DIRECT so every request reaches the daemon (the kernel's own
+// page cache would otherwise answer repeats).
+std::string ReadDirect(const std::string& path, uint64_t offset = 0, size_t len = SIZE_MAX) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
+  if (fd < 0) return "<open: " + std::string(std::strerror(errno)) + ">";
+  struct stat st;
+  ::fstat(fd, &st);
+  len = std::min<uint64_t>(len, static_cast<uint64_t>(st.st_size) - offset);
+  void* buf = nullptr;
+  const size_t cap = (len + 4095) / 4096 * 4096 + 4096;
+  if (::posix_memalign(&buf, 4096, cap) != 0) return "<memalign>";
+  std::string out;
+  size_t done = 0;
+  while (done < len) {
+    ssize_t n = ::pread(fd, static_cast<char*>(buf), std::min<size_t>(cap, 1 << 20), static_cast<off_t>(offset + done));
+    if (n < 0) {
+      out = "<read: " + std::string(std::strerror(errno)) + ">";
+      break;
+    }
+    if (n == 0) break;
+    out.append(static_cast<char*>(buf), std::min<size_t>(static_cast<size_t>(n), len - done));
+    done += static_cast<size_t>(n);
+  }
+  std::free(buf);
+  ::close(fd);
+  return out;
+}
+
+class CacheMountTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<MountedCkptfs> Mount(const std::string& extra) {
+    auto m = std::make_unique<MountedCkptfs>(kDaemon, src_, mnt_, "state=" + state_ + ",settle=0,rescan=0," + extra,
+                                             tmp_ / ("daemon-" + std::to_string(++mounts_) + ".log"));
+    EXPECT_TRUE(m->ok()) << m->Log();
+    return m;
+  }
+  std::string Digest(const std::string& by_name) { return fs::read_symlink(mnt_ + "/by-name/" + by_name).filename(); }
+  bool WaitForLink(const std::string& name) {
+    return WaitFor([&] { return fs::is_symlink(mnt_ + "/by-name/" + name); });
+  }
+
+  TempDir tmp_{"ckptfs-cache"};
+  std::string src_ = tmp_ / "src";
+  std::string mnt_ = tmp_ / "mnt";
+  std::string state_ = tmp_ / "state";
+  int mounts_ = 0;
+};
+
+TEST_F(CacheMountTest, ReadAfterPreloadReadsNoSourceBytes) {
+  WriteFile(src_ + "/m/model.safetensors", RandomBytes(40 * kMiB + 123, 1));
+  WriteFile(src_ + "/m/config.json", "{}");
+  auto m = Mount("cache_size=128M");
+  ASSERT_TRUE(WaitForLink("m")) << m->Log();
+  CommandResult pre = RunCommand(kCtl + " preload " + mnt_ + "/by-name/m --pin", true);
+  ASSERT_EQ(pre.exit_code, 0) << pre.out;
+  EXPECT_NE(pre.out.find("preloaded " + mnt_ + "/by-name/m (2 file(s), 40.00 MiB) into the host tier, pinned"),
+            std::string::npos)
+      << pre.out;
+  const auto before = Stats(mnt_);
+  EXPECT_EQ(before["source_bytes_read"].get<uint64_t>(), 40 * kMiB + 123 + 2);
+  EXPECT_EQ(ReadDirect(mnt_ + "/by-name/m/model.safetensors"), ReadFile(src_ + "/m/model.safetensors"));
+  const auto after = Stats(mnt_);
+  EXPECT_EQ(after["source_bytes_read"], before["source_bytes_read"]);  // served from memory only
+  EXPECT_GT(after["tiers"]["host"]["hits"].get<uint64_t>(), before["tiers"]["host"]["hits"].get<uint64_t>());
+  EXPECT_EQ(after["tiers"]["host"]["pinned"].get<uint64_t>(), 12 * 4 * kMiB);  // 11 chunks + config.json's
+  // Per-checkpoint numbers add up to the tier's.
+  uint64_t pinned = 0;
+  for (const auto& cp : after["checkpoints"]) pinned += cp["pinned"].get<uint64_t>();
+  EXPECT_EQ(pinned, 40 * kMiB + 123 + 2);
+
+  EXPECT_EQ(RunCommand(kCtl + " unpin " + mnt_ + "/by-name/m").exit_code, 0);
+  EXPECT_EQ(Stats(mnt_)["tiers"]["host"]["pinned"], 0);
+  EXPECT_EQ(RunCommand(kCtl + " evict " + mnt_ + "/" + Digest("m") + "/model.safetensors").exit_code, 0);
+  EXPECT_EQ(Stats(mnt_)["tiers"]["host"]["used"], 4 * kMiB);  // only config.json's chunk is left
+}
+
+TEST_F(CacheMountTest, PinsLargerThanTheCacheFailClearly) {
+  WriteFile(src_ + "/m/model.safetensors", RandomBytes(40 * kMiB, 2));
+  auto m = Mount("cache_size=16M");
+  ASSERT_TRUE(WaitForLink("m")) << m->Log();
+  CommandResult r = RunCommand(kCtl + " preload --pin " + mnt_ + "/by-name/m", true);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("pinning would exceed the host cache"), std::string::npos) << r.out;
+  // Reads still work, from the unpinned slots.
+  EXPECT_EQ(ReadDirect(mnt_ + "/by-name/m/model.safetensors"), ReadFile(src_ + "/m/model.safetensors"));
+}
+
+TEST_F(CacheMountTest, ChangedPreloadAndStatsNeedTheOwner) {
+  WriteFile(src_ + "/m/model.safetensors", RandomBytes(kMiB, 3));
+  RunCommand("chmod -R a+rX " + src_ + " && chmod a+rx " + tmp_.path());
+  auto m = Mount("allow_other");
+  ASSERT_TRUE(WaitForLink("m")) << m->Log();
+  const std::string as_other = "setpriv --reuid=4321 --regid=4321 --clear-groups ";
+  CommandResult r = RunCommand(as_other + kCtl + " preload " + mnt_ + "/by-name/m", true);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("preload is for root or the mount's owner"), std::string::npos) << r.out;
+  EXPECT_EQ(RunCommand(as_other + kCtl + " stats " + mnt_).exit_code, 0);
+}
+
+// Content that changed while its stamp did not (here: the index is edited to
+// the new stamp, as if a tool had restored the file's times): only the chunk
+// check catches it. The read fails with EIO, the digest is withdrawn, and the
+// file is hashed again.
+TEST_F(CacheMountTest, CorruptChunkGivesEioAndIsNeverServed) {
+  const std::string shard = src_ + "/m/model.safetensors";
+  WriteFile(shard, RandomBytes(12 * kMiB, 4));
+  WriteFile(src_ + "/m/config.json", "{}");
+  std::string old_digest;
+  {
+    auto m = Mount("");
+    ASSERT_TRUE(WaitForLink("m")) << m->Log();
+    old_digest = Digest("m");
+  }
+  std::string bytes = ReadFile(shard);
+  bytes[5 * kMiB] ^= 0x01;  // one bit in chunk 1
+  {
+    FILE* f = std::fopen(shard.c_str(), "r+b");
+    std::fseek(f, 5 * kMiB, SEEK_SET);
+    std::fputc(bytes[5 * kMiB], f);
+    std::fclose(f);
+  }
+  struct stat st;
+  ASSERT_EQ(::stat(shard.c_str(), &st), 0);
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((state_ + "/index.db").c_str(), &db), SQLITE_OK);
+  const std::string sql = "UPDATE files SET mtime_ns=" +
+                          std::to_string(static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec) +
+                          ", ctime_ns=" +
+                          std::to_string(static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec) +
+                          " WHERE ino=" + std::to_string(st.st_ino);
+  ASSERT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+
+  auto m = Mount("");
+  ASSERT_TRUE(WaitForLink("m")) << m->Log();
+  ASSERT_EQ(Digest("m"), old_digest);  // the index vouched for it
+  const std::string through = mnt_ + "/" + old_digest + "/model.safetensors";
+  // One open file throughout: the digest leaves the view as soon as the bad
+  // chunk is found (read-ahead may find it first), but this reader keeps it.
+  int fd = ::open(through.c_str(), O_RDONLY | O_DIRECT);
+  ASSERT_GE(fd, 0);
+  void* buf = nullptr;
+  ASSERT_EQ(::posix_memalign(&buf, 4096, kMiB), 0);
+  ASSERT_EQ(::pread(fd, buf, kMiB, 0), static_cast<ssize_t>(kMiB));
+  EXPECT_EQ(std::string(static_cast<char*>(buf), kMiB), bytes.substr(0, kMiB));  // chunk 0 is intact
+  errno = 0;
+  EXPECT_EQ(::pread(fd, buf, kMiB, 4 * kMiB), -1);  // chunk 1 is not, and is never served
+  EXPECT_EQ(errno, EIO);
+  std::free(buf);
+  ::close(fd);
+  EXPECT_NE(m->Log().find("chunk 1 (offset 4194304) does not match the index"), std::string::npos) << m->Log();
+  EXPECT_GE(Stats(mnt_)["verification_failures"].get<uint64_t>(), 1u);
+  // Withdrawn, then hashed again under the name of what it holds now.
+  ASSERT_TRUE(WaitFor([&] { return fs::is_symlink(mnt_ + "/by-name/m") && Digest("m") != old_digest; })) << m->Log();
+  EXPECT_FALSE(fs::exists(mnt_ + "/" + old_digest));
+  EXPECT_EQ(ReadDirect(mnt_ + "/by-name/m/model.safetensors"), bytes);
+}
+
+TEST_F(CacheMountTest, SourceShrinkingUnderAnOpenReaderGivesEio) {
+  const std::string shard = src_ + "/m/model.safetensors";
+  WriteFile(shard, RandomBytes(16 * kMiB, 5));
+  auto m = Mount("");
+  ASSERT_TRUE(WaitForLink("m")) << m->Log();
+  const std::string through = mnt_ + "/by-name/m/model.safetensors";
+  int fd = ::open(through.c_str(), O_RDONLY | O_DIRECT);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::truncate(shard.c_str(), 2 * kMiB), 0);
+  void* buf = nullptr;
+  ASSERT_EQ(::posix_memalign(&buf, 4096, kMiB), 0);
+  errno = 0;
+  EXPECT_EQ(::pread(fd, buf, kMiB, 8 * kMiB), -1);
+  EXPECT_EQ(errno, EIO);
+  std::free(buf);
+  ::close(fd);
+}
+
+TEST_F(CacheMountTest, GpuTierTakesEvictedChunksAndServesThemBack) {
+  const std::string data = RandomBytes(48 * kMiB, 6);
+  WriteFile(src_ + "/m/model.safetensors", data);
+  auto m = Mount("cache_size=16M,gpu=sim,gpu_cache_size=64M");
+  ASSERT_TRUE(WaitForLink("m")) << m->Log();
+  const std::string through = mnt_ + "/by-name/m/model.safetensors";
+  EXPECT_EQ(ReadDirect(through), data);
+  auto s1 = Stats(mnt_);
+  ASSERT_TRUE(s1["tiers"].contains("gpu"));
+  EXPECT_GT(s1["tiers"]["gpu"]["used"].get<uint64_t>(), 0u);
+  const uint64_t source_before = s1["source_bytes_read"];
+  EXPECT_EQ(ReadDirect(through), data);
+  auto s2 = Stats(mnt_);
+  EXPECT_GT(s2["tiers"]["gpu"]["hits"].get<uint64_t>(), 0u);
+  EXPECT_EQ(s2["source_bytes_read"].get<uint64_t>(), source_before);  // all from the two tiers
+  EXPECT_LE(s2["tiers"]["host"]["used"].get<uint64_t>(), 16 * kMiB);
+  EXPECT_LE(s2["tiers"]["gpu"]["used"].get<uint64_t>(), 64 * kMiB);
+
+  CommandResult pre = RunCommand(kCtl + " preload --tier gpu --pin " + mnt_ + "/by-name/m", true);
+  EXPECT_EQ(pre.exit_code, 0) << pre.out;
+  EXPECT_EQ(Stats(mnt_)["tiers"]["gpu"]["pinned"].get<uint64_t>(), 48 * kMiB);
+}
+
+TEST_F(CacheMountTest, GpuOptionsWithoutADevice) {
+  WriteFile(src_ + "/m/model.safetensors", "w");
+  MakeDirs(mnt_);
+  if (RunCommand("nvidia-smi -L 2>/dev/null | grep -q GPU").exit_code == 0) {
+    GTEST_SKIP() << "this machine has a GPU; the no-device path cannot be staged here";
+  }
+  CommandResult r = RunCommand(kDaemon + " " + src_ + " " + mnt_ + " -f -o state=" + state_ + ",gpu=0", true);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("gpu=0:"), std::string::npos) << r.out;
+  EXPECT_FALSE(IsMounted(mnt_));
+  auto m = Mount("gpu=auto");
+  EXPECT_TRUE(WaitForLink("m")) << m->Log();
+  EXPECT_NE(m->Log().find("gpu=auto: no usable CUDA device"), std::string::npos) << m->Log();
+  EXPECT_FALSE(Stats(mnt_)["tiers"].contains("gpu"));
+}
+
+TEST_F(CacheMountTest, CacheLargerThanMemoryDoesNotHurtTheDaemon) {
+  WriteFile(src_ + "/m/model.safetensors", RandomBytes(8 * kMiB, 7));
+  auto m = Mount("cache_size=64T");
+  ASSERT_TRUE(WaitForLink("m")) << m->Log();
+  EXPECT_NE(m->Log().find("cache_size="), std::string::npos) << m->Log();
+  EXPECT_EQ(ReadDirect(mnt_ + "/by-name/m/model.safetensors"), ReadFile(src_ + "/m/model.safetensors"));
+  // Memory is taken as the cache fills: the daemon stays small.
+  std::ifstream status("/proc/" + std::to_string(m->pid()) + "/status");
+  std::string line;
+  uint64_t rss_kib = 0;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) rss_kib = std::stoull(line.substr(6));
+  }
+  EXPECT_GT(rss_kib, 0u);
+  EXPECT_LT(rss_kib, 512u * 1024);
+}
+
+// 16 readers over 4 files, sequential and random, through a cache smaller
+// than the data: every byte compared with the source.
+TEST_F(CacheMountTest, StressManyReadersSmallCache) {
+  std::vector<std::string> contents;
+  for (int i = 0; i < 4; ++i) {
+    contents.push_back(RandomBytes(20 * kMiB + static_cast<size_t>(i) * 12345, 100 + static_cast<uint64_t>(i)));
+    WriteFile(src_ + "/m/shard-" + std::to_string(i) + ".safetensors", contents.back());
+  }
+  auto m = Mount("cache_size=24M");
+  ASSERT_TRUE(WaitForLink("m")) << m->Log();
+  std::atomic<int> mismatches{0}, reads{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 16; ++t) {
+    readers.emplace_back([&, t] {
+      const int file = t % 4;
+      const std::string path = mnt_ + "/by-name/m/shard-" + std::to_string(file) + ".safetensors";
+      const std::string& want = contents[static_cast<size_t>(file)];
+      std::mt19937_64 rng(static_cast<uint64_t>(t));
+      if (t < 8) {  // sequential, whole file
+        ++reads;
+        if (ReadDirect(path) != want) ++mismatches;
+        return;
+      }
+      for (int i = 0; i < 40; ++i) {  // random 4 KiB-aligned ranges
+        const uint64_t off = (rng() % (want.size() / 4096)) * 4096;
+        const size_t len = static_cast<size_t>(4096 * (1 + rng() % 256));
+        ++reads;
+        if (ReadDirect(path, off, len) != want.substr(off, len)) ++mismatches;
+      }
+    });
+  }
+  for (auto& r : readers) r.join();
+  EXPECT_EQ(mismatches.load(), 0);
+  EXPECT_EQ(reads.load(), 8 + 8 * 40);
+  auto s = Stats(mnt_);
+  EXPECT_LE(s["tiers"]["host"]["used"].get<uint64_t>(), 24 * kMiB);
+  EXPECT_GT(s["tiers"]["host"]["evictions"].get<uint64_t>(), 0u);
+  EXPECT_EQ(s["failed_reads"], 0);
+}
+
+}  // namespace
+}  // namespace ckptfs::testing
