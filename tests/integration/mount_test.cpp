@@ -256,7 +256,7 @@ TEST_F(MountTest, ChangedCheckpointGetsNewDigestAndOldReaderNeverSeesNewBytes) {
   ASSERT_TRUE(WaitFor([&] { return DigestDirs(mnt_) == std::set<std::string>{new_digest}; })) << m->Log();
   EXPECT_EQ(ReadLink(mnt_ + "/by-name/m"), "../" + new_digest);
   EXPECT_FALSE(fs::exists(mnt_ + "/" + old_digest));  // withdrawn from the listing and from lookups
-  EXPECT_EQ(ReadFile(mnt_ + "/by-name/m/" + shard), ReadFile(src_ + "/m/" + shard));
+  EXPECT_TRUE(ReadFile(mnt_ + "/by-name/m/" + shard) == ReadFile(src_ + "/m/" + shard));
 
   // The old reader: old bytes (still cached) or EIO, never the new bytes.
   std::string rest(old_bytes.size() - 4096, '\0');

@@ -1,0 +1,113 @@
+// ckptfs-test-faultyfs FILE MOUNTPOINT TRIGGER: a source filesystem that fails.
+// Serves FILE as MOUNTPOINT/m/model.safetensors; once the path TRIGGER exists,
+// reads that touch bytes [8 MiB, 12 MiB) fail with EIO, as a disk with a bad
+// sector would. Used to test ckptfs over a source whose reads start failing
+// after it was indexed.
+#define FUSE_USE_VERSION 312
+#include <fuse_lowlevel.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+std::vector<char> g_data;
+std::string g_trigger;
+constexpr fuse_ino_t kDir = 2, kFile = 3;
+constexpr uint64_t kBadBegin = 8 << 20, kBadEnd = 12 << 20;
+
+void Attr(fuse_ino_t ino, struct stat* st) {
+  std::memset(st, 0, sizeof *st);
+  st->st_ino = ino;
+  st->st_mtim.tv_sec = st->st_ctim.tv_sec = 1700000000;
+  if (ino == kFile) {
+    st->st_mode = S_IFREG | 0444;
+    st->st_nlink = 1;
+    st->st_size = static_cast<off_t>(g_data.size());
+  } else {
+    st->st_mode = S_IFDIR | 0555;
+    st->st_nlink = 2;
+  }
+}
+
+void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  fuse_entry_param e{};
+  if (parent == FUSE_ROOT_ID && std::strcmp(name, "m") == 0) e.ino = kDir;
+  else if (parent == kDir && std::strcmp(name, "model.safetensors") == 0) e.ino = kFile;
+  else {
+    fuse_reply_err(req, ENOENT);
+    return;
+  }
+  e.attr_timeout = e.entry_timeout = 3600;
+  Attr(e.ino, &e.attr);
+  fuse_reply_entry(req, &e);
+}
+
+void GetAttr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  struct stat st;
+  Attr(ino, &st);
+  fuse_reply_attr(req, &st, 3600);
+}
+
+void ReadDir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  std::vector<std::pair<std::string, fuse_ino_t>> entries = {{".", ino}, {"..", FUSE_ROOT_ID}};
+  entries.emplace_back(ino == FUSE_ROOT_ID ? "m" : "model.safetensors", ino == FUSE_ROOT_ID ? kDir : kFile);
+  std::vector<char> buf(size);
+  size_t used = 0;
+  for (size_t i = static_cast<size_t>(off); i < entries.size(); ++i) {
+    struct stat st;
+    Attr(entries[i].second, &st);
+    size_t n = fuse_add_direntry(req, buf.data() + used, size - used, entries[i].first.c_str(), &st,
+                                 static_cast<off_t>(i + 1));
+    if (n > size - used) break;
+    used += n;
+  }
+  fuse_reply_buf(req, buf.data(), used);
+}
+
+void Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info*) {
+  const uint64_t begin = static_cast<uint64_t>(off);
+  if (begin >= g_data.size()) {
+    fuse_reply_buf(req, nullptr, 0);
+    return;
+  }
+  const uint64_t end = std::min<uint64_t>(g_data.size(), begin + size);
+  if (::access(g_trigger.c_str(), F_OK) == 0 && begin < kBadEnd && end > kBadBegin) {
+    fuse_reply_err(req, EIO);
+    return;
+  }
+  fuse_reply_buf(req, g_data.data() + begin, end - begin);
+}
+
+void Open(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  fi->direct_io = 1;  // every read reaches us, so the fault shows at once
+  fuse_reply_open(req, fi);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 4) return 2;
+  std::ifstream in(argv[1], std::ios::binary);
+  g_data.assign(std::istreambuf_iterator<char>(in), {});
+  g_trigger = argv[3];
+  fuse_lowlevel_ops ops{};
+  ops.lookup = Lookup;
+  ops.getattr = GetAttr;
+  ops.readdir = ReadDir;
+  ops.open = Open;
+  ops.read = Read;
+  char arg0[] = "faultyfs", o[] = "-o", opts[] = "ro,fsname=faultyfs";
+  char* fargv[] = {arg0, o, opts};
+  fuse_args args = FUSE_ARGS_INIT(3, fargv);
+  fuse_session* se = fuse_session_new(&args, &ops, sizeof ops, nullptr);
+  if (!se || fuse_set_signal_handlers(se) != 0 || fuse_session_mount(se, argv[2]) != 0) return 1;
+  int rc = fuse_session_loop(se);
+  fuse_session_unmount(se);
+  fuse_session_destroy(se);
+  return rc;
+}
