@@ -14,23 +14,6 @@ namespace ckptfs::ctl {
 
 namespace {
 
-// Resolves PATH (a digest directory, a by-name link, or a file under a
-// mount) to its mount point and its path below it.
-Result<std::pair<std::string, std::string>> LocateInMount(const std::string& path) {
-  char buf[PATH_MAX];
-  if (::realpath(path.c_str(), buf) == nullptr) return Status::FromErrno(path, errno);
-  std::string real = buf;
-  for (std::string dir = real;; dir = dir.substr(0, dir.rfind('/'))) {
-    if (dir.empty()) dir = "/";
-    if (::getxattr(dir.c_str(), "user.ckptfs.control", nullptr, 0) > 0) {
-      std::string rel = real.size() > dir.size() ? real.substr(dir.size() + (dir == "/" ? 0 : 1)) : "";
-      return std::make_pair(dir, rel);
-    }
-    if (dir == "/") break;
-  }
-  return Status::Error(path + " is not inside a ckptfs mount");
-}
-
 std::string Prom(const std::string& name, const std::string& labels, uint64_t v) {
   return "ckptfs_" + name + (labels.empty() ? "" : "{" + labels + "}") + " " + std::to_string(v) + "\n";
 }

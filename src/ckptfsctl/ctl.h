@@ -54,6 +54,11 @@ struct VerifyArgs {
 };
 int RunVerify(const GlobalOptions& g, const VerifyArgs& args);
 
+// The mount point that holds PATH (after resolving links) and PATH's
+// canonical path below it.
+Result<std::pair<std::string, std::string>> LocateInMount(const std::string& path);
+int RunResolve(const std::string& path);
+
 // Sends a request to the daemon serving `mountpoint`; fails unless it says ok.
 Result<nlohmann::json> CallMount(const std::string& mountpoint, const nlohmann::json& request);
 

@@ -55,6 +55,10 @@ int main(int argc, char** argv) {
   cmd_verify->add_option("DIR", verify.dirs, "Source trees or checkpoint directories")->required();
   cmd_verify->add_flag("--json", verify.json, "Print JSON");
 
+  std::string resolve_path;
+  auto* cmd_resolve = app.add_subcommand(
+      "resolve", "Print the digest path behind a by-name link (give engines this path: it changes with every byte)");
+  cmd_resolve->add_option("PATH", resolve_path, "A by-name link or any path inside a digest directory")->required();
   MountArgs status_args, ls_args, rescan_args;
   auto* cmd_status = app.add_subcommand(
       "status", "Show a mount's checkpoints being indexed, pending or invalid (with the reason), its state directory\n"
@@ -102,6 +106,7 @@ int main(int argc, char** argv) {
 
   if (*cmd_digest) return RunDigest(g, digest);
   if (*cmd_verify) return RunVerify(g, verify);
+  if (*cmd_resolve) return RunResolve(resolve_path);
   if (*cmd_status) return RunStatus(status_args);
   if (*cmd_ls) return RunLs(ls_args);
   if (*cmd_rescan) return RunRescan(rescan_args);

@@ -2,12 +2,32 @@
 #include <sys/xattr.h>
 
 #include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "ckptfs/control.h"
 #include "ctl.h"
 
 namespace ckptfs::ctl {
+
+// Resolves PATH (a digest directory, a by-name link, or a file under a
+// mount) to its mount point and its path below it.
+Result<std::pair<std::string, std::string>> LocateInMount(const std::string& path) {
+  char buf[PATH_MAX];
+  if (::realpath(path.c_str(), buf) == nullptr) return Status::FromErrno(path, errno);
+  std::string real = buf;
+  for (std::string dir = real;; dir = dir.substr(0, dir.rfind('/'))) {
+    if (dir.empty()) dir = "/";
+    if (::getxattr(dir.c_str(), "user.ckptfs.control", nullptr, 0) > 0) {
+      std::string rel = real.size() > dir.size() ? real.substr(dir.size() + (dir == "/" ? 0 : 1)) : "";
+      return std::make_pair(dir, rel);
+    }
+    if (dir == "/") break;
+  }
+  return Status::Error(path + " is not inside a ckptfs mount");
+}
 
 Result<nlohmann::json> CallMount(const std::string& mountpoint, const nlohmann::json& request) {
   char buf[4096];
@@ -25,6 +45,28 @@ Result<nlohmann::json> CallMount(const std::string& mountpoint, const nlohmann::
     return Status::Error(mountpoint + ": " + reply->value("error", std::string("request refused")));
   }
   return reply;
+}
+
+}  // namespace ckptfs::ctl
+
+namespace ckptfs::ctl {
+
+int RunResolve(const std::string& path) {
+  auto where = LocateInMount(path);
+  if (!where.ok()) {
+    PrintError(where.status().message());
+    return kExitFatal;
+  }
+  const auto& [mountpoint, rel] = *where;
+  const std::string first = rel.substr(0, rel.find('/'));
+  if (first.rfind("sha256-", 0) != 0) {
+    PrintError(path + " leads to " + mountpoint + (rel.empty() ? "" : "/" + rel) +
+               ", which is not inside a digest directory (a by-name link to a checkpoint resolves to "
+               "MOUNTPOINT/sha256-<hex>)");
+    return kExitFailure;
+  }
+  std::printf("%s/%s\n", mountpoint.c_str(), rel.c_str());
+  return kExitOk;
 }
 
 }  // namespace ckptfs::ctl

@@ -141,6 +141,20 @@ nlohmann::json StatusJson(const CatalogWatcher& watcher, const MountOptions& o, 
           {"checkpoints", list}};
 }
 
+// Every engine reads through this filesystem: when memory runs out, the
+// kernel should kill a runaway engine first, not the filesystem under all of
+// them. Lowering the score needs privilege; without it the default stays.
+void LowerOomScore() {
+  constexpr int kOomScoreAdj = -500;
+  FILE* f = std::fopen("/proc/self/oom_score_adj", "w");
+  const bool ok = f != nullptr && std::fprintf(f, "%d", kOomScoreAdj) > 0 && std::fflush(f) == 0;
+  const int err = errno;
+  if (f != nullptr) std::fclose(f);
+  if (!ok) {
+    spdlog::info("cannot lower oom_score_adj to {}: {} (it needs CAP_SYS_RESOURCE)", kOomScoreAdj, std::strerror(err));
+  }
+}
+
 uint64_t PhysicalMemory() {
   return static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
 }
@@ -300,6 +314,8 @@ int main(int argc, char** argv) {
     spdlog::drop_all();
     SetupLogging(o, /*to_syslog=*/true);
   }
+
+  LowerOomScore();
 
   // From here on threads may start, and CUDA may be touched.
   std::unique_ptr<DeviceMemory> device;

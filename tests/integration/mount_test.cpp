@@ -502,5 +502,64 @@ TEST_F(MountTest, FileUnreadableByTheDaemonInvalidatesItsCheckpoint) {
   EXPECT_FALSE(IsMounted(mnt_));
 }
 
+TEST_F(MountTest, SigtermStopsCleanlySighupRescansAndOomScoreIsLowered) {
+  WriteModel(src_ + "/m", {});
+  auto m = Mount();
+  ASSERT_TRUE(WaitForDigests(1)) << m->Log();
+  const std::string socket = Xattr(mnt_, "user.ckptfs.control");
+  ASSERT_FALSE(socket.empty());
+  EXPECT_TRUE(fs::exists(socket));
+  std::ifstream oom("/proc/" + std::to_string(m->pid()) + "/oom_score_adj");
+  int score = 0;
+  oom >> score;
+  // Lowered, or (where the sandbox refuses it even to root) the refusal was said.
+  EXPECT_TRUE(score < 0 || m->Log().find("cannot lower oom_score_adj to -500") != std::string::npos)
+      << "oom_score_adj " << score << "\n" << m->Log();
+
+  auto scans = [&] {
+    auto j = nlohmann::json::parse(RunCommand(kCtl + " status --json " + mnt_).out, nullptr, false);
+    return j.is_discarded() ? -1 : j["scans"].get<int>();
+  };
+  ASSERT_TRUE(WaitFor([&] { return scans() >= 1; }));
+  const int before = scans();
+  ::kill(m->pid(), SIGHUP);
+  EXPECT_TRUE(WaitFor([&] { return scans() > before; })) << m->Log();
+  EXPECT_TRUE(IsMounted(mnt_));  // HUP rescans; it does not stop the daemon
+
+  ::kill(m->pid(), SIGTERM);
+  EXPECT_TRUE(WaitFor([&] { return !IsMounted(mnt_); })) << m->Log();
+  EXPECT_TRUE(WaitFor([&] { return !fs::exists(socket); }));
+  EXPECT_NE(m->Log().find("unmounting " + mnt_), std::string::npos) << m->Log();
+}
+
+TEST_F(MountTest, ResolvePrintsTheDigestPathBehindALink) {
+  ASSERT_EQ(RunCommand(std::string(MAKE_DEMO_TREE_PATH) + " " + src_).exit_code, 0);
+  auto m = Mount();
+  ASSERT_TRUE(WaitForDigests(5)) << m->Log();
+  CommandResult r = RunCommand(kCtl + " resolve " + mnt_ + "/by-name/finetune");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.out, mnt_ + "/" + CoreutilsDigest(src_ + "/finetune") + "\n");
+  CommandResult nested = RunCommand(kCtl + " resolve " + mnt_ + "/by-name/run7/checkpoint-500");
+  EXPECT_EQ(nested.out, mnt_ + "/" + CoreutilsDigest(src_ + "/run7/checkpoint-500") + "\n");
+  CommandResult dir = RunCommand(kCtl + " resolve " + mnt_ + "/by-name", true);
+  EXPECT_EQ(dir.exit_code, 1);
+  EXPECT_NE(dir.out.find("not inside a digest directory"), std::string::npos) << dir.out;
+  CommandResult outside = RunCommand(kCtl + " resolve " + src_ + "/base", true);
+  EXPECT_EQ(outside.exit_code, 3);
+  EXPECT_NE(outside.out.find("is not inside a ckptfs mount"), std::string::npos) << outside.out;
+}
+
+TEST(MountHelperTest, DropsMountBookkeepingOptions) {
+  const std::string helper = std::string(CKPTFS_SOURCE_DIR) + "/mount/mount.ckptfs";
+  CommandResult r = RunCommand(helper + " /srv/ckpt /models -f -o ro,nofail,_netdev,noauto,auto,user,users,defaults,"
+                                        "x-systemd.automount,x-systemd.requires=/mnt/nfs,comment=x,allow_other,"
+                                        "cache_size=8G,state=/var/lib/ckptfs",
+                               true);
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.out, "ckptfs /srv/ckpt /models -o ro,allow_other,cache_size=8G,state=/var/lib/ckptfs\n");
+  EXPECT_EQ(RunCommand(helper + " /srv /models -f -o nofail,_netdev").out, "ckptfs /srv /models\n");
+  EXPECT_NE(RunCommand(helper + " /srv", true).exit_code, 0);
+}
+
 }  // namespace
 }  // namespace ckptfs::testing

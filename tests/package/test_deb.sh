@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The operator's path, end to end, on this machine: build the .deb, install it
+# with apt-get, mount a generated tree through a private fstab line of type
+# `ckptfs` (so /usr/sbin/mount.ckptfs and /usr/bin/ckptfs from the package do
+# the work), read through it, `ckptfsctl status`, unmount, purge.
+# Usage: test_deb.sh BUILD_DIR DEMO_TREE_TOOL. Needs root. Always unmounts and
+# purges what it installed, even when a step fails.
+set -euo pipefail
+build=$1
+make_tree=$2
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+if dpkg-query -W -f='${Status}' ckptfs 2>/dev/null | grep -q 'install ok installed'; then
+  fail "a ckptfs package is already installed; this test installs and purges its own (apt-get purge ckptfs first)"
+fi
+work=$(mktemp -d /tmp/ckptfs-deb.XXXXXX)
+cleanup() {
+  if mountpoint -q "$work/models"; then umount "$work/models" || fusermount3 -u -z "$work/models"; fi
+  if dpkg-query -W -f='${Status}' ckptfs 2>/dev/null | grep -q 'install ok'; then
+    DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq ckptfs >/dev/null
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+(cd "$build" && cpack -G DEB >/dev/null) || fail "cpack could not build the package"
+deb=$(ls "$build"/ckptfs_*.deb | head -1)
+[ -f "$deb" ] || fail "no package in $build"
+cp "$deb" "$work/"
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$work/$(basename "$deb")" >/dev/null \
+  || fail "apt-get install of $(basename "$deb") failed"
+for f in /usr/bin/ckptfs /usr/bin/ckptfsctl /usr/sbin/mount.ckptfs /usr/share/man/man8/ckptfs.8 \
+         /usr/share/man/man8/ckptfsctl.8 /usr/lib/systemd/system/models.mount \
+         /usr/lib/systemd/system/models.automount /usr/share/doc/ckptfs/examples/fstab.example; do
+  [ -e "$f" ] || fail "the package did not install $f"
+done
+
+"$make_tree" "$work/src"
+mkdir -p "$work/models"
+echo "$work/src $work/models ckptfs ro,allow_other,nofail,_netdev,x-systemd.device-timeout=10,state=$work/state,settle=0 0 0" \
+  >"$work/fstab"
+mount -T "$work/fstab" "$work/models" || fail "mount -T of a type-ckptfs fstab line failed"
+grep -q " $work/models fuse.ckptfs " /proc/self/mounts || fail "no fuse.ckptfs mount at $work/models"
+for _ in $(seq 1 200); do [ -L "$work/models/by-name/finetune" ] && break; sleep 0.05; done
+[ -L "$work/models/by-name/finetune" ] || fail "by-name/finetune did not appear"
+cmp "$work/models/by-name/finetune/model-00002-of-00002.safetensors" \
+    "$work/src/finetune/model-00002-of-00002.safetensors" || fail "bytes read through the mount differ"
+status=$(/usr/bin/ckptfsctl status "$work/models") || fail "ckptfsctl status failed"
+grep -q "6 exposed" <<<"$status" || fail "unexpected status: $status"
+resolved=$(/usr/bin/ckptfsctl resolve "$work/models/by-name/finetune") || fail "ckptfsctl resolve failed"
+[[ "$resolved" == "$work/models/sha256-"* ]] || fail "resolve printed $resolved"
+umount "$work/models" || fail "umount failed"
+mountpoint -q "$work/models" && fail "still mounted after umount"
+DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq ckptfs >/dev/null || fail "apt-get purge failed"
+[ ! -e /usr/bin/ckptfs ] || fail "/usr/bin/ckptfs is still there after purge"
+echo "package test: built $(basename "$deb"), installed, mounted through fstab type ckptfs, read, status, resolve, unmounted, purged"
