@@ -119,6 +119,8 @@ Status ApplyOption(const std::string& opt, MountOptions& o) {
     o.fsname = value;
   } else if (opt == "rw") {
     return Status::Error("option rw: ckptfs is read-only");
+  } else if (opt == "stamp_headers") {
+    o.stamp_headers = true;
   } else if (opt == "allow_other") {
     o.allow_other = true;
   } else if (IsMountBookkeeping(opt)) {
@@ -238,6 +240,10 @@ ckptfs options (-o):
                        device if there is one (else a warning); sim: a
                        simulated device in host memory (testing)
   gpu_cache_size=SIZE|N%   GPU tier size (default 50% of device memory)
+  stamp_headers        serve each *.safetensors file with "ckptfs.checkpoint"
+                       and "ckptfs.sha256" added to its header's __metadata__,
+                       so caches keyed on raw headers tell checkpoints apart
+                       (off by default: then every byte is the source's)
 
 FUSE and mount options (-o), passed on:
   allow_other          let every user in (default_permissions is always on,

@@ -148,6 +148,7 @@ class View::Builder {
       n->stamp = f.stamp;
       n->sha256 = f.sha256;
       n->chunks = f.chunks;
+      n->safetensors = f.rel_path.size() > 12 && f.rel_path.compare(f.rel_path.size() - 12, 12, ".safetensors") == 0;
       n->xattrs = {{"user.ckptfs.sha256", ToHex(f.sha256)}};
       const auto slash = f.rel_path.rfind('/');
       parent->children[slash == std::string::npos ? f.rel_path : f.rel_path.substr(slash + 1)] = n->ino;

@@ -37,6 +37,7 @@ struct MountOptions {
   uint64_t gpu_cache_size = 0;  // gpu_cache_size=SIZE or N% of device memory; 0 = 50%
   double gpu_cache_percent = 0;
   bool allow_other = false;
+  bool stamp_headers = false;  // stamp_headers: see HeaderStamper
   std::string fsname;         // fsname=, default: SRC
   // Options handed to libfuse as "-o a,b,c" (always ro and default_permissions).
   std::vector<std::string> fuse_options;

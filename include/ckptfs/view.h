@@ -79,6 +79,7 @@ class View {
     FileStamp stamp;                             // files
     Sha256Digest sha256{};                       // files
     std::shared_ptr<const std::vector<ChunkHash>> chunks;  // files
+    bool safetensors = false;                    // files named *.safetensors
     std::string digest;                          // the sha256-<hex> this node belongs to, if any
     std::vector<std::pair<std::string, std::string>> xattrs;
   };

@@ -2,7 +2,11 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
+#include <cstring>
+
 #include "ckptfs/progress.h"
+#include "ckptfs/safetensors_header.h"
 #include "ctl.h"
 
 namespace ckptfs::ctl {
@@ -89,6 +93,87 @@ int RunDigest(const GlobalOptions& g, const DigestArgs& args) {
                  FormatBytes(totals.bytes_hashed).c_str(), static_cast<unsigned long long>(totals.files_from_index),
                  index->path().c_str());
   }
+  return exit_code;
+}
+
+int RunDigestStamped(const GlobalOptions& g, const DigestArgs& args) {
+  auto index = OpenIndexOrReport(g);
+  if (!index) return kExitFatal;
+  int exit_code = kExitOk;
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const auto& file : args.dirs) {
+    // A safetensors file is a weight file, so the directory holding it is
+    // its checkpoint.
+    const auto slash = file.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : file.substr(0, slash));
+    const std::string base = slash == std::string::npos ? file : file.substr(slash + 1);
+    if (!IsWeightFileName(base) || base.size() < 12 || base.compare(base.size() - 12, 12, ".safetensors") != 0) {
+      PrintError(file + ": not a *.safetensors file");
+      exit_code = kExitFailure;
+      continue;
+    }
+    CatalogScan scan;
+    if (!ScanOrReport(dir, g, &scan)) {
+      exit_code = kExitFailure;
+      continue;
+    }
+    CatalogScan own = scan;
+    own.checkpoints.clear();
+    for (auto& cp : scan.checkpoints) {
+      if (cp.rel_path.empty()) own.checkpoints.push_back(cp);
+    }
+    IndexReport report = IndexWithProgress(index.get(), own, g, false, "hashing");
+    if (report.checkpoints.empty() || report.checkpoints[0].error) {
+      PrintError("cannot digest " + dir + ": " +
+                 (report.checkpoints.empty() ? std::string("not a checkpoint") : *report.checkpoints[0].error));
+      exit_code = kExitFailure;
+      continue;
+    }
+    const auto& cp = report.checkpoints[0];
+    const IndexedFile* member = nullptr;
+    for (const auto& f : cp.files) {
+      if (f.member.rel_path == base) member = &f;
+    }
+    if (member == nullptr) {
+      PrintError(file + ": not a member of checkpoint " + dir);
+      exit_code = kExitFailure;
+      continue;
+    }
+    std::string prefix;
+    {
+      FILE* fp = std::fopen(member->member.open_path.c_str(), "rb");
+      if (fp == nullptr) {
+        PrintError(file + ": " + std::strerror(errno));
+        exit_code = kExitFailure;
+        continue;
+      }
+      std::string buf(8, '\0');
+      size_t got = std::fread(buf.data(), 1, 8, fp);
+      buf.resize(got);
+      uint64_t need = 0;
+      auto h = ParseSafetensorsHeader(buf, member->hashes.size, &need);
+      if (!h.ok() && h.status().code() == Status::Code::kNotFound && need > buf.size()) {
+        buf.resize(static_cast<size_t>(need));
+        got = std::fread(buf.data() + 8, 1, static_cast<size_t>(need - 8), fp);
+        buf.resize(8 + got);
+      }
+      std::fclose(fp);
+      prefix = std::move(buf);
+    }
+    auto header = ParseSafetensorsHeader(prefix, member->hashes.size);
+    if (!header.ok()) {
+      PrintError(file + ": " + header.status().message() + " (it is served unstamped)");
+      exit_code = kExitFailure;
+      continue;
+    }
+    const std::string stamped = StampedHeaderBytes(*header, cp.name, ToHex(member->hashes.sha256));
+    out.push_back({{"file", file},
+                   {"checkpoint", cp.name},
+                   {"sha256", ToHex(member->hashes.sha256)},
+                   {"header_bytes", {{"source", 8 + header->header_len}, {"stamped", stamped.size()}}},
+                   {"header", nlohmann::ordered_json::parse(stamped.substr(8))}});
+  }
+  std::printf("%s\n", (out.size() == 1 ? out[0] : out).dump(2).c_str());
   return exit_code;
 }
 

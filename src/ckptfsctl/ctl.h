@@ -45,8 +45,10 @@ struct DigestArgs {
   bool manifest = false;
   bool json = false;
   bool verbose = false;
+  bool stamped = false;  // DIRs are *.safetensors files: print their stamped headers
 };
 int RunDigest(const GlobalOptions& g, const DigestArgs& args);
+int RunDigestStamped(const GlobalOptions& g, const DigestArgs& args);
 
 struct VerifyArgs {
   std::vector<std::string> dirs;

@@ -47,6 +47,11 @@ int main(int argc, char** argv) {
   cmd_digest->add_flag("--json", digest.json, "Print JSON: path, name, digest, size, files with size and sha256")
       ->excludes(manifest_flag);
   cmd_digest->add_flag("-v,--verbose", digest.verbose, "Report on stderr how many files were hashed or taken from the index");
+  cmd_digest->add_flag("--stamped", digest.stamped,
+                       "Arguments are *.safetensors files: print (JSON) the header each would be served with under\n"
+                       "the mount option stamp_headers: __metadata__ gains ckptfs.checkpoint (the digest of the\n"
+                       "file's directory) and ckptfs.sha256")
+      ->excludes(manifest_flag);
 
   VerifyArgs verify;
   auto* cmd_verify = app.add_subcommand(
@@ -104,7 +109,7 @@ int main(int argc, char** argv) {
     return rc == 0 ? kExitOk : kExitUsage;
   }
 
-  if (*cmd_digest) return RunDigest(g, digest);
+  if (*cmd_digest) return digest.stamped ? RunDigestStamped(g, digest) : RunDigest(g, digest);
   if (*cmd_verify) return RunVerify(g, verify);
   if (*cmd_resolve) return RunResolve(resolve_path);
   if (*cmd_status) return RunStatus(status_args);

@@ -8,12 +8,14 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <sys/uio.h>
 #include <vector>
 
 #include <spdlog/spdlog.h>
 
 #include "ckptfs/unique_fd.h"
+#include "header_stamper.h"
 
 namespace ckptfs::daemon {
 
@@ -51,11 +53,28 @@ double Timeout(const FsContext& ctx, const View::Node& n) {
   return n.immutable ? ctx.immutable_timeout_s : ctx.mutable_timeout_s;
 }
 
+// The node's attributes as served: a stamped safetensors file is longer than
+// its source by the header's growth.
+Result<struct stat> AttrOf(FsContext& ctx, const View::NodePtr& n) {
+  struct stat st = ToStat(*n);
+  if (ctx.stamper != nullptr && n->safetensors) {
+    auto stamped = ctx.stamper->For(ctx, n);
+    if (!stamped.ok()) return stamped.status();
+    if (*stamped) st.st_size = static_cast<off_t>((*stamped)->size);
+  }
+  return st;
+}
+
 void ReplyEntry(fuse_req_t req, const View::NodePtr& n) {
+  auto attr = AttrOf(Ctx(req), n);
+  if (!attr.ok()) {
+    fuse_reply_err(req, EIO);
+    return;
+  }
   fuse_entry_param e{};
   e.ino = n->ino;
   e.generation = 1;
-  e.attr = ToStat(*n);
+  e.attr = *attr;
   e.attr_timeout = e.entry_timeout = Timeout(Ctx(req), *n);
   fuse_reply_entry(req, &e);
 }
@@ -89,8 +108,12 @@ void GetAttr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
     fuse_reply_err(req, ENOENT);
     return;
   }
-  struct stat st = ToStat(*n);
-  fuse_reply_attr(req, &st, Timeout(Ctx(req), *n));
+  auto attr = AttrOf(Ctx(req), n);
+  if (!attr.ok()) {
+    fuse_reply_err(req, EIO);
+    return;
+  }
+  fuse_reply_attr(req, &*attr, Timeout(Ctx(req), *n));
 }
 
 void ReadLink(fuse_req_t req, fuse_ino_t ino) {
@@ -196,40 +219,71 @@ void ReadAhead(FsContext& ctx, OpenFile& f, uint64_t last_chunk) {
   }
 }
 
-void Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
-  auto& ctx = Ctx(req);
-  auto* f = reinterpret_cast<OpenFile*>(fi->fh);
-  const uint64_t file_size = f->node->size;
-  if (off < 0 || static_cast<uint64_t>(off) >= file_size || size == 0) {
-    fuse_reply_buf(req, nullptr, 0);
-    return;
-  }
-  const uint64_t begin = static_cast<uint64_t>(off);
-  const uint64_t end = std::min<uint64_t>(file_size, begin + size);
-  const uint64_t first = begin / kChunkSize, last = (end - 1) / kChunkSize;
-
-  // A request is at most max_read (1 MiB), so it spans one or two chunks;
-  // the references keep them in memory until the reply has been written.
-  std::vector<ChunkCache::Ref> refs;
-  std::vector<iovec> iov;
-  for (uint64_t c = first; c <= last; ++c) {
-    auto ref = FetchChunk(ctx, f->node, c, /*readahead=*/false);
-    if (!ref.ok()) {
-      ++ctx.failed_reads;
-      fuse_reply_err(req, EIO);
-      return;
-    }
+// Appends iovecs for source bytes [begin, end) of `file`, keeping the chunk
+// references that back them in `refs`.
+Status AppendSourceRange(FsContext& ctx, const View::NodePtr& file, uint64_t begin, uint64_t end,
+                         std::vector<ChunkCache::Ref>& refs, std::vector<iovec>& iov) {
+  if (begin >= end) return Status::Ok();
+  for (uint64_t c = begin / kChunkSize; c <= (end - 1) / kChunkSize; ++c) {
+    auto ref = FetchChunk(ctx, file, c, /*readahead=*/false);
+    if (!ref.ok()) return ref.status();
     const uint64_t chunk_start = c * kChunkSize;
     const uint64_t from = std::max(begin, chunk_start) - chunk_start;
     const uint64_t to = std::min(end, chunk_start + ref->size()) - chunk_start;
     iov.push_back({const_cast<uint8_t*>(ref->data() + from), static_cast<size_t>(to - from)});
     refs.push_back(std::move(*ref));
   }
+  return Status::Ok();
+}
+
+void Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+  auto& ctx = Ctx(req);
+  auto* f = reinterpret_cast<OpenFile*>(fi->fh);
+  // With stamp_headers a safetensors file is served as the stamped header
+  // followed by the source's tensor bytes, shifted by the header's growth.
+  std::optional<StampedFile> stamped;
+  if (ctx.stamper != nullptr && f->node->safetensors) {
+    auto s = ctx.stamper->For(ctx, f->node);
+    if (!s.ok()) {
+      ++ctx.failed_reads;
+      fuse_reply_err(req, EIO);
+      return;
+    }
+    stamped = *s;
+  }
+  const uint64_t file_size = stamped ? stamped->size : f->node->size;
+  if (off < 0 || static_cast<uint64_t>(off) >= file_size || size == 0) {
+    fuse_reply_buf(req, nullptr, 0);
+    return;
+  }
+  const uint64_t begin = static_cast<uint64_t>(off);
+  const uint64_t end = std::min<uint64_t>(file_size, begin + size);
+
+  // The references keep the chunks in memory until the reply has been written.
+  std::vector<ChunkCache::Ref> refs;
+  std::vector<iovec> iov;
+  uint64_t source_begin = begin, source_end = end;
+  if (stamped) {
+    const uint64_t prefix = stamped->prefix->size();
+    if (begin < prefix) {
+      iov.push_back({const_cast<char*>(stamped->prefix->data() + begin),
+                     static_cast<size_t>(std::min(end, prefix) - begin)});
+    }
+    source_begin = std::max(begin, prefix) - prefix + stamped->source_prefix_len;
+    source_end = end <= prefix ? source_begin : end - prefix + stamped->source_prefix_len;
+  }
+  if (Status s = AppendSourceRange(ctx, f->node, source_begin, source_end, refs, iov); !s.ok()) {
+    ++ctx.failed_reads;
+    fuse_reply_err(req, EIO);
+    return;
+  }
   // The kernel's read-ahead sends neighbouring requests in parallel, so
   // "sequential" means near where the last one ended, not exactly there.
   const uint64_t prev = f->next_offset.exchange(end);
   const bool sequential = begin == 0 || (begin + 2 * kChunkSize >= prev && begin <= prev + 2 * kChunkSize);
-  if (sequential && ctx.readahead_pool != nullptr) ReadAhead(ctx, *f, last);
+  if (sequential && ctx.readahead_pool != nullptr && source_end > source_begin) {
+    ReadAhead(ctx, *f, (source_end - 1) / kChunkSize);
+  }
   ++ctx.reads;
   ctx.bytes_read += end - begin;
   fuse_reply_iov(req, iov.data(), static_cast<int>(iov.size()));

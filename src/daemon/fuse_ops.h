@@ -17,11 +17,14 @@
 
 namespace ckptfs::daemon {
 
+class HeaderStamper;
+
 struct FsContext {
   View* view = nullptr;
   ChunkCache* cache = nullptr;
   SourceReader* reader = nullptr;
   ThreadPool* readahead_pool = nullptr;
+  HeaderStamper* stamper = nullptr;  // set with stamp_headers
   // Chunks filled ahead of a sequential reader.
   unsigned readahead_chunks = 4;
   uint64_t readahead = 4ull << 20;  // the kernel's, for INIT

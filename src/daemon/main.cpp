@@ -28,6 +28,7 @@
 
 #include "ckptfs/build_info.h"
 #include "cache_commands.h"
+#include "header_stamper.h"
 #include "ckptfs/catalog_watcher.h"
 #include "ckptfs/chunk_cache.h"
 #include "ckptfs/device_memory.h"
@@ -135,6 +136,7 @@ nlohmann::json StatusJson(const CatalogWatcher& watcher, const MountOptions& o, 
             {"threads", EffectiveThreads(o.threads)},
             {"readahead", o.readahead},
             {"allow_other", o.allow_other},
+            {"stamp_headers", o.stamp_headers},
             {"log", o.log_level}}},
           {"reads", {{"requests", ctx.reads.load()}, {"bytes", ctx.bytes_read.load()}, {"failed", ctx.failed_reads.load()}}},
           {"cache", {{"host", ctx.cache->Stats().host.capacity}, {"gpu", ctx.cache->Stats().gpu.capacity}}},
@@ -346,6 +348,8 @@ int main(int argc, char** argv) {
   ctx.cache = &cache;
   ctx.reader = &reader;
   ctx.readahead_pool = &readahead_pool;
+  daemon::HeaderStamper stamper;
+  if (o.stamp_headers) ctx.stamper = &stamper;
 
   std::vector<std::string> warnings;
   auto index = Index::Open(state_dir, &warnings);

@@ -1,0 +1,60 @@
+#include "header_stamper.h"
+
+#include <spdlog/spdlog.h>
+
+#include "ckptfs/safetensors_header.h"
+
+namespace ckptfs::daemon {
+
+namespace {
+
+// Bytes [0, len) of `file`, through the verified cache.
+Result<std::string> ReadPrefix(FsContext& ctx, const View::NodePtr& file, uint64_t len) {
+  std::string out;
+  out.reserve(static_cast<size_t>(len));
+  for (uint64_t c = 0; c * kChunkSize < len; ++c) {
+    auto ref = FetchChunk(ctx, file, c, /*readahead=*/false);
+    if (!ref.ok()) return ref.status();
+    const uint64_t take = std::min<uint64_t>(ref->size(), len - c * kChunkSize);
+    out.append(reinterpret_cast<const char*>(ref->data()), static_cast<size_t>(take));
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<std::optional<StampedFile>> HeaderStamper::For(FsContext& ctx, const View::NodePtr& file) {
+  if (!file->safetensors) return std::optional<StampedFile>();
+  const std::string key = file->digest + "/" + ToHex(file->sha256);
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = memo_.find(key); it != memo_.end()) return it->second;
+  }
+  uint64_t need = std::min<uint64_t>(8, file->size);
+  std::optional<StampedFile> result;
+  for (;;) {
+    auto bytes = ReadPrefix(ctx, file, need);
+    if (!bytes.ok()) return bytes.status();
+    uint64_t more = 0;
+    auto header = ParseSafetensorsHeader(*bytes, file->size, &more);
+    if (header.ok()) {
+      StampedFile s;
+      s.prefix = std::make_shared<const std::string>(StampedHeaderBytes(*header, file->digest, ToHex(file->sha256)));
+      s.source_prefix_len = 8 + header->header_len;
+      s.size = file->size - s.source_prefix_len + s.prefix->size();
+      result = std::move(s);
+      break;
+    }
+    if (header.status().code() == Status::Code::kNotFound && more > need) {
+      need = more;
+      continue;
+    }
+    spdlog::warn("{}: {} is served unstamped: {}", file->digest, file->source_path, header.status().message());
+    break;
+  }
+  std::lock_guard lock(mu_);
+  memo_[key] = result;
+  return result;
+}
+
+}  // namespace ckptfs::daemon
