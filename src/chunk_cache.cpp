@@ -447,6 +447,7 @@ CacheStats ChunkCache::Stats() const {
   std::lock_guard lock(mu_);
   CacheStats s = stats_;
   s.host.capacity = options_.host_capacity;
+  s.host_pinned_memory = host_.pinned();
   s.host.used = host_used_;
   s.host.pinned = host_pinned_;
   s.gpu.capacity = options_.gpu_capacity;

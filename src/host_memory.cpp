@@ -28,6 +28,11 @@ HostMemory::~HostMemory() {
   }
 }
 
+bool HostMemory::pinned() const {
+  std::lock_guard lock(mu_);
+  return pinned_;
+}
+
 uint64_t HostMemory::reserved_bytes() const {
   std::lock_guard lock(mu_);
   return reserved_;

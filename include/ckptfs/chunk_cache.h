@@ -60,6 +60,7 @@ struct CacheStats {
   TierStats host;
   TierStats gpu;
   bool gpu_enabled = false;
+  bool host_pinned_memory = true;  // false once the kernel refused to lock a slab
   uint64_t verification_failures = 0;
   uint64_t readahead_fills = 0;
   uint64_t readahead_hits = 0;  // chunks filled by read-ahead and then read

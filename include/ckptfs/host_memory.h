@@ -30,7 +30,7 @@ class HostMemory {
 
   uint64_t capacity() const { return capacity_; }
   uint64_t reserved_bytes() const;  // slabs taken from the system
-  bool pinned() const { return pinned_; }
+  bool pinned() const;
 
  private:
   bool Grow();

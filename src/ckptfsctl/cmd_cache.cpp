@@ -1,5 +1,4 @@
 // ckptfsctl preload / unpin / evict / stats: the chunk cache of a mount.
-#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <climits>
@@ -32,26 +31,16 @@ int RunCacheCommand(const CacheArgs& args) {
     request["tier"] = args.tier;
     request["pin"] = args.pin;
   }
-  char buf[4096];
-  ssize_t n = ::getxattr(mountpoint.c_str(), "user.ckptfs.control", buf, sizeof buf);
-  if (n < 0) {
-    PrintError(mountpoint + ": cannot read user.ckptfs.control");
-    return kExitFatal;
-  }
   uint64_t last = 0;
   ProgressBar bar("preloading", args.command == "preload" && ::isatty(STDERR_FILENO) == 1);
-  auto reply = ControlCall(std::string(buf, static_cast<size_t>(n)), request, [&](const nlohmann::json& p) {
+  auto reply = CallMount(mountpoint, request, [&](const nlohmann::json& p) {
     const uint64_t done = p.value("progress", uint64_t{0});
     bar.SetTotal(p.value("total", uint64_t{0}));
     bar.Add(done - last);
     last = done;
   });
   if (!reply.ok()) {
-    PrintError(reply.status().message());
-    return kExitFailure;
-  }
-  if (!reply->value("ok", false)) {
-    PrintError(args.path + ": " + reply->value("error", std::string("refused")));
+    PrintError(args.path + ": " + reply.status().message());
     return kExitFailure;
   }
   const uint64_t bytes = reply->value("bytes", uint64_t{0});

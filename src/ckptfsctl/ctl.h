@@ -2,6 +2,7 @@
 // pipeline with its progress bar.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,8 +62,10 @@ int RunVerify(const GlobalOptions& g, const VerifyArgs& args);
 Result<std::pair<std::string, std::string>> LocateInMount(const std::string& path);
 int RunResolve(const std::string& path);
 
-// Sends a request to the daemon serving `mountpoint`; fails unless it says ok.
-Result<nlohmann::json> CallMount(const std::string& mountpoint, const nlohmann::json& request);
+// Sends a request to the daemon serving `mountpoint`; fails unless it says
+// ok. Progress lines of long work go to `on_progress`.
+Result<nlohmann::json> CallMount(const std::string& mountpoint, const nlohmann::json& request,
+                                 const std::function<void(const nlohmann::json&)>& on_progress = nullptr);
 
 struct MountArgs {
   std::string mountpoint;

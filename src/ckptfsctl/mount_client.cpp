@@ -29,7 +29,8 @@ Result<std::pair<std::string, std::string>> LocateInMount(const std::string& pat
   return Status::Error(path + " is not inside a ckptfs mount");
 }
 
-Result<nlohmann::json> CallMount(const std::string& mountpoint, const nlohmann::json& request) {
+Result<nlohmann::json> CallMount(const std::string& mountpoint, const nlohmann::json& request,
+                                 const std::function<void(const nlohmann::json&)>& on_progress) {
   char buf[4096];
   ssize_t n = ::getxattr(mountpoint.c_str(), "user.ckptfs.control", buf, sizeof buf);
   if (n < 0) {
@@ -39,7 +40,7 @@ Result<nlohmann::json> CallMount(const std::string& mountpoint, const nlohmann::
     }
     return Status::FromErrno(mountpoint, err);
   }
-  auto reply = ControlCall(std::string(buf, static_cast<size_t>(n)), request);
+  auto reply = ControlCall(std::string(buf, static_cast<size_t>(n)), request, on_progress);
   if (!reply.ok()) return reply.status();
   if (!reply->value("ok", false)) {
     return Status::Error(mountpoint + ": " + reply->value("error", std::string("request refused")));

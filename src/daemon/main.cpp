@@ -139,7 +139,10 @@ nlohmann::json StatusJson(const CatalogWatcher& watcher, const MountOptions& o, 
             {"stamp_headers", o.stamp_headers},
             {"log", o.log_level}}},
           {"reads", {{"requests", ctx.reads.load()}, {"bytes", ctx.bytes_read.load()}, {"failed", ctx.failed_reads.load()}}},
-          {"cache", {{"host", ctx.cache->Stats().host.capacity}, {"gpu", ctx.cache->Stats().gpu.capacity}}},
+          {"cache",
+           {{"host", ctx.cache->Stats().host.capacity},
+            {"gpu", ctx.cache->Stats().gpu.capacity},
+            {"pinned_memory", ctx.cache->Stats().host_pinned_memory}}},
           {"checkpoints", list}};
 }
 

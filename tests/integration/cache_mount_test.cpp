@@ -88,6 +88,7 @@ TEST_F(CacheMountTest, ReadAfterPreloadReadsNoSourceBytes) {
   WriteFile(src_ + "/m/config.json", "{}");
   auto m = Mount("cache_size=128M");
   ASSERT_TRUE(WaitForLink("m")) << m->Log();
+  EXPECT_NE(RunCommand(kCtl + " status --json " + mnt_).out.find("\"pinned_memory\": true"), std::string::npos);
   CommandResult pre = RunCommand(kCtl + " preload " + mnt_ + "/by-name/m --pin", true);
   ASSERT_EQ(pre.exit_code, 0) << pre.out;
   EXPECT_NE(pre.out.find("preloaded " + mnt_ + "/by-name/m (2 file(s), 40.00 MiB) into the host tier, pinned"),
@@ -352,6 +353,30 @@ TEST_F(CacheMountTest, SourceReadErrorFailsOnlyTheReadsThatNeedIt) {
   EXPECT_TRUE(ReadDirect(through, 8 * kMiB, kMiB) == data.substr(8 * kMiB, kMiB));
   EXPECT_EQ(Stats(mnt_)["verification_failures"], 0);
   m->Unmount();
+}
+
+// Without the right to lock memory (no CAP_IPC_LOCK, RLIMIT_MEMLOCK 0) the
+// cache goes on unpinned (and says so once in the log).
+TEST_F(CacheMountTest, RefusedPinningGoesOnUnpinned) {
+  const std::string data = RandomBytes(40 * kMiB, 8);
+  WriteFile(src_ + "/m/model.safetensors", data);
+  MakeDirs(mnt_);
+  const std::string log = tmp_ / "unpinned.log";
+  CommandResult r = RunCommand("setpriv --bounding-set=-ipc_lock prlimit --memlock=0:0 " + kDaemon + " " + src_ + " " +
+                                   mnt_ + " -o state=" + state_ + ",settle=0,cache_size=128M 2>" + log,
+                               true);
+  ASSERT_EQ(r.exit_code, 0) << r.out << ReadFile(log);
+  const bool shown = WaitForLink("m");
+  const bool same = shown && ReadDirect(mnt_ + "/by-name/m/model.safetensors") == data;
+  CommandResult status = RunCommand(kCtl + " status --json " + mnt_);
+  RunCommand("fusermount3 -u " + mnt_);
+  EXPECT_TRUE(shown);
+  EXPECT_TRUE(same);
+  auto j = nlohmann::json::parse(status.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << status.out;
+  // The daemon was started in the background: its log went to syslog, so ask
+  // the daemon itself whether it pinned.
+  EXPECT_EQ(j["cache"]["pinned_memory"], false) << status.out;
 }
 
 }  // namespace

@@ -20,17 +20,6 @@ namespace {
 
 const std::string kCtl = CKPTFSCTL_PATH;
 
-// DESIGN.md section 1's command; `also_prune` adds find(1) -name patterns for
-// nested checkpoints, which the plain command does not know to leave out.
-std::string CoreutilsDigest(const std::string& dir, const std::string& also_prune = "") {
-  std::string prune = "-name '.*'";
-  if (!also_prune.empty()) prune = "\\( -name '.*' -o -name '" + also_prune + "' \\)";
-  CommandResult r = RunCommand("cd " + ShellQuote(dir) + " && find -L . -mindepth 1 " + prune +
-                               " -prune -o -type f -printf '%P\\n'"
-                               " | LC_ALL=C sort | xargs -r -d '\\n' sha256sum | sha256sum");
-  return "sha256-" + r.out.substr(0, 64);
-}
-
 class CtlTest : public ::testing::Test {
  protected:
   void SetUp() override { ::chmod(tmp_.path().c_str(), 0755); }  // so setpriv'd users can enter

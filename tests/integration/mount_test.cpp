@@ -24,15 +24,6 @@ namespace fs = std::filesystem;
 const std::string kDaemon = CKPTFS_PATH;
 const std::string kCtl = CKPTFSCTL_PATH;
 
-std::string CoreutilsDigest(const std::string& dir, const std::string& also_prune = "") {
-  std::string prune = "-name '.*'";
-  if (!also_prune.empty()) prune = "\\( -name '.*' -o -name '" + also_prune + "' \\)";
-  CommandResult r = RunCommand("cd " + ShellQuote(dir) + " && find -L . -mindepth 1 " + prune +
-                               " -prune -o -type f -printf '%P\\n'"
-                               " | LC_ALL=C sort | xargs -r -d '\\n' sha256sum | sha256sum");
-  return "sha256-" + r.out.substr(0, 64);
-}
-
 std::set<std::string> DigestDirs(const std::string& mnt) {
   std::set<std::string> out;
   std::error_code ec;

@@ -167,4 +167,14 @@ CommandResult RunCommand(const std::string& command, bool merge_stderr) {
   return r;
 }
 
+std::string CoreutilsDigest(const std::string& dir, const std::string& also_prune) {
+  std::string prune = "-name '.*'";
+  if (!also_prune.empty()) prune = "\\( -name '.*' -o -name " + ShellQuote(also_prune) + " \\)";
+  CommandResult r = RunCommand("cd " + ShellQuote(dir) + " && find -L . -mindepth 1 " + prune +
+                               " -prune -o -type f -printf '%P\\n'"
+                               " | LC_ALL=C sort | xargs -r -d '\\n' sha256sum | sha256sum");
+  if (r.exit_code != 0 || r.out.size() < 64) throw std::runtime_error("coreutils digest failed in " + dir);
+  return "sha256-" + r.out.substr(0, 64);
+}
+
 }  // namespace ckptfs::testing

@@ -62,6 +62,11 @@ void WriteModel(const std::string& dir, const ModelSpec& spec);
 // keeping the header (and so the file's size and names) unchanged.
 void ZeroTensor(const std::string& safetensors_path, size_t tensor_index);
 
+// DESIGN.md section 1's coreutils command, run in `dir`: "sha256-<hex>".
+// `also_prune` adds a find(1) -name pattern for nested checkpoints, which
+// the plain command does not know to leave out.
+std::string CoreutilsDigest(const std::string& dir, const std::string& also_prune = "");
+
 struct CommandResult {
   int exit_code = -1;
   std::string out;  // standard output (standard error too when merged)

@@ -39,14 +39,4 @@ inline const IndexedCheckpoint& Find(const IndexReport& report, const std::strin
   return none;
 }
 
-// The coreutils command of DESIGN.md section 1, verbatim.
-inline std::string CoreutilsDigest(const std::string& checkpoint_dir) {
-  const std::string cmd = "cd " + ShellQuote(checkpoint_dir) +
-                          " && find -L . -mindepth 1 -name '.*' -prune -o -type f -printf '%P\\n'"
-                          " | LC_ALL=C sort | xargs -r -d '\\n' sha256sum | sha256sum";
-  CommandResult r = RunCommand(cmd);
-  EXPECT_EQ(r.exit_code, 0) << cmd;
-  return "sha256-" + r.out.substr(0, 64);
-}
-
 }  // namespace ckptfs::testing
