@@ -249,7 +249,7 @@ void CatalogWatcher::ScanOnce() {
 
   const int64_t now_ns = WallNanos();
   const int64_t settle_ns = static_cast<int64_t>(options_.settle_s * 1e9);
-  std::vector<const CheckpointSource*> ready, to_index;
+  std::vector<const CheckpointSource*> valid, to_index;
   std::set<std::string> seen;
   std::map<std::string, CheckpointState> old_states;
   {
@@ -276,20 +276,29 @@ void CatalogWatcher::ScanOnce() {
       states_[cp.abs_path] = st;
       continue;
     }
-    int64_t newest = 0;
-    for (const auto& m : cp.members) newest = std::max({newest, m.stamp.ctime_ns, m.stamp.mtime_ns});
-    bool all_known = true;
-    for (const auto& m : cp.members) {
-      if (!index_->LookupFile(m.stamp)) {
-        all_known = false;
-        break;
-      }
-    }
-    if (all_known) {
-      ready.push_back(&cp);
+    valid.push_back(&cp);
+  }
+
+  // One pass over the index, reading no file: what it knows is shown at
+  // once; the rest is hashed below once it has settled.
+  IndexerOptions lookup;
+  lookup.threads = options_.threads;
+  lookup.lookup_only = true;
+  IndexReport known = Indexer(index_, lookup).Run(Only(scan, valid));
+  std::vector<std::pair<const CheckpointSource*, const IndexedCheckpoint*>> ready;
+  for (size_t i = 0; i < valid.size(); ++i) {
+    const CheckpointSource& cp = *valid[i];
+    if (!known.checkpoints[i].error) {
+      ready.emplace_back(&cp, &known.checkpoints[i]);
       continue;
     }
+    int64_t newest = 0;
+    for (const auto& m : cp.members) newest = std::max({newest, m.stamp.ctime_ns, m.stamp.mtime_ns});
     if (now_ns - newest < settle_ns) {
+      CheckpointState st;
+      st.path = cp.abs_path;
+      st.files = cp.members.size();
+      st.size = cp.TotalSize();
       const double wait = static_cast<double>(settle_ns - (now_ns - newest)) / 1e9;
       settle_wait_s = settle_wait_s == 0 ? wait : std::min(settle_wait_s, wait);
       st.phase = CheckpointState::Phase::kPending;
@@ -322,29 +331,19 @@ void CatalogWatcher::ScanOnce() {
   }
 
   // Known to the index: shown at once.
-  IndexerOptions quick;
-  quick.threads = options_.threads;
-  IndexReport known = Indexer(index_, quick).Run(Only(scan, ready));
-  for (size_t i = 0; i < ready.size(); ++i) {
-    const auto& indexed = known.checkpoints[i];
+  for (const auto& [src, indexed] : ready) {
+    ExposedCheckpoint e = ToExposed(*src, *indexed, *index_);
     CheckpointState st;
-    st.path = ready[i]->abs_path;
-    if (indexed.error) {  // a file changed between the lookup and now: next scan
-      st.phase = CheckpointState::Phase::kPending;
-      st.reason = *indexed.error;
-      RequestRescan();
-    } else {
-      ExposedCheckpoint e = ToExposed(*ready[i], indexed, *index_);
-      st.phase = CheckpointState::Phase::kExposed;
-      st.name = e.name;
-      st.files = e.files.size();
-      st.size = e.total_size;
-      st.indexed_at = e.indexed_at;
+    st.path = src->abs_path;
+    st.phase = CheckpointState::Phase::kExposed;
+    st.name = e.name;
+    st.files = e.files.size();
+    st.size = e.total_size;
+    st.indexed_at = e.indexed_at;
+    {
       std::lock_guard lock(mu_);
       auto old = exposed_.find(st.path);
-      if (old == exposed_.end() || old->second.name != e.name) {
-        spdlog::info("checkpoint {} is {}", st.path, e.name);
-      }
+      if (old == exposed_.end() || old->second.name != e.name) spdlog::info("checkpoint {} is {}", st.path, e.name);
       exposed_[st.path] = std::move(e);
     }
     SetState(st);

@@ -438,6 +438,19 @@ ChunkCache::Residency ChunkCache::ResidentBytes(const Sha256Digest& file) const 
   return r;
 }
 
+std::map<Sha256Digest, ChunkCache::Residency> ChunkCache::ResidencyByFile() const {
+  std::lock_guard lock(mu_);
+  std::map<Sha256Digest, Residency> out;
+  for (const auto& [key, e] : entries_) {
+    if (e->filling) continue;
+    Residency& r = out[key.file];
+    if (e->host) r.host += e->len;
+    if (e->gpu) r.gpu += e->len;
+    if (e->host_pinned || e->gpu_pinned) r.pinned += e->len;
+  }
+  return out;
+}
+
 void ChunkCache::CountVerificationFailure() {
   std::lock_guard lock(mu_);
   ++stats_.verification_failures;

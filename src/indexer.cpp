@@ -25,6 +25,7 @@ struct FileJob {
   bool from_index = false;
   std::optional<std::string> error;
   bool unsettled = false;
+  bool unindexed = false;
 };
 
 }  // namespace
@@ -38,7 +39,7 @@ IndexReport Indexer::Run(const CatalogScan& scan) {
     if (!cp.valid()) continue;
     for (const auto& m : cp.members) {
       auto key = InodeKey{m.stamp.dev, m.stamp.ino};
-      if (!jobs.count(key)) jobs[key] = FileJob{m.open_path, m.stamp, std::nullopt, false, std::nullopt, false};
+      if (!jobs.count(key)) jobs[key] = FileJob{m.open_path, m.stamp, std::nullopt, false, std::nullopt, false, false};
     }
   }
 
@@ -52,6 +53,11 @@ IndexReport Indexer::Run(const CatalogScan& scan) {
         ++report.files_from_index;
         continue;
       }
+    }
+    if (options_.lookup_only) {
+      job.error = job.open_path + ": not in the index yet";
+      job.unindexed = true;
+      continue;
     }
     to_hash.push_back(&job);
     bytes_to_hash += job.stamp.size;
@@ -131,6 +137,7 @@ IndexReport Indexer::Run(const CatalogScan& scan) {
       if (job.error) {
         out.error = out.error ? *out.error + "; " + *job.error : *job.error;
         out.unsettled = out.unsettled || job.unsettled;
+        out.unindexed = out.unindexed || job.unindexed;
         continue;
       }
       MemberFile hashed = m;

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -119,6 +120,8 @@ class ChunkCache {
     uint64_t host = 0, gpu = 0, pinned = 0;
   };
   Residency ResidentBytes(const Sha256Digest& file) const;
+  // Every file with chunks in the cache, in one pass (for stats).
+  std::map<Sha256Digest, Residency> ResidencyByFile() const;
   CacheStats Stats() const;
   void CountVerificationFailure();
 

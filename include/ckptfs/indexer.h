@@ -27,6 +27,9 @@ struct IndexerOptions {
   // Read every file even when the index knows it (verify), and record nothing.
   bool ignore_index = false;
   int attempts = 3;  // per file, when it changes while being hashed
+  // Read nothing: files the index does not know leave their checkpoint with
+  // `unindexed` set (the daemon uses this to show known checkpoints at once).
+  bool lookup_only = false;
   // Told the total bytes to hash before any is read, then each amount read.
   std::function<void(uint64_t total)> on_plan;
   FileHasher::BytesCallback on_bytes;
@@ -46,6 +49,7 @@ struct IndexedCheckpoint {
   // a member could not be read, or a member kept changing (`unsettled`).
   std::optional<std::string> error;
   bool unsettled = false;
+  bool unindexed = false;  // lookup_only: some member is not in the index yet
   std::string name;      // "sha256-<hex>"
   std::string manifest;  // canonical manifest
   std::vector<IndexedFile> files;

@@ -96,6 +96,7 @@ nlohmann::json HandleEvict(FsContext& ctx, const ControlServer::Request& r) {
 nlohmann::json HandleStats(FsContext& ctx) {
   CacheStats s = ctx.cache->Stats();
   nlohmann::json per = nlohmann::json::array();
+  const auto resident = ctx.cache->ResidencyByFile();
   auto root = ctx.view->Get(FUSE_ROOT_ID);
   for (const auto& [name, ino] : root->children) {
     if (name.rfind("sha256-", 0) != 0) continue;
@@ -103,7 +104,9 @@ nlohmann::json HandleStats(FsContext& ctx) {
     std::set<Sha256Digest> seen;
     for (const auto& f : ctx.view->FilesUnder(ctx.view->Get(ino))) {
       if (!seen.insert(f->sha256).second) continue;
-      auto res = ctx.cache->ResidentBytes(f->sha256);
+      auto it = resident.find(f->sha256);
+      if (it == resident.end()) continue;
+      const auto& res = it->second;
       host += res.host;
       gpu += res.gpu;
       pinned += res.pinned;

@@ -85,5 +85,22 @@ TEST_F(IndexerTest, ProgressIsPlannedAndReported) {
   EXPECT_EQ(seen.load(), planned);
 }
 
+TEST_F(IndexerTest, LookupOnlyReadsNothingAndFlagsWhatTheIndexLacks) {
+  WriteModel(src_ / "known", {.seed = 1});
+  auto index = OpenIndex(state_.path());
+  Indexer(index.get(), {}).Run(ScanOk(src_.path()));
+  WriteModel(src_ / "new", {.seed = 2});
+  IndexerOptions options;
+  options.lookup_only = true;
+  const uint64_t opened = FileHasher::files_opened();
+  IndexReport r = Indexer(index.get(), options).Run(ScanOk(src_.path()));
+  EXPECT_EQ(FileHasher::files_opened(), opened);
+  EXPECT_FALSE(Find(r, "known").error);
+  EXPECT_EQ(Find(r, "known").name, CoreutilsDigest(src_ / "known"));
+  ASSERT_TRUE(Find(r, "new").error);
+  EXPECT_TRUE(Find(r, "new").unindexed);
+  EXPECT_FALSE(Find(r, "new").unsettled);
+}
+
 }  // namespace
 }  // namespace ckptfs::testing
