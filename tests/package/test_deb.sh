@@ -51,6 +51,12 @@ resolved=$(/usr/bin/ckptfsctl resolve "$work/models/by-name/finetune") || fail "
 [[ "$resolved" == "$work/models/sha256-"* ]] || fail "resolve printed $resolved"
 umount "$work/models" || fail "umount failed"
 mountpoint -q "$work/models" && fail "still mounted after umount"
+# The same line with type fuse.ckptfs goes through mount.fuse3 to the installed daemon.
+sed -i 's/ ckptfs ro,/ fuse.ckptfs ro,/' "$work/fstab"
+mount -T "$work/fstab" "$work/models" || fail "mount -T of a type-fuse.ckptfs fstab line failed"
+for _ in $(seq 1 200); do [ -L "$work/models/by-name/base" ] && break; sleep 0.05; done
+cmp "$work/models/by-name/base/config.json" "$work/src/base/config.json" || fail "fuse.ckptfs mount: bytes differ"
+umount "$work/models" || fail "umount of the fuse.ckptfs mount failed"
 DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq ckptfs >/dev/null || fail "apt-get purge failed"
 [ ! -e /usr/bin/ckptfs ] || fail "/usr/bin/ckptfs is still there after purge"
-echo "package test: built $(basename "$deb"), installed, mounted through fstab type ckptfs, read, status, resolve, unmounted, purged"
+echo "package test: built $(basename "$deb"), installed, mounted through fstab types ckptfs and fuse.ckptfs, read, status, resolve, unmounted, purged"
