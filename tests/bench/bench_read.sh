@@ -3,7 +3,7 @@
 # scripts/build.sh:   tests/bench/bench_read.sh [SIZE_MIB=2048]
 # One shard of SIZE_MIB, read natively, through bindfs over the same
 # directory, and through ckptfs, in one run:
-#   cold buffered   page cache dropped, dd bs=1M
+#   cold buffered   page cache dropped (and ckptfs's chunk cache evicted), dd bs=1M
 #   cold O_DIRECT   page cache dropped, dd bs=1M iflag=direct
 #   cold mmap       page cache dropped, one byte of every page through mmap
 #   warm buffered   the same file read again (the kernel's cache)
@@ -39,7 +39,9 @@ declare -A file=(
   [bindfs]="$work/bindfs/m/model.safetensors"
   [ckptfs]="$work/ckptfs/$digest/model.safetensors"
 )
-drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+# Cold means cold for everyone: the kernel's caches and ckptfs's own chunk
+# cache (which drop_caches does not touch) are emptied.
+drop() { sync; echo 3 >/proc/sys/vm/drop_caches; build/ckptfsctl evict "${file[ckptfs]}" >/dev/null; }
 now() { date +%s.%N; }
 time_cmd() { local t0 t1; t0=$(now); "$@" >/dev/null 2>&1; t1=$(now); awk -v a="$t0" -v b="$t1" 'BEGIN{print b-a}'; }
 case_time() {  # case_time CASE FILE -> best of 3 seconds
