@@ -56,16 +56,8 @@ int RunCacheCommand(const CacheArgs& args) {
 }
 
 int RunStats(const StatsArgs& args) {
-  auto reply = CallMount(args.mountpoint, {{"cmd", "stats"}});
-  if (!reply.ok()) {
-    PrintError(reply.status().message());
-    return kExitFatal;
-  }
-  const auto& j = *reply;
-  if (args.json) {
-    std::printf("%s\n", j.dump(2).c_str());
-    return kExitOk;
-  }
+  nlohmann::json j;
+  if (auto done = QueryMount(args.mountpoint, "stats", args.json, &j)) return *done;
   if (args.prometheus) {
     // The text exposition format, for node_exporter's textfile collector.
     std::string out;

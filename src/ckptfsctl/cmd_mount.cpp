@@ -22,16 +22,8 @@ std::string When(int64_t t) {
 }  // namespace
 
 int RunStatus(const MountArgs& args) {
-  auto reply = CallMount(args.mountpoint, {{"cmd", "status"}});
-  if (!reply.ok()) {
-    PrintError(reply.status().message());
-    return kExitFatal;
-  }
-  const auto& j = *reply;
-  if (args.json) {
-    std::printf("%s\n", j.dump(2).c_str());
-    return kExitOk;
-  }
+  nlohmann::json j;
+  if (auto done = QueryMount(args.mountpoint, "status", args.json, &j)) return *done;
   const auto& opt = j["options"];
   const auto& c = j["counts"];
   std::printf("source       %s\n", j["source"].get<std::string>().c_str());

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,11 @@ int RunResolve(const std::string& path);
 // ok. Progress lines of long work go to `on_progress`.
 Result<nlohmann::json> CallMount(const std::string& mountpoint, const nlohmann::json& request,
                                  const std::function<void(const nlohmann::json&)>& on_progress = nullptr);
+
+// Asks the mount for `cmd`. Returns an exit code when that already settles
+// the command (the request failed, or --json printed the answer); otherwise
+// fills `reply` for the caller to print.
+std::optional<int> QueryMount(const std::string& mountpoint, const char* cmd, bool json, nlohmann::json* reply);
 
 struct MountArgs {
   std::string mountpoint;

@@ -52,6 +52,20 @@ Result<nlohmann::json> CallMount(const std::string& mountpoint, const nlohmann::
 
 namespace ckptfs::ctl {
 
+std::optional<int> QueryMount(const std::string& mountpoint, const char* cmd, bool json, nlohmann::json* reply) {
+  auto r = CallMount(mountpoint, {{"cmd", cmd}});
+  if (!r.ok()) {
+    PrintError(r.status().message());
+    return kExitFatal;
+  }
+  if (json) {
+    std::printf("%s\n", r->dump(2).c_str());
+    return kExitOk;
+  }
+  *reply = std::move(*r);
+  return std::nullopt;
+}
+
 int RunResolve(const std::string& path) {
   auto where = LocateInMount(path);
   if (!where.ok()) {
