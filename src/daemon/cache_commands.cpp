@@ -69,28 +69,31 @@ nlohmann::json HandlePreload(FsContext& ctx, const ControlServer::Request& r) {
   return {{"ok", true}, {"files", files->size()}, {"bytes", done}, {"tier", tier_name}, {"pinned", pin}};
 }
 
-nlohmann::json HandleUnpin(FsContext& ctx, const ControlServer::Request& r) {
-  if (!r.privileged) return Refuse("unpin is for root or the mount's owner");
+namespace {
+
+// Applies `drop` (Unpin or Evict) once to every distinct file under the
+// request's path; answers with the bytes it reports.
+nlohmann::json ForEachFile(FsContext& ctx, const ControlServer::Request& r, const char* what,
+                           uint64_t (ChunkCache::*drop)(const Sha256Digest&)) {
+  if (!r.privileged) return Refuse(std::string(what) + " is for root or the mount's owner");
   auto files = FilesOf(ctx, r);
   if (!files.ok()) return Refuse(files.status().message());
   uint64_t bytes = 0;
   std::set<Sha256Digest> seen;
   for (const auto& f : *files) {
-    if (seen.insert(f->sha256).second) bytes += ctx.cache->Unpin(f->sha256);
+    if (seen.insert(f->sha256).second) bytes += (ctx.cache->*drop)(f->sha256);
   }
   return {{"ok", true}, {"bytes", bytes}};
 }
 
+}  // namespace
+
+nlohmann::json HandleUnpin(FsContext& ctx, const ControlServer::Request& r) {
+  return ForEachFile(ctx, r, "unpin", &ChunkCache::Unpin);
+}
+
 nlohmann::json HandleEvict(FsContext& ctx, const ControlServer::Request& r) {
-  if (!r.privileged) return Refuse("evict is for root or the mount's owner");
-  auto files = FilesOf(ctx, r);
-  if (!files.ok()) return Refuse(files.status().message());
-  uint64_t bytes = 0;
-  std::set<Sha256Digest> seen;
-  for (const auto& f : *files) {
-    if (seen.insert(f->sha256).second) bytes += ctx.cache->Evict(f->sha256);
-  }
-  return {{"ok", true}, {"bytes", bytes}};
+  return ForEachFile(ctx, r, "evict", &ChunkCache::Evict);
 }
 
 nlohmann::json HandleStats(FsContext& ctx) {
