@@ -53,7 +53,7 @@ class CatalogWatcher {
     unsigned threads = 0;
   };
   // Told which directory entries changed after each publish.
-  using ChangeCallback = std::function<void(const std::vector<std::pair<fuse_ino_t, std::string>>&)>;
+  using ChangeCallback = std::function<void(const std::vector<std::pair<InodeId, std::string>>&)>;
 
   CatalogWatcher(Options options, Index* index, View* view, ChangeCallback on_change);
   ~CatalogWatcher();  // stops the thread

@@ -32,7 +32,7 @@ uint64_t DtypeSize(std::string_view dtype);
 // Parses the header of a file of `file_size` bytes, given its first bytes
 // `prefix` (at least 8, and 8 + N once N is known; pass what you have and
 // call again with more if the status says so).
-//   - kNotFound: `prefix` is too short; need_bytes says how many are needed.
+//   - kNeedMore: `prefix` is too short; need_bytes says how many are needed.
 //   - kError: the file breaks a rule; the message names it.
 Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view prefix, uint64_t file_size,
                                                  uint64_t* need_bytes = nullptr);

@@ -17,6 +17,8 @@ class Status {
     kChanged,   // the input changed underneath us; the caller should retry
     kNotFound,  // an expected thing is absent
     kCorrupt,   // content does not match what the index recorded for it
+    kNeedMore,  // a parser needs more input bytes than it was given
+    kFull,      // a bounded resource (a cache tier) has no room now
   };
 
   Status() = default;
@@ -25,18 +27,24 @@ class Status {
   static Status Changed(std::string message) { return Status(Code::kChanged, std::move(message)); }
   static Status NotFound(std::string message) { return Status(Code::kNotFound, std::move(message)); }
   static Status Corrupt(std::string message) { return Status(Code::kCorrupt, std::move(message)); }
-  // "PATH: strerror(err)" in the style of coreutils.
+  static Status NeedMore(std::string message) { return Status(Code::kNeedMore, std::move(message)); }
+  static Status Full(std::string message) { return Status(Code::kFull, std::move(message)); }
+  // "PATH: strerror(err)" in the style of coreutils; keeps `err` so that a
+  // FUSE reply can pass the real cause on instead of a generic EIO.
   static Status FromErrno(const std::string& what, int err);
 
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }
   bool is_changed() const { return code_ == Code::kChanged; }
   const std::string& message() const { return message_; }
+  // The errno behind a FromErrno status; 0 for every other status.
+  int error_number() const { return errno_; }
 
  private:
   Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
   Code code_ = Code::kOk;
   std::string message_;
+  int errno_ = 0;
 };
 
 // A value or the Status that explains why there is none.

@@ -18,11 +18,7 @@
 // plus the nested checkpoints' own entries, so it still mirrors the source.
 #pragma once
 
-#ifndef FUSE_USE_VERSION
-#define FUSE_USE_VERSION 312
-#endif
-#include <fuse_lowlevel.h>
-
+#include <cstdint>
 #include <ctime>
 #include <map>
 #include <memory>
@@ -39,6 +35,11 @@
 #include "ckptfs/ownership.h"
 
 namespace ckptfs {
+
+// A node's number as the kernel sees it; the same width as fuse_ino_t, kept
+// free of libfuse so that the view does not depend on the FUSE layer.
+using InodeId = uint64_t;
+constexpr InodeId kRootInode = 1;  // FUSE_ROOT_ID
 
 // A checkpoint ready to be shown: indexed, valid, settled.
 struct ExposedCheckpoint {
@@ -65,7 +66,7 @@ class View {
   enum class Kind { kDir, kFile, kSymlink };
 
   struct Node {
-    fuse_ino_t ino = 0;
+    InodeId ino = 0;
     Kind kind = Kind::kDir;
     Ownership owner;  // write bits already removed
     uint64_t size = 0;
@@ -73,7 +74,7 @@ class View {
     // Inside a digest directory: content can never change, so the kernel may
     // cache entries and attributes for a long time.
     bool immutable = false;
-    std::map<std::string, fuse_ino_t> children;  // directories
+    std::map<std::string, InodeId> children;  // directories
     std::string link_target;                     // symlinks
     std::string source_path;                     // files
     FileStamp stamp;                             // files
@@ -91,11 +92,11 @@ class View {
   // source root to their ownership (for by-name directories). Returns the
   // directory entries that appeared, vanished or changed, as (parent, name),
   // so the caller can tell the kernel.
-  std::vector<std::pair<fuse_ino_t, std::string>> Publish(const std::vector<ExposedCheckpoint>& checkpoints,
+  std::vector<std::pair<InodeId, std::string>> Publish(const std::vector<ExposedCheckpoint>& checkpoints,
                                                           const std::map<std::string, Ownership>& source_dirs);
 
-  NodePtr Get(fuse_ino_t ino) const;
-  NodePtr Lookup(fuse_ino_t parent, const std::string& name) const;
+  NodePtr Get(InodeId ino) const;
+  NodePtr Lookup(InodeId parent, const std::string& name) const;
 
   // Extended attribute on the root naming the control socket.
   void SetRootXattr(const std::string& name, const std::string& value);
@@ -113,15 +114,15 @@ class View {
  private:
   class Builder;
 
-  fuse_ino_t InoFor(const std::string& key);
+  InodeId InoFor(const std::string& key);
 
   const std::string source_root_;
   const Ownership root_owner_;
   const struct timespec mount_time_;
   mutable std::shared_mutex mu_;
-  std::unordered_map<fuse_ino_t, NodePtr> nodes_;  // every node ever published
-  std::unordered_map<std::string, fuse_ino_t> ino_by_key_;
-  fuse_ino_t next_ino_ = FUSE_ROOT_ID + 1;
+  std::unordered_map<InodeId, NodePtr> nodes_;  // every node ever published
+  std::unordered_map<std::string, InodeId> ino_by_key_;
+  InodeId next_ino_ = kRootInode + 1;
   std::vector<std::pair<std::string, std::string>> root_xattrs_;
   std::map<std::string, std::string> by_name_digest_;  // "by-name/..." -> digest, current publish
 };

@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckptfs/control.h"
-#include "fuse_ops.h"
+#include "ckptfs/fuse_ops.h"
 
 namespace ckptfs::daemon {
 

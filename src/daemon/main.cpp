@@ -5,7 +5,7 @@
 // mount comes up before any indexing (so it is there within a second however
 // large the tree); threads start only after fuse_daemonize, because a fork
 // keeps only the thread that called it.
-#include "fuse_ops.h"
+#include "ckptfs/fuse_ops.h"
 
 #include <sys/wait.h>
 
@@ -28,7 +28,7 @@
 
 #include "ckptfs/build_info.h"
 #include "cache_commands.h"
-#include "header_stamper.h"
+#include "ckptfs/header_stamper.h"
 #include "ckptfs/catalog_watcher.h"
 #include "ckptfs/chunk_cache.h"
 #include "ckptfs/device_memory.h"

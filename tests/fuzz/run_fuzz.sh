@@ -11,8 +11,8 @@ secs=${3:-20}
 command -v clang++ >/dev/null || { echo "run_fuzz.sh: clang++ is not installed (packaging/install-deps.sh installs it)" >&2; exit 1; }
 mkdir -p "$work"
 clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  -I"$src/include" "$src/tests/fuzz/safetensors_header_fuzzer.cpp" "$src/src/safetensors_header.cpp" \
-  "$src/src/status.cpp" -o "$work/safetensors_header_fuzzer"
+  -I"$src/include" "$src/tests/fuzz/safetensors_header_fuzzer.cpp" "$src/src/source/safetensors_header.cpp" \
+  "$src/src/base/status.cpp" -o "$work/safetensors_header_fuzzer"
 rm -rf "$work/corpus" "$work/artifacts"
 cp -r "$src/tests/fuzz/corpus" "$work/corpus"
 mkdir -p "$work/artifacts"

@@ -1,4 +1,4 @@
-#include "header_stamper.h"
+#include "ckptfs/header_stamper.h"
 
 #include <spdlog/spdlog.h>
 
@@ -45,7 +45,7 @@ Result<std::optional<StampedFile>> HeaderStamper::For(FsContext& ctx, const View
       result = std::move(s);
       break;
     }
-    if (header.status().code() == Status::Code::kNotFound && more > need) {
+    if (header.status().code() == Status::Code::kNeedMore && more > need) {
       need = more;
       continue;
     }

@@ -5,7 +5,9 @@
 namespace ckptfs {
 
 Status Status::FromErrno(const std::string& what, int err) {
-  return Status::Error(what + ": " + std::strerror(err));
+  Status s = Status::Error(what + ": " + std::strerror(err));
+  s.errno_ = err;
+  return s;
 }
 
 }  // namespace ckptfs

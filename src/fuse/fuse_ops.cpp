@@ -1,4 +1,4 @@
-#include "fuse_ops.h"
+#include "ckptfs/fuse_ops.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -15,7 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ckptfs/unique_fd.h"
-#include "header_stamper.h"
+#include "ckptfs/header_stamper.h"
 
 namespace ckptfs::daemon {
 

@@ -216,7 +216,7 @@ Result<ChunkCache::Entry*> ChunkCache::Acquire(const ChunkKey& key, size_t len, 
       e->filling = true;
       uint8_t* slot = TakeHostSlot(lock);
       Status copied = slot ? options_.device->CopyToHost(slot, e->gpu, e->len)
-                           : Status::NotFound("host tier full of pinned or busy chunks");
+                           : Status::Full("host tier full of pinned or busy chunks");
       if (!copied.ok()) {
         if (slot) host_.Give(slot);
         e->filling = false;
@@ -256,7 +256,7 @@ Result<ChunkCache::Entry*> ChunkCache::Acquire(const ChunkKey& key, size_t len, 
     if (slot == nullptr) {
       Erase(e);
       filled_.notify_all();
-      return Status::NotFound("host tier full of pinned or busy chunks");
+      return Status::Full("host tier full of pinned or busy chunks");
     }
     lock.unlock();
     Status s = fill(slot, len);
@@ -293,7 +293,7 @@ Result<ChunkCache::Ref> ChunkCache::Get(const ChunkKey& key, size_t len, const F
     r.size_ = len;
     return r;
   }
-  if (e.status().code() != Status::Code::kNotFound) return e.status();
+  if (e.status().code() != Status::Code::kFull) return e.status();
   // No slot could be freed: serve this read from a private buffer.
   ++stats_.uncached_reads;
   lock.unlock();

@@ -13,7 +13,7 @@
 #include <set>
 #include <string>
 
-#include "fuse_ops.h"
+#include "ckptfs/fuse_ops.h"
 
 namespace ckptfs::daemon {
 

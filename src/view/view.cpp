@@ -59,7 +59,7 @@ class View::Builder {
   }
 
   void Build() {
-    auto root = NewNode(FUSE_ROOT_ID, Kind::kDir, ReadOnly(view_.root_owner_));
+    auto root = NewNode(kRootInode, Kind::kDir, ReadOnly(view_.root_owner_));
     root->mtime = view_.mount_time_;
     root->xattrs = view_.root_xattrs_;
     for (const auto& [name, copies] : by_digest_) root->children[name] = BuildDigest(name, copies);
@@ -67,8 +67,8 @@ class View::Builder {
     Add(root, /*is_mutable=*/true);
   }
 
-  std::unordered_map<fuse_ino_t, std::shared_ptr<Node>> nodes;
-  std::set<fuse_ino_t> mutable_dirs;
+  std::unordered_map<InodeId, std::shared_ptr<Node>> nodes;
+  std::set<InodeId> mutable_dirs;
   std::map<std::string, std::string> by_name_digest;  // "by-name/<p>" -> digest
 
  private:
@@ -80,7 +80,7 @@ class View::Builder {
     return b.empty() ? std::string("root") : b;
   }
 
-  std::shared_ptr<Node> NewNode(fuse_ino_t ino, Kind kind, Ownership owner) {
+  std::shared_ptr<Node> NewNode(InodeId ino, Kind kind, Ownership owner) {
     auto n = std::make_shared<Node>();
     n->ino = ino;
     n->kind = kind;
@@ -95,7 +95,7 @@ class View::Builder {
   }
 
   // sha256-<hex>/ and its members, from the copies that share the digest.
-  fuse_ino_t BuildDigest(const std::string& name, const std::vector<const ExposedCheckpoint*>& copies) {
+  InodeId BuildDigest(const std::string& name, const std::vector<const ExposedCheckpoint*>& copies) {
     const ExposedCheckpoint& first = *copies.front();
     Ownership dir_owner = first.dir_owner;
     std::string sources;
@@ -180,7 +180,7 @@ class View::Builder {
   // by-name/<p>/: entries are the next components of checkpoint paths below
   // p and, when p lies inside checkpoint `digest` at `offset`, that digest's
   // entries there (as links into it).
-  fuse_ino_t BuildByNameDir(const std::string& p, const std::string& digest, const std::string& offset,
+  InodeId BuildByNameDir(const std::string& p, const std::string& digest, const std::string& offset,
                             bool has_digest) {
     auto dir = NewNode(view_.InoFor("N:" + p), Kind::kDir, SourceDirOwner(p));
     std::set<std::string> names;
@@ -212,7 +212,7 @@ class View::Builder {
     return dir->ino;
   }
 
-  fuse_ino_t Link(const std::string& by_name_path, const std::string& target) {
+  InodeId Link(const std::string& by_name_path, const std::string& target) {
     // The target is part of the key: a link that moves is a new inode, so a
     // kernel that cached the old one cannot mix them up.
     auto n = NewNode(view_.InoFor("L:" + by_name_path + '\0' + target), Kind::kSymlink,
@@ -240,20 +240,20 @@ View::View(std::string source_root, Ownership root_owner)
   Publish(none, {});
 }
 
-fuse_ino_t View::InoFor(const std::string& key) {
+InodeId View::InoFor(const std::string& key) {
   auto [it, inserted] = ino_by_key_.emplace(key, next_ino_);
   if (inserted) ++next_ino_;
   return it->second;
 }
 
-std::vector<std::pair<fuse_ino_t, std::string>> View::Publish(const std::vector<ExposedCheckpoint>& checkpoints,
+std::vector<std::pair<InodeId, std::string>> View::Publish(const std::vector<ExposedCheckpoint>& checkpoints,
                                                               const std::map<std::string, Ownership>& source_dirs) {
   std::unique_lock lock(mu_);
   Builder b(*this, checkpoints, source_dirs);
   b.Build();
 
-  std::vector<std::pair<fuse_ino_t, std::string>> changed;
-  for (fuse_ino_t ino : b.mutable_dirs) {
+  std::vector<std::pair<InodeId, std::string>> changed;
+  for (InodeId ino : b.mutable_dirs) {
     const auto& fresh = b.nodes.at(ino)->children;
     auto old_it = nodes_.find(ino);
     if (old_it == nodes_.end()) continue;  // new directory: its parent's entry covers it
@@ -271,13 +271,13 @@ std::vector<std::pair<fuse_ino_t, std::string>> View::Publish(const std::vector<
   return changed;
 }
 
-View::NodePtr View::Get(fuse_ino_t ino) const {
+View::NodePtr View::Get(InodeId ino) const {
   std::shared_lock lock(mu_);
   auto it = nodes_.find(ino);
   return it == nodes_.end() ? nullptr : it->second;
 }
 
-View::NodePtr View::Lookup(fuse_ino_t parent, const std::string& name) const {
+View::NodePtr View::Lookup(InodeId parent, const std::string& name) const {
   std::shared_lock lock(mu_);
   auto p = nodes_.find(parent);
   if (p == nodes_.end() || p->second->kind != Kind::kDir) return nullptr;
@@ -290,9 +290,9 @@ View::NodePtr View::Lookup(fuse_ino_t parent, const std::string& name) const {
 void View::SetRootXattr(const std::string& name, const std::string& value) {
   std::unique_lock lock(mu_);
   root_xattrs_.emplace_back(name, value);
-  auto root = std::make_shared<Node>(*nodes_.at(FUSE_ROOT_ID));
+  auto root = std::make_shared<Node>(*nodes_.at(kRootInode));
   root->xattrs = root_xattrs_;
-  nodes_[FUSE_ROOT_ID] = root;
+  nodes_[kRootInode] = root;
 }
 
 std::optional<std::string> View::DigestOfByName(const std::string& by_name_path) const {
@@ -303,7 +303,7 @@ std::optional<std::string> View::DigestOfByName(const std::string& by_name_path)
 }
 
 View::NodePtr View::Resolve(const std::string& rel_path) const {
-  NodePtr n = Get(FUSE_ROOT_ID);
+  NodePtr n = Get(kRootInode);
   size_t pos = 0;
   while (n && pos < rel_path.size()) {
     size_t slash = rel_path.find('/', pos);

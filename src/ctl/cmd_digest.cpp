@@ -152,7 +152,7 @@ int RunDigestStamped(const GlobalOptions& g, const DigestArgs& args) {
       buf.resize(got);
       uint64_t need = 0;
       auto h = ParseSafetensorsHeader(buf, member->hashes.size, &need);
-      if (!h.ok() && h.status().code() == Status::Code::kNotFound && need > buf.size()) {
+      if (!h.ok() && h.status().code() == Status::Code::kNeedMore && need > buf.size()) {
         buf.resize(static_cast<size_t>(need));
         got = std::fread(buf.data() + 8, 1, static_cast<size_t>(need - 8), fp);
         buf.resize(8 + got);

@@ -34,7 +34,7 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view prefix, uint64
   if (file_size < 8) return Broken("file is shorter than the 8-byte header length");
   if (prefix.size() < 8) {
     if (need_bytes) *need_bytes = 8;
-    return Status::NotFound("need the first 8 bytes");
+    return Status::NeedMore("need the first 8 bytes");
   }
   SafetensorsHeader h;
   h.header_len = ReadLe64(prefix);
@@ -48,7 +48,7 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view prefix, uint64
   }
   if (prefix.size() < 8 + h.header_len) {
     if (need_bytes) *need_bytes = 8 + h.header_len;
-    return Status::NotFound("need " + std::to_string(8 + h.header_len) + " bytes");
+    return Status::NeedMore("need " + std::to_string(8 + h.header_len) + " bytes");
   }
   const std::string_view text = prefix.substr(8, h.header_len);
   // nlohmann rejects invalid UTF-8 in strings, so this also enforces UTF-8.
