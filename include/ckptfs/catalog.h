@@ -31,9 +31,14 @@ std::optional<SymlinkPolicy> ParseSymlinkPolicy(std::string_view text);
 
 struct CatalogOptions {
   SymlinkPolicy symlinks = SymlinkPolicy::kContained;
-  // Canonical absolute paths the walk never enters or stats (the daemon's own
-  // mount point when it lies inside the source: entering it would deadlock).
+  // Canonical absolute paths the walk never enters or stats, nor anything
+  // below them, however reached (the daemon's own mount point: indexing its
+  // own view would grow it one level deeper per rescan, and stat'ing it
+  // before it serves would block).
   std::vector<std::string> excluded_paths;
+  // Devices the walk never enters (the daemon's own mount, should another
+  // path such as a bind mount lead to it).
+  std::vector<dev_t> excluded_devices;
 };
 
 struct MemberFile {
@@ -41,20 +46,25 @@ struct MemberFile {
   std::string open_path;  // canonical absolute path of the bytes (links resolved)
   FileStamp stamp;        // of the resolved file, taken during the walk
   Ownership owner;        // of the resolved file
+  AccessPath access;      // how this copy is reached in the source
 };
 
 struct CheckpointSource {
   std::string rel_path;  // relative to the root; "" when the root is the checkpoint
   std::string abs_path;  // root + "/" + rel_path, as the user named them
   std::vector<MemberFile> members;  // ascending byte order of rel_path
-  // The checkpoint directory's ownership, intersected with what every
-  // directory above it (up to the root) lets through.
-  Ownership dir_owner;
-  // Ownership of each directory among the members, by path relative to the
+  // How the checkpoint directory is reached: the directories above it, from
+  // the root, and its own ownership.
+  AccessPath dir_access;
+  // The same for each directory among the members, by path relative to the
   // checkpoint ("a", "a/b"); nested checkpoints excluded.
-  std::map<std::string, Ownership> subdirs;
+  std::map<std::string, AccessPath> subdirs;
   // Set when the checkpoint must not be exposed; says which path and why.
   std::optional<std::string> invalid_reason;
+  // The same reason with what symlinks resolve to left out: resolving runs
+  // as the daemon, so "dangling" or "outside" would tell any user whether a
+  // path they cannot reach exists. Shown to unprivileged callers.
+  std::optional<std::string> invalid_reason_shown;
 
   uint64_t TotalSize() const;
   bool valid() const { return !invalid_reason.has_value(); }
@@ -65,7 +75,7 @@ struct CatalogScan {
   std::string real_root;  // canonical
   std::vector<CheckpointSource> checkpoints;  // ascending order of rel_path
   // Every directory walked, by path relative to the root ("" is the root).
-  std::map<std::string, Ownership> dirs;
+  std::map<std::string, AccessPath> dirs;
   // Problems outside every checkpoint (they invalidate nothing).
   std::vector<std::string> warnings;
 };

@@ -35,6 +35,12 @@ struct CheckpointState {
   Phase phase = Phase::kPending;
   std::string name;    // when exposed
   std::string reason;  // when invalid or pending
+  // The reason as told to users who are not root nor the mount's owner: what
+  // a symlink resolves to is left out (see CheckpointSource).
+  std::string reason_shown;
+  // How the checkpoint directory is reached in SRC; control queries answer a
+  // caller only about checkpoints that caller could see there.
+  AccessPath access;
   uint64_t files = 0;
   uint64_t size = 0;
   uint64_t bytes_done = 0;  // when indexing
@@ -51,9 +57,10 @@ class CatalogWatcher {
     double rescan_s = 600;
     double settle_s = 5;
     unsigned threads = 0;
+    std::function<void(const std::string& path)> before_hash;  // test seam, see IndexerOptions
   };
   // Told which directory entries changed after each publish.
-  using ChangeCallback = std::function<void(const std::vector<std::pair<InodeId, std::string>>&)>;
+  using ChangeCallback = std::function<void(const View::Changes&)>;
 
   CatalogWatcher(Options options, Index* index, View* view, ChangeCallback on_change);
   ~CatalogWatcher();  // stops the thread
@@ -76,7 +83,7 @@ class CatalogWatcher {
   void UpdateWatches(const CatalogScan& scan);
   bool DrainInotify();  // true if any event arrived
   void SetState(CheckpointState state);
-  void PublishExposed(const std::map<std::string, Ownership>& dirs);
+  void PublishExposed(const std::map<std::string, AccessPath>& dirs);
 
   Options options_;
   Index* index_;
@@ -98,7 +105,7 @@ class CatalogWatcher {
   std::map<std::string, CheckpointState> states_;          // by source path
   std::map<std::string, ExposedCheckpoint> exposed_;       // by source path
   std::string last_scan_error_;
-  std::map<std::string, Ownership> last_dirs_;
+  std::map<std::string, AccessPath> last_dirs_;
   std::map<std::string, std::string> withdrawals_;  // digest -> reason; guarded by mu_
 };
 

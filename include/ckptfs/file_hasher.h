@@ -10,6 +10,8 @@
 #pragma once
 
 #include <atomic>
+#include <sys/stat.h>
+
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -33,9 +35,14 @@ class FileHasher {
   explicit FileHasher(ThreadPool* chunk_pool) : chunk_pool_(chunk_pool) {}
 
   void set_progress(BytesCallback cb) { progress_ = std::move(cb); }
+  // The canonical source root the hashed paths lie in (see OpenSourceFile).
+  void set_source_root(std::string root) { root_ = std::move(root); }
   void set_chunk_read_hook(ChunkReadHook hook) { hook_ = std::move(hook); }
 
-  Result<FileHashes> Hash(const std::string& path, const FileStamp& expected) const;
+  // `observed`, if given, receives the stat of the opened file, so that a
+  // caller retrying after kChanged learns what the path now is without
+  // looking it up again.
+  Result<FileHashes> Hash(const std::string& path, const FileStamp& expected, struct stat* observed = nullptr) const;
 
   // Files opened for reading by every FileHasher in this process, so tests can
   // prove that a run served from the index read nothing.
@@ -43,6 +50,7 @@ class FileHasher {
 
  private:
   ThreadPool* chunk_pool_;
+  std::string root_;
   BytesCallback progress_;
   ChunkReadHook hook_;
   static std::atomic<uint64_t> files_opened_;

@@ -34,6 +34,9 @@ struct IndexerOptions {
   std::function<void(uint64_t total)> on_plan;
   FileHasher::BytesCallback on_bytes;
   FileHasher::ChunkReadHook chunk_read_hook;  // test seam, see FileHasher
+  // Test seam: called with a file's path just before it is first opened for
+  // hashing, so a test can change the tree between the walk and the open.
+  std::function<void(const std::string& path)> before_hash;
 };
 
 struct IndexedFile {

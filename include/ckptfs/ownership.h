@@ -1,9 +1,23 @@
-// Owner, group and permission bits as the view presents them, and the rule
-// that keeps the view from granting more than the source does.
+// Owner, group and permission bits as the view presents them, and the access
+// rule of DESIGN.md section 2: a user may open, list or read the xattrs of an
+// entry exactly when they could do so for at least one source copy of it,
+// counting search permission on every directory from SRC down to that copy
+// (and, for an entry reached through a symlink, down to the link's target).
+//
+// The kernel's default_permissions cannot express that rule (it sees one
+// owner and one mode per inode, not "any of these copies", and it cannot tell
+// a group kept out by 0705 from everyone else once copies disagree), so the
+// daemon evaluates it itself for each request, with the caller's uid and
+// groups.
 #pragma once
 
 #include <sys/stat.h>
 #include <sys/types.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
 
 namespace ckptfs {
 
@@ -16,18 +30,60 @@ struct Ownership {
   bool operator==(const Ownership&) const = default;
 };
 
-// Access granted by both `a` and `b`, conservatively: where the owners (or
-// groups) differ, ownership falls to root (group 0) and the owner (group)
-// bits are cleared, so nobody gets through the view what either source would
-// have refused them. Set-id and sticky bits never survive.
-Ownership Intersect(const Ownership& a, const Ownership& b);
-
-// What a directory on the path to `dir` lets through: its search (x) bits as
-// read-and-search (r-x), so that intersecting it with a checkpoint directory
-// keeps out whoever could not reach that checkpoint in the source tree.
-Ownership TraversalOnly(const Ownership& dir);
-
 // The bits the view shows: write bits removed.
 inline mode_t ReadOnlyMode(mode_t mode) { return mode & 0555; }
+
+// One way to reach an entry in the source tree.
+struct AccessPath {
+  // Directories the user must be able to search (x), from SRC down to the
+  // entry's parent, followed, for an entry reached through a symlink, by
+  // those from SRC down to the target's parent. Shared between the entries of
+  // one directory.
+  std::shared_ptr<const std::vector<Ownership>> dirs;
+  Ownership self;  // the entry itself (for a link: its target)
+
+  bool operator==(const AccessPath& other) const;
+};
+
+// A chain of directories extended by one more.
+std::shared_ptr<const std::vector<Ownership>> ExtendChain(const std::shared_ptr<const std::vector<Ownership>>& chain,
+                                                          const Ownership& next);
+// Two chains, one after the other (a link's own path, then its target's).
+std::shared_ptr<const std::vector<Ownership>> JoinChains(const std::shared_ptr<const std::vector<Ownership>>& a,
+                                                         const std::shared_ptr<const std::vector<Ownership>>& b);
+
+// Who is asking: uid, primary gid and, loaded only when a decision needs
+// them (reading them costs a /proc lookup per request), the supplementary
+// groups.
+class Caller {
+ public:
+  using GroupLoader = std::function<std::vector<gid_t>()>;
+  Caller(uid_t uid, gid_t gid, GroupLoader load_groups = nullptr)
+      : uid_(uid), gid_(gid), load_groups_(std::move(load_groups)) {}
+
+  uid_t uid() const { return uid_; }
+  bool InGroup(gid_t gid);
+
+ private:
+  uid_t uid_;
+  gid_t gid_;
+  GroupLoader load_groups_;
+  std::optional<std::vector<gid_t>> groups_;
+};
+
+// What a request wants of an entry, as in access(2).
+enum AccessWant : int { kWantSearch = 1, kWantRead = 4 };
+
+// POSIX permission check of `want` against one inode. Root (uid 0) may read
+// and search everything, as CAP_DAC_READ_SEARCH allows.
+bool Permits(const Ownership& o, Caller& caller, int want);
+// The caller can search every directory of `path`.
+bool MayReach(const AccessPath& path, Caller& caller);
+// Some copy lets the caller reach the entry and do `want` on it (`want` 0:
+// reach it only). An empty list means the entry is open to everyone.
+bool MayAccess(const std::vector<AccessPath>& copies, Caller& caller, int want);
+// True when every user, whatever their uid and groups, passes MayAccess with
+// `want` (so the kernel may cache the answer for as long as it likes).
+bool OpenToEveryone(const std::vector<AccessPath>& copies, int want);
 
 }  // namespace ckptfs

@@ -17,6 +17,10 @@ namespace ckptfs {
 
 class SourceReader {
  public:
+  // `root`: the canonical source root every path read lies in (see
+  // OpenSourceFile); empty in tests that read loose files.
+  explicit SourceReader(std::string root = "") : root_(std::move(root)) {}
+
   // kChanged: the file's stamp moved (rescan it); kCorrupt: the chunk does
   // not match the index although the stamp does; kError: an I/O error.
   Status ReadChunk(const std::string& path, const FileStamp& stamp, const std::vector<ChunkHash>& chunks,
@@ -26,6 +30,7 @@ class SourceReader {
   uint64_t chunks_read() const { return chunks_read_.load(); }
 
  private:
+  const std::string root_;
   std::atomic<uint64_t> bytes_read_{0};
   std::atomic<uint64_t> chunks_read_{0};
 };

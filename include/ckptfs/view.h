@@ -50,14 +50,15 @@ struct ExposedCheckpoint {
     Sha256Digest sha256{};
     std::shared_ptr<const std::vector<ChunkHash>> chunks;  // XXH3-128 per 4 MiB chunk
     Ownership owner;
+    AccessPath access;  // how this copy is reached in the source
   };
   std::string rel_path;  // relative to the source root ("" = the root)
   std::string abs_path;
   std::string name;      // sha256-<hex>
   uint64_t total_size = 0;
   int64_t indexed_at = 0;  // seconds since the epoch
-  Ownership dir_owner;
-  std::map<std::string, Ownership> subdirs;
+  AccessPath dir_access;
+  std::map<std::string, AccessPath> subdirs;
   std::vector<File> files;  // ascending rel_path
 };
 
@@ -68,7 +69,10 @@ class View {
   struct Node {
     InodeId ino = 0;
     Kind kind = Kind::kDir;
-    Ownership owner;  // write bits already removed
+    Ownership owner;  // shown by stat: the first source copy's, write bits removed
+    // Who may reach and use the node: one path per source copy; empty means
+    // everyone (the root and what the daemon makes up itself).
+    std::vector<AccessPath> access;
     uint64_t size = 0;
     struct timespec mtime {};
     // Inside a digest directory: content can never change, so the kernel may
@@ -88,12 +92,20 @@ class View {
 
   View(std::string source_root, Ownership root_owner);
 
+  // What a publish changed, for the kernel's caches: directory entries that
+  // appeared, vanished or now lead elsewhere, as (parent, name), and nodes
+  // whose owner, mode or access changed (a chmod in SRC must not stay
+  // granted by attributes the kernel cached).
+  struct Changes {
+    std::vector<std::pair<InodeId, std::string>> entries;
+    std::vector<InodeId> inodes;
+    bool empty() const { return entries.empty() && inodes.empty(); }
+  };
+
   // Replaces what is exposed. `source_dirs` maps paths relative to the
-  // source root to their ownership (for by-name directories). Returns the
-  // directory entries that appeared, vanished or changed, as (parent, name),
-  // so the caller can tell the kernel.
-  std::vector<std::pair<InodeId, std::string>> Publish(const std::vector<ExposedCheckpoint>& checkpoints,
-                                                          const std::map<std::string, Ownership>& source_dirs);
+  // source root to how they are reached (for by-name directories).
+  Changes Publish(const std::vector<ExposedCheckpoint>& checkpoints,
+                  const std::map<std::string, AccessPath>& source_dirs);
 
   NodePtr Get(InodeId ino) const;
   NodePtr Lookup(InodeId parent, const std::string& name) const;

@@ -7,6 +7,7 @@
 // keeps only the thread that called it.
 #include "ckptfs/fuse_ops.h"
 
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 
 #include <fcntl.h>
@@ -60,6 +61,18 @@ void SetupLogging(const MountOptions& o, bool to_syslog) {
   spdlog::set_default_logger(logger);
 }
 
+// libfuse splits -o on commas and unescapes a backslash before any
+// character, so a source path with a comma would otherwise inject options
+// (SRC=/srv/a,allow_other turning allow_other on).
+std::string EscapeFuseOption(const std::string& value) {
+  std::string out;
+  for (char c : value) {
+    if (c == ',' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
 std::string RealPath(const std::string& path) {
   char buf[PATH_MAX];
   return ::realpath(path.c_str(), buf) ? std::string(buf) : path;
@@ -69,7 +82,9 @@ std::string RealPath(const std::string& path) {
 // /proc/self/mountinfo so that nothing here has to stat the mount itself.
 // The kernel sets the BDI's read-ahead from the INIT reply, so this runs
 // after INIT; it retries until the value sticks.
-void SetBdiReadahead(const std::string& mountpoint, uint64_t bytes) {
+// The "major:minor" of the filesystem mounted last at `mountpoint`, from
+// /proc/self/mountinfo (so that nothing here stats into the mount).
+std::string MountDevice(const std::string& mountpoint) {
   std::ifstream info("/proc/self/mountinfo");
   std::string line, devno;
   while (std::getline(info, line)) {
@@ -78,6 +93,11 @@ void SetBdiReadahead(const std::string& mountpoint, uint64_t bytes) {
     ss >> id >> parent >> dev >> root >> point;
     if (point == mountpoint) devno = dev;  // the last one is ours
   }
+  return devno;
+}
+
+void SetBdiReadahead(const std::string& mountpoint, uint64_t bytes) {
+  const std::string devno = MountDevice(mountpoint);
   if (devno.empty()) return;
   const std::string path = "/sys/class/bdi/" + devno + "/read_ahead_kb";
   const std::string want = std::to_string(bytes / 1024);
@@ -158,6 +178,25 @@ void LowerOomScore() {
   if (!ok) {
     spdlog::info("cannot lower oom_score_adj to {}: {} (it needs CAP_SYS_RESOURCE)", kOomScoreAdj, std::strerror(err));
   }
+}
+
+// Test seam (tests/security): CKPTFS_TEST_PAUSE_BEFORE_HASH=NAME:DIR makes the
+// indexer, before it opens a file named NAME, create DIR/paused and wait (60 s
+// at most) for DIR/resume, so a test can change the tree between the walk and
+// the open at a known moment. Unset in production: then this does nothing.
+std::function<void(const std::string&)> PauseBeforeHashHook() {
+  const char* spec = std::getenv("CKPTFS_TEST_PAUSE_BEFORE_HASH");
+  if (spec == nullptr || std::strchr(spec, ':') == nullptr) return nullptr;
+  const std::string s(spec);
+  const std::string name = s.substr(0, s.find(':')), dir = s.substr(s.find(':') + 1);
+  return [name, dir](const std::string& path) {
+    if (path.substr(path.rfind('/') + 1) != name) return;
+    std::FILE* f = std::fopen((dir + "/paused").c_str(), "w");
+    if (f != nullptr) std::fclose(f);
+    for (int i = 0; i < 6000 && ::access((dir + "/resume").c_str(), F_OK) != 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  };
 }
 
 uint64_t PhysicalMemory() {
@@ -288,7 +327,10 @@ int main(int argc, char** argv) {
   ctx.view = &view;
   ctx.readahead = o.readahead;
 
-  std::string fuse_opts = "ro,default_permissions,subtype=ckptfs,fsname=" + o.fsname;
+  // No default_permissions: the kernel would judge each inode by one owner
+  // and one mode, which cannot express "any source copy grants it" (DESIGN.md
+  // section 2); the FUSE operations check every request's caller instead.
+  std::string fuse_opts = "ro,subtype=ckptfs,fsname=" + EscapeFuseOption(o.fsname);
   if (o.allow_other) fuse_opts += ",allow_other";
   for (const auto& f : o.fuse_options) fuse_opts += "," + f;
   std::vector<std::string> fuse_argv_s = {argv[0], "-o", fuse_opts};
@@ -346,7 +388,7 @@ int main(int argc, char** argv) {
                     .gpu_capacity = gpu_bytes,
                     .device = device.get(),
                     .cuda_host_memory = cuda_device >= 0 && device != nullptr});
-  SourceReader reader;
+  SourceReader reader(real_source);
   ThreadPool readahead_pool(EffectiveThreads(o.threads));
   ctx.cache = &cache;
   ctx.reader = &reader;
@@ -367,14 +409,20 @@ int main(int argc, char** argv) {
   CatalogWatcher::Options wo;
   wo.source = real_source;
   wo.catalog.symlinks = o.symlinks;
-  wo.catalog.excluded_paths = {real_mountpoint};  // never walk into our own mount: that would deadlock
+  wo.catalog.excluded_paths = {real_mountpoint};  // never walk into our own mount, however reached
+  if (unsigned major = 0, minor = 0; std::sscanf(MountDevice(real_mountpoint).c_str(), "%u:%u", &major, &minor) == 2) {
+    wo.catalog.excluded_devices.push_back(makedev(major, minor));
+  }
   wo.rescan_s = o.rescan_s;
   wo.settle_s = o.settle_s;
   wo.threads = o.threads;
-  CatalogWatcher watcher(wo, index->get(), &view, [se](const auto& changes) {
-    for (const auto& [parent, name] : changes) {
+  wo.before_hash = PauseBeforeHashHook();
+  CatalogWatcher watcher(wo, index->get(), &view, [se](const View::Changes& changes) {
+    for (const auto& [parent, name] : changes.entries) {
       fuse_lowlevel_notify_inval_entry(se, parent, name.c_str(), name.size());
     }
+    // Attributes cached for a day must not keep granting what SRC revoked.
+    for (InodeId ino : changes.inodes) fuse_lowlevel_notify_inval_inode(se, ino, -1, 0);
   });
   ctx.on_source_changed = [&watcher] { watcher.RequestRescan(); };
   ctx.on_corrupt_chunk = [&](const View::Node& file, const Status& why) {

@@ -16,6 +16,7 @@
 
 #include "ckptfs/unique_fd.h"
 #include "ckptfs/header_stamper.h"
+#include "request_caller.h"
 
 namespace ckptfs::daemon {
 
@@ -49,8 +50,24 @@ struct stat ToStat(const View::Node& n) {
   return st;
 }
 
+int UseWant(const View::Node& n) { return n.kind == View::Kind::kDir ? kWantRead | kWantSearch : kWantRead; }
+
+// How long the kernel may keep an entry and its attributes. A node that not
+// every user may use gets none: the kernel's caches are shared by all users,
+// so each path walk must come back here to be checked against its caller.
 double Timeout(const FsContext& ctx, const View::Node& n) {
+  if (!OpenToEveryone(n.access, UseWant(n))) return 0;
   return n.immutable ? ctx.immutable_timeout_s : ctx.mutable_timeout_s;
+}
+
+// The access rule for this request's caller; replies EACCES and returns
+// false when it refuses. `want` 0 asks only whether the node is reachable.
+bool Allowed(fuse_req_t req, const View::Node& n, int want) {
+  if (n.access.empty()) return true;
+  Caller caller = CallerOf(req);
+  if (MayAccess(n.access, caller, want)) return true;
+  fuse_reply_err(req, EACCES);
+  return false;
 }
 
 // The node's attributes as served: a stamped safetensors file is longer than
@@ -99,6 +116,7 @@ void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     fuse_reply_entry(req, &e);
     return;
   }
+  if (!Allowed(req, *n, 0)) return;
   ReplyEntry(req, n);
 }
 
@@ -108,6 +126,7 @@ void GetAttr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
     fuse_reply_err(req, ENOENT);
     return;
   }
+  if (!Allowed(req, *n, 0)) return;
   auto attr = AttrOf(Ctx(req), n);
   if (!attr.ok()) {
     fuse_reply_err(req, EIO);
@@ -122,6 +141,7 @@ void ReadLink(fuse_req_t req, fuse_ino_t ino) {
     fuse_reply_err(req, n ? EINVAL : ENOENT);
     return;
   }
+  if (!Allowed(req, *n, 0)) return;
   fuse_reply_readlink(req, n->link_target.c_str());
 }
 
@@ -142,14 +162,20 @@ void OpenDir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     fuse_reply_err(req, ENOTDIR);
     return;
   }
+  if (!Allowed(req, *n, kWantRead)) return;
   auto h = std::make_unique<DirHandle>();
   h->entries.emplace_back(".", n);
   h->entries.emplace_back("..", nullptr);
+  // The root lists every digest; show each caller only those it may reach.
+  // Other directories list like their source (reading one is enough).
+  const bool filter = ino == kRootInode;
+  Caller caller = CallerOf(req);
   for (const auto& [name, child] : n->children) {
-    if (auto c = ctx.view->Get(child)) h->entries.emplace_back(name, c);
+    auto c = ctx.view->Get(child);
+    if (c && (!filter || MayAccess(c->access, caller, 0))) h->entries.emplace_back(name, c);
   }
   fi->fh = reinterpret_cast<uint64_t>(h.release());
-  fi->cache_readdir = n->immutable;
+  fi->cache_readdir = n->immutable && OpenToEveryone(n->access, kWantRead | kWantSearch);
   fi->keep_cache = n->immutable;
   fuse_reply_open(req, fi);
 }
@@ -197,6 +223,7 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     fuse_reply_err(req, EROFS);
     return;
   }
+  if (!Allowed(req, *n, kWantRead)) return;
   auto f = std::make_unique<OpenFile>();
   f->node = n;
   fi->fh = reinterpret_cast<uint64_t>(f.release());
@@ -300,6 +327,7 @@ void GetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
     fuse_reply_err(req, ENOENT);
     return;
   }
+  if (!Allowed(req, *n, kWantRead)) return;
   for (const auto& [key, value] : n->xattrs) {
     if (key != name) continue;
     if (size == 0) fuse_reply_xattr(req, value.size());
@@ -316,11 +344,35 @@ void ListXattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
     fuse_reply_err(req, ENOENT);
     return;
   }
+  if (!Allowed(req, *n, kWantRead)) return;
   std::string names;
   for (const auto& [key, value] : n->xattrs) names += key + '\0';
   if (size == 0) fuse_reply_xattr(req, names.size());
   else if (size < names.size()) fuse_reply_err(req, ERANGE);
   else fuse_reply_buf(req, names.data(), names.size());
+}
+
+// access(2), chdir(2) and friends: without default_permissions the kernel
+// asks us.
+void Access(fuse_req_t req, fuse_ino_t ino, int mask) {
+  auto n = Ctx(req).view->Get(ino);
+  if (!n) {
+    fuse_reply_err(req, ENOENT);
+    return;
+  }
+  if (mask & W_OK) {
+    fuse_reply_err(req, EROFS);
+    return;
+  }
+  int want = 0;
+  if (mask & R_OK) want |= kWantRead;
+  if (mask & X_OK) want |= kWantSearch;
+  if (n->kind == View::Kind::kFile && (mask & X_OK) && !(n->owner.mode & 0111)) {
+    fuse_reply_err(req, EACCES);
+    return;
+  }
+  if (!Allowed(req, *n, want)) return;
+  fuse_reply_err(req, 0);
 }
 
 void StatFs(fuse_req_t req, fuse_ino_t) {
@@ -386,6 +438,7 @@ fuse_lowlevel_ops MakeOperations() {
   ops.getxattr = GetXattr;
   ops.listxattr = ListXattr;
   ops.statfs = StatFs;
+  ops.access = Access;
   ops.setattr = RoSetAttr;
   ops.mknod = RoMknod;
   ops.mkdir = RoMkdir;

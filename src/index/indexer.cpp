@@ -21,6 +21,7 @@ using InodeKey = std::pair<uint64_t, uint64_t>;
 struct FileJob {
   std::string open_path;
   FileStamp stamp;
+  Ownership owner;  // as the walk saw it
   std::optional<FileHashes> hashes;
   bool from_index = false;
   std::optional<std::string> error;
@@ -39,7 +40,7 @@ IndexReport Indexer::Run(const CatalogScan& scan) {
     if (!cp.valid()) continue;
     for (const auto& m : cp.members) {
       auto key = InodeKey{m.stamp.dev, m.stamp.ino};
-      if (!jobs.count(key)) jobs[key] = FileJob{m.open_path, m.stamp, std::nullopt, false, std::nullopt, false, false};
+      if (!jobs.count(key)) jobs[key] = FileJob{m.open_path, m.stamp, m.owner, std::nullopt, false, std::nullopt, false, false};
     }
   }
 
@@ -70,6 +71,7 @@ IndexReport Indexer::Run(const CatalogScan& scan) {
   const unsigned threads = EffectiveThreads(options_.threads);
   ThreadPool chunk_pool(threads);
   FileHasher hasher(&chunk_pool);
+  hasher.set_source_root(scan.real_root);
   if (options_.on_bytes) hasher.set_progress(options_.on_bytes);
   if (options_.chunk_read_hook) hasher.set_chunk_read_hook(options_.chunk_read_hook);
 
@@ -80,8 +82,11 @@ IndexReport Indexer::Run(const CatalogScan& scan) {
   auto worker = [&] {
     for (size_t i = next++; i < to_hash.size(); i = next++) {
       FileJob& job = *to_hash[i];
+      if (options_.before_hash) options_.before_hash(job.open_path);
       for (int attempt = 1;; ++attempt) {
-        auto result = hasher.Hash(job.open_path, job.stamp);
+        struct stat seen {};
+        seen.st_ino = 0;
+        auto result = hasher.Hash(job.open_path, job.stamp, &seen);
         if (result.ok()) {
           job.hashes = std::move(*result);
           ++files_hashed;
@@ -98,13 +103,19 @@ IndexReport Indexer::Run(const CatalogScan& scan) {
           job.error = result.status().message();
           break;
         }
-        // Changed under us: take the new stamp and try again.
-        struct stat st;
-        if (::stat(job.open_path.c_str(), &st) != 0) {
-          job.error = job.open_path + ": vanished while being hashed";
+        // Changed under us. Try again only if the path still leads to the
+        // same file, as it was listed (owner and mode included): anything
+        // else (a link or another file swapped in, a chmod) sends the whole
+        // checkpoint back to the catalog, whose walk alone decides what a
+        // path is and who may read it.
+        const FileStamp now = FileStamp::FromStat(seen);
+        if (seen.st_ino == 0 || now.dev != job.stamp.dev || now.ino != job.stamp.ino ||
+            !(Ownership::FromStat(seen) == job.owner)) {
+          job.error = result.status().message() + "; will be walked again";
+          job.unsettled = true;
           break;
         }
-        job.stamp = FileStamp::FromStat(st);
+        job.stamp = now;
         if (attempt >= options_.attempts) {
           job.error = result.status().message() + " (gave up after " + std::to_string(attempt) + " attempts)";
           job.unsettled = true;

@@ -17,24 +17,40 @@ namespace ckptfs {
 
 namespace {
 
+using Chain = std::shared_ptr<const std::vector<Ownership>>;
+
+// A problem met on the walk: the full text for the log and root, and the
+// text shown to everyone else (see CheckpointSource::invalid_reason_shown).
+struct Problem {
+  std::string full;
+  std::string shown;
+};
+
 // One directory of the walked tree, before it is cut into checkpoints.
 struct DirNode {
-  std::string rel;  // relative to the root ("" for the root)
-  Ownership owner;
+  std::string rel;    // relative to the root ("" for the root)
+  AccessPath access;  // how the directory itself is reached
+  Chain inside;       // what must be searched to reach its entries (access.dirs + itself)
   bool has_weight_file = false;
   struct File {
     std::string rel;  // relative to the root
     std::string open_path;
     FileStamp stamp;
     Ownership owner;
+    AccessPath access;
   };
   std::vector<File> files;
   std::vector<std::unique_ptr<DirNode>> subdirs;
-  std::vector<std::string> problems;  // each names the path and the cause
+  std::vector<Problem> problems;  // each names the path and the cause
 };
 
 std::string JoinRel(const std::string& dir, const std::string& name) {
   return dir.empty() ? name : dir + "/" + name;
+}
+
+std::string ParentOf(const std::string& abs) {
+  const size_t slash = abs.rfind('/');
+  return slash == 0 || slash == std::string::npos ? std::string("/") : abs.substr(0, slash);
 }
 
 std::string Quote(const std::string& path) {
@@ -49,6 +65,8 @@ std::string Quote(const std::string& path) {
   return out + "'";
 }
 
+Problem Plain(std::string text) { return {text, text}; }
+
 std::optional<std::string> RealPath(const std::string& path, int* err) {
   char* resolved = ::realpath(path.c_str(), nullptr);
   if (resolved == nullptr) {
@@ -60,23 +78,34 @@ std::optional<std::string> RealPath(const std::string& path, int* err) {
   return out;
 }
 
-std::string ReadLinkText(const std::string& path) {
+std::optional<std::string> ReadLinkText(const std::string& path) {
   char buf[PATH_MAX];
   ssize_t n = ::readlink(path.c_str(), buf, sizeof buf);
-  return n < 0 ? std::string("?") : std::string(buf, static_cast<size_t>(n));
+  if (n < 0) return std::nullopt;
+  return std::string(buf, static_cast<size_t>(n));
 }
+
+// Where a symbolic link leads, resolved one component at a time as the
+// kernel would, but refusing, before it is touched, any path inside the
+// excluded ones (our own mount: realpath(3) would stat into it).
+struct Resolved {
+  std::string path;  // canonical
+  struct stat st {};
+  int err = 0;              // set on failure
+  bool into_excluded = false;
+};
 
 class TreeWalker {
  public:
-  TreeWalker(std::string real_root, const CatalogOptions& options)
-      : real_root_(std::move(real_root)), options_(options) {}
+  TreeWalker(std::string real_root, Ownership root_owner, const CatalogOptions& options)
+      : real_root_(std::move(real_root)), options_(options) {
+    chains_[real_root_] = ExtendChain(nullptr, root_owner);
+  }
 
-  // `abs` is a canonical path; `ancestors` holds the directories on the way
-  // down (as dev/ino), so a link back up is caught as a loop.
   void Walk(const std::string& abs, DirNode& node, std::set<std::pair<dev_t, ino_t>>& ancestors) {
     std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(abs.c_str()), ::closedir);
     if (!dir) {
-      node.problems.push_back("cannot read directory " + Quote(abs) + ": " + std::strerror(errno));
+      node.problems.push_back(Plain("cannot read directory " + Quote(abs) + ": " + std::strerror(errno)));
       return;
     }
     std::vector<std::string> names;
@@ -86,58 +115,72 @@ class TreeWalker {
       names.emplace_back(e->d_name);
     }
     if (errno != 0) {
-      node.problems.push_back("cannot list directory " + Quote(abs) + ": " + std::strerror(errno));
+      node.problems.push_back(Plain("cannot list directory " + Quote(abs) + ": " + std::strerror(errno)));
     }
     std::sort(names.begin(), names.end());
-
-    for (const std::string& name : names) {
-      const std::string child = abs + "/" + name;
-      const std::string rel = JoinRel(node.rel, name);
-      if (IsExcluded(child)) continue;
-      struct stat st;
-      if (::lstat(child.c_str(), &st) != 0) {
-        node.problems.push_back("cannot stat " + Quote(child) + ": " + std::strerror(errno));
-        continue;
-      }
-      std::string target = child;
-      if (S_ISLNK(st.st_mode)) {
-        if (IsWeightFileName(name)) node.has_weight_file = true;  // a bad weight link still marks it
-        auto resolved = ResolveLink(child, &node);
-        if (!resolved) continue;
-        target = *resolved;
-        if (IsExcluded(target)) continue;
-        if (::stat(target.c_str(), &st) != 0) {
-          node.problems.push_back("cannot stat " + Quote(target) + " (target of " + Quote(child) +
-                                  "): " + std::strerror(errno));
-          continue;
-        }
-      }
-      if (S_ISDIR(st.st_mode)) {
-        auto key = std::make_pair(st.st_dev, st.st_ino);
-        if (ancestors.count(key) != 0) {
-          node.problems.push_back("symlink loop: " + Quote(child) + " leads back to its own ancestor " +
-                                  Quote(target));
-          continue;
-        }
-        auto sub = std::make_unique<DirNode>();
-        sub->rel = rel;
-        sub->owner = Ownership::FromStat(st);
-        ancestors.insert(key);
-        Walk(target, *sub, ancestors);
-        ancestors.erase(key);
-        node.subdirs.push_back(std::move(sub));
-      } else if (S_ISREG(st.st_mode)) {
-        if (IsWeightFileName(name)) node.has_weight_file = true;
-        node.files.push_back({rel, target, FileStamp::FromStat(st), Ownership::FromStat(st)});
-      }
-      // Sockets, fifos and devices are not members.
-    }
+    for (const std::string& name : names) VisitEntry(abs, name, node, ancestors);
   }
 
  private:
+  void VisitEntry(const std::string& abs, const std::string& name, DirNode& node,
+                  std::set<std::pair<dev_t, ino_t>>& ancestors) {
+    const std::string child = abs + "/" + name;
+    const std::string rel = JoinRel(node.rel, name);
+    if (IsExcluded(child)) return;
+    struct stat st;
+    if (::lstat(child.c_str(), &st) != 0) {
+      node.problems.push_back(Plain("cannot stat " + Quote(child) + ": " + std::strerror(errno)));
+      return;
+    }
+    if (IsExcludedDevice(st.st_dev)) return;
+    std::string target = child;
+    // What must be searched to reach the entry: this directory's chain, and
+    // for a link also the chain down to its target's parent.
+    Chain reach = node.inside;
+    if (S_ISLNK(st.st_mode)) {
+      if (IsWeightFileName(name)) node.has_weight_file = true;  // a bad weight link still marks it
+      auto resolved = FollowLink(child, &node);
+      if (!resolved) return;
+      target = resolved->path;
+      st = resolved->st;
+      reach = JoinChains(node.inside, ChainInto(ParentOf(target)));
+    }
+    if (S_ISDIR(st.st_mode)) {
+      auto key = std::make_pair(st.st_dev, st.st_ino);
+      if (ancestors.count(key) != 0) {
+        node.problems.push_back(Plain("symlink loop: " + Quote(child) + " leads back to its own ancestor " +
+                                      Quote(target)));
+        return;
+      }
+      auto sub = std::make_unique<DirNode>();
+      sub->rel = rel;
+      sub->access = {reach, Ownership::FromStat(st)};
+      sub->inside = ExtendChain(reach, sub->access.self);
+      ancestors.insert(key);
+      Walk(target, *sub, ancestors);
+      ancestors.erase(key);
+      node.subdirs.push_back(std::move(sub));
+    } else if (S_ISREG(st.st_mode)) {
+      if (IsWeightFileName(name)) node.has_weight_file = true;
+      const Ownership owner = Ownership::FromStat(st);
+      node.files.push_back({rel, target, FileStamp::FromStat(st), owner, {reach, owner}});
+    }
+    // Sockets, fifos and devices are not members.
+  }
+
   bool IsExcluded(const std::string& path) const {
-    return std::find(options_.excluded_paths.begin(), options_.excluded_paths.end(), path) !=
-           options_.excluded_paths.end();
+    for (const std::string& ex : options_.excluded_paths) {
+      if (path == ex || (path.size() > ex.size() && path.compare(0, ex.size(), ex) == 0 &&
+                         (ex == "/" || path[ex.size()] == '/'))) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  bool IsExcludedDevice(dev_t dev) const {
+    return std::find(options_.excluded_devices.begin(), options_.excluded_devices.end(), dev) !=
+           options_.excluded_devices.end();
   }
 
   bool Contained(const std::string& path) const {
@@ -147,87 +190,185 @@ class TreeWalker {
             path[real_root_.size()] == '/');
   }
 
-  std::optional<std::string> ResolveLink(const std::string& link, DirNode* node) const {
-    int err = 0;
-    auto resolved = RealPath(link, &err);
-    if (!resolved) {
-      const std::string text = ReadLinkText(link);
-      if (err == ENOENT || err == ENOTDIR) {
-        node->problems.push_back("dangling symlink " + Quote(link) + " -> " + Quote(text));
-      } else if (err == ELOOP) {
-        node->problems.push_back("symlink loop at " + Quote(link) + " -> " + Quote(text));
-      } else {
-        node->problems.push_back("cannot resolve symlink " + Quote(link) + " -> " + Quote(text) + ": " +
-                                 std::strerror(err));
+  // The directories to search to reach the entries of canonical directory
+  // `dir`: from the root down when `dir` is inside it, else from "/".
+  Chain ChainInto(const std::string& dir) {
+    if (auto it = chains_.find(dir); it != chains_.end()) return it->second;
+    const Chain above = dir == "/" ? nullptr : ChainInto(ParentOf(dir));
+    struct stat st;
+    Ownership o{0, 0, 0};  // unreadable: nobody but root passes
+    if (::stat(dir.c_str(), &st) == 0) o = Ownership::FromStat(st);
+    Chain out = ExtendChain(above, o);
+    chains_[dir] = out;
+    return out;
+  }
+
+  Resolved Resolve(const std::string& link) const {
+    Resolved r;
+    std::vector<std::string> todo;  // components still to walk, last first
+    auto push = [&todo](const std::string& text) {
+      std::vector<std::string> parts;
+      size_t pos = 0;
+      while (pos <= text.size()) {
+        size_t slash = text.find('/', pos);
+        if (slash == std::string::npos) slash = text.size();
+        if (slash > pos) parts.push_back(text.substr(pos, slash - pos));
+        pos = slash + 1;
       }
+      todo.insert(todo.end(), parts.rbegin(), parts.rend());
+    };
+    std::string cur = ParentOf(link);
+    todo.push_back(link.substr(link.rfind('/') + 1));
+    int links = 0;
+    while (!todo.empty()) {
+      const std::string comp = todo.back();
+      todo.pop_back();
+      if (comp == ".") continue;
+      if (comp == "..") {
+        cur = ParentOf(cur);
+        continue;
+      }
+      const std::string next = cur == "/" ? "/" + comp : cur + "/" + comp;
+      if (IsExcluded(next)) {
+        r.into_excluded = true;
+        return r;
+      }
+      if (::lstat(next.c_str(), &r.st) != 0) {
+        r.err = errno;
+        return r;
+      }
+      if (IsExcludedDevice(r.st.st_dev)) {
+        r.into_excluded = true;
+        return r;
+      }
+      if (S_ISLNK(r.st.st_mode)) {
+        auto text = ReadLinkText(next);
+        if (!text) {
+          r.err = errno;
+          return r;
+        }
+        if (++links > 40) {
+          r.err = ELOOP;
+          return r;
+        }
+        if (!text->empty() && (*text)[0] == '/') cur = "/";
+        push(*text);
+        continue;
+      }
+      if (!todo.empty() && !S_ISDIR(r.st.st_mode)) {
+        r.err = ENOTDIR;
+        return r;
+      }
+      cur = next;
+    }
+    // The last step may have been "..": describe where we ended, not the
+    // link we followed to get there.
+    if (IsExcluded(cur)) {
+      r.into_excluded = true;
+      return r;
+    }
+    if (::lstat(cur.c_str(), &r.st) != 0) r.err = errno;
+    r.path = cur;
+    return r;
+  }
+
+  std::optional<Resolved> FollowLink(const std::string& link, DirNode* node) const {
+    Resolved r = Resolve(link);
+    const std::string text = ReadLinkText(link).value_or("?");
+    // Unprivileged callers learn only that the link cannot be used: whether
+    // its target is missing or elsewhere is for those who can see it.
+    const std::string shown = "symlink " + Quote(link) + " cannot be followed";
+    if (r.into_excluded) {
+      node->problems.push_back(
+          {"symlink " + Quote(link) + " -> " + Quote(text) + " leads into the ckptfs mount itself", shown});
       return std::nullopt;
     }
-    if (options_.symlinks == SymlinkPolicy::kContained && !Contained(*resolved)) {
-      node->problems.push_back("symlink " + Quote(link) + " resolves outside the source root to " +
-                               Quote(*resolved) + " (mount with symlinks=follow to allow it)");
+    if (r.err == ENOENT || r.err == ENOTDIR) {
+      node->problems.push_back({"dangling symlink " + Quote(link) + " -> " + Quote(text), shown});
       return std::nullopt;
     }
-    return resolved;
+    if (r.err == ELOOP) {
+      node->problems.push_back({"symlink loop at " + Quote(link) + " -> " + Quote(text), shown});
+      return std::nullopt;
+    }
+    if (r.err != 0) {
+      node->problems.push_back({"cannot resolve symlink " + Quote(link) + " -> " + Quote(text) + ": " +
+                                    std::strerror(r.err),
+                                shown});
+      return std::nullopt;
+    }
+    if (options_.symlinks == SymlinkPolicy::kContained && !Contained(r.path)) {
+      node->problems.push_back({"symlink " + Quote(link) + " resolves outside the source root to " + Quote(r.path) +
+                                    " (mount with symlinks=follow to allow it)",
+                                shown});
+      return std::nullopt;
+    }
+    return r;
   }
 
   std::string real_root_;
   const CatalogOptions& options_;
+  std::map<std::string, Chain> chains_;  // canonical directory -> ChainInto(it)
 };
 
 // Adds the files of `node`'s subtree to `cp`, stopping at nested checkpoints,
 // and gathers the problems met on the way.
-void CollectMembers(const DirNode& node, size_t prefix_len, CheckpointSource& cp,
-                    std::vector<std::string>& problems) {
+void CollectMembers(const DirNode& node, size_t prefix_len, CheckpointSource& cp, std::vector<Problem>& problems) {
   problems.insert(problems.end(), node.problems.begin(), node.problems.end());
   for (const auto& f : node.files) {
-    cp.members.push_back({f.rel.substr(prefix_len), f.open_path, f.stamp, f.owner});
+    cp.members.push_back({f.rel.substr(prefix_len), f.open_path, f.stamp, f.owner, f.access});
   }
   for (const auto& sub : node.subdirs) {
     if (sub->has_weight_file) continue;
-    cp.subdirs[sub->rel.substr(prefix_len)] = sub->owner;
+    cp.subdirs[sub->rel.substr(prefix_len)] = sub->access;
     CollectMembers(*sub, prefix_len, cp, problems);
   }
 }
 
-// `reach` is what the directories above `node` let through.
-void CutIntoCheckpoints(const DirNode& node, const std::string& root, CatalogScan& scan, bool inside_checkpoint,
-                        const std::optional<Ownership>& reach) {
-  scan.dirs[node.rel] = node.owner;
+// Problems that make a checkpoint invalid because of its members' names.
+void CheckNames(const CheckpointSource& cp, std::vector<Problem>& problems) {
+  for (const auto& m : cp.members) {
+    // sha256sum escapes these names, so the coreutils recomputation of the
+    // digest would disagree with ours: refuse them (DESIGN.md section 1).
+    if (m.rel_path.find('\n') != std::string::npos) {
+      problems.push_back(Plain("member name contains a newline: " + Quote(cp.abs_path + "/" + m.rel_path)));
+    } else if (m.rel_path.find('\\') != std::string::npos) {
+      problems.push_back(Plain("member name contains a backslash: " + Quote(cp.abs_path + "/" + m.rel_path)));
+    }
+  }
+  if (cp.rel_path.find('\n') != std::string::npos) {
+    problems.push_back(Plain("checkpoint path contains a newline: " + Quote(cp.abs_path)));
+  }
+}
+
+void CutIntoCheckpoints(const DirNode& node, const std::string& root, CatalogScan& scan, bool inside_checkpoint) {
+  scan.dirs[node.rel] = node.access;
   if (node.has_weight_file) {
     CheckpointSource cp;
-    cp.dir_owner = reach ? Intersect(node.owner, *reach) : node.owner;
+    cp.dir_access = node.access;
     cp.rel_path = node.rel;
     cp.abs_path = node.rel.empty() ? root : root + "/" + node.rel;
     const size_t prefix_len = node.rel.empty() ? 0 : node.rel.size() + 1;
-    std::vector<std::string> problems;
+    std::vector<Problem> problems;
     CollectMembers(node, prefix_len, cp, problems);
     std::sort(cp.members.begin(), cp.members.end(),
               [](const MemberFile& a, const MemberFile& b) { return a.rel_path < b.rel_path; });
-    for (const auto& m : cp.members) {
-      // sha256sum escapes these names, so the coreutils recomputation of the
-      // digest would disagree with ours: refuse them (DESIGN.md section 1).
-      if (m.rel_path.find('\n') != std::string::npos) {
-        problems.push_back("member name contains a newline: " + Quote(cp.abs_path + "/" + m.rel_path));
-      } else if (m.rel_path.find('\\') != std::string::npos) {
-        problems.push_back("member name contains a backslash: " + Quote(cp.abs_path + "/" + m.rel_path));
-      }
-    }
-    if (cp.rel_path.find('\n') != std::string::npos) {
-      problems.push_back("checkpoint path contains a newline: " + Quote(cp.abs_path));
-    }
+    CheckNames(cp, problems);
     if (!problems.empty()) {
-      std::string reason;
-      for (const auto& p : problems) reason += (reason.empty() ? "" : "; ") + p;
-      cp.invalid_reason = std::move(reason);
+      std::string full, shown;
+      for (const auto& p : problems) {
+        full += (full.empty() ? "" : "; ") + p.full;
+        shown += (shown.empty() ? "" : "; ") + p.shown;
+      }
+      cp.invalid_reason = std::move(full);
+      cp.invalid_reason_shown = std::move(shown);
     }
     scan.checkpoints.push_back(std::move(cp));
     inside_checkpoint = true;
   } else if (!inside_checkpoint) {
-    scan.warnings.insert(scan.warnings.end(), node.problems.begin(), node.problems.end());
+    for (const auto& p : node.problems) scan.warnings.push_back(p.full);
   }
-  const Ownership through = TraversalOnly(node.owner);
-  const Ownership next_reach = reach ? Intersect(through, *reach) : through;
-  for (const auto& sub : node.subdirs) CutIntoCheckpoints(*sub, root, scan, inside_checkpoint, next_reach);
+  for (const auto& sub : node.subdirs) CutIntoCheckpoints(*sub, root, scan, inside_checkpoint);
 }
 
 }  // namespace
@@ -269,10 +410,11 @@ Result<CatalogScan> ScanSourceTree(const std::string& root, const CatalogOptions
   scan.real_root = *real_root;
 
   DirNode top;
-  top.owner = Ownership::FromStat(st);
+  top.access = {nullptr, Ownership::FromStat(st)};
+  top.inside = ExtendChain(nullptr, top.access.self);
   std::set<std::pair<dev_t, ino_t>> ancestors{{st.st_dev, st.st_ino}};
-  TreeWalker(*real_root, options).Walk(*real_root, top, ancestors);
-  CutIntoCheckpoints(top, scan.root, scan, /*inside_checkpoint=*/false, std::nullopt);
+  TreeWalker(*real_root, top.access.self, options).Walk(*real_root, top, ancestors);
+  CutIntoCheckpoints(top, scan.root, scan, /*inside_checkpoint=*/false);
   return scan;
 }
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 
+#include "ckptfs/source_file.h"
 #include "ckptfs/unique_fd.h"
 
 namespace ckptfs {
@@ -38,23 +39,15 @@ int64_t PreadFull(int fd, uint8_t* buf, size_t len, uint64_t off) {
   return static_cast<int64_t>(done);
 }
 
-UniqueFd OpenForHashing(const std::string& path) {
-  // O_NOATIME keeps indexing from dirtying every inode; it is refused for
-  // files we do not own unless privileged, so fall back without it.
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOATIME);
-  if (fd < 0 && errno == EPERM) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  return UniqueFd(fd);
-}
-
 }  // namespace
 
-Result<FileHashes> FileHasher::Hash(const std::string& path, const FileStamp& expected) const {
-  UniqueFd fd = OpenForHashing(path);
-  if (!fd.valid()) return Status::FromErrno("cannot open " + path, errno);
+Result<FileHashes> FileHasher::Hash(const std::string& path, const FileStamp& expected, struct stat* observed) const {
+  auto opened = OpenSourceFile(root_, path);
+  if (!opened.ok()) return opened.status();
   files_opened_.fetch_add(1);
-
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return Status::FromErrno("cannot stat " + path, errno);
+  const UniqueFd& fd = opened->fd;
+  struct stat st = opened->st;
+  if (observed) *observed = st;
   if (FileStamp::FromStat(st) != expected) {
     return Status::Changed(path + ": changed since it was listed (" + FileStamp::FromStat(st).ToString() + ")");
   }
@@ -111,6 +104,7 @@ Result<FileHashes> FileHasher::Hash(const std::string& path, const FileStamp& ex
   int64_t extra = PreadFull(fd.get(), &probe, 1, expected.size);
   if (extra > 0) return Status::Changed(path + ": grew while being hashed");
   if (::fstat(fd.get(), &st) != 0) return Status::FromErrno("cannot stat " + path, errno);
+  if (observed) *observed = st;
   if (FileStamp::FromStat(st) != expected) {
     return Status::Changed(path + ": modified while being hashed");
   }

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 
+#include "ckptfs/source_file.h"
 #include "ckptfs/unique_fd.h"
 
 namespace ckptfs {
@@ -15,14 +16,13 @@ Status SourceReader::ReadChunk(const std::string& path, const FileStamp& stamp, 
   if (index >= chunks.size()) {
     return Status::Error(path + ": chunk " + std::to_string(index) + " is past the end of the chunk table");
   }
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) {
-    const int err = errno;
-    if (err == ENOENT) return Status::Changed(path + ": source file is gone");
-    return Status::FromErrno("cannot open source " + path, err);
+  auto opened = OpenSourceFile(root_, path);
+  if (!opened.ok()) {
+    if (opened.status().error_number() == ENOENT) return Status::Changed(path + ": source file is gone");
+    return opened.status();
   }
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return Status::FromErrno("cannot stat source " + path, errno);
+  const UniqueFd& fd = opened->fd;
+  struct stat st = opened->st;
   if (FileStamp::FromStat(st) != stamp) return Status::Changed(path + ": source changed since it was indexed");
 
   const uint64_t offset = index * kChunkSize;

@@ -52,11 +52,12 @@ ExposedCheckpoint ToExposed(const CheckpointSource& src, const IndexedCheckpoint
   e.name = indexed.name;
   e.total_size = indexed.total_size;
   e.indexed_at = index.CheckpointIndexedAt(indexed.name).value_or(WallNanos() / 1'000'000'000);
-  e.dir_owner = src.dir_owner;
+  e.dir_access = src.dir_access;
   e.subdirs = src.subdirs;
   for (const auto& f : indexed.files) {
     e.files.push_back({f.member.rel_path, f.member.open_path, f.member.stamp, f.hashes.sha256,
-                       std::make_shared<const std::vector<ChunkHash>>(f.hashes.chunks), f.member.owner});
+                       std::make_shared<const std::vector<ChunkHash>>(f.hashes.chunks), f.member.owner,
+                       f.member.access});
   }
   return e;
 }
@@ -212,7 +213,7 @@ std::vector<CheckpointState> CatalogWatcher::States() const {
   return out;
 }
 
-void CatalogWatcher::PublishExposed(const std::map<std::string, Ownership>& dirs) {
+void CatalogWatcher::PublishExposed(const std::map<std::string, AccessPath>& dirs) {
   std::vector<ExposedCheckpoint> list;
   {
     std::lock_guard lock(mu_);
@@ -262,11 +263,13 @@ void CatalogWatcher::ScanOnce() {
     seen.insert(cp.abs_path);
     CheckpointState st;
     st.path = cp.abs_path;
+    st.access = cp.dir_access;
     st.files = cp.members.size();
     st.size = cp.TotalSize();
     if (!cp.valid()) {
       st.phase = CheckpointState::Phase::kInvalid;
       st.reason = *cp.invalid_reason;
+      st.reason_shown = cp.invalid_reason_shown.value_or(st.reason);
       auto old = old_states.find(cp.abs_path);
       if (old == old_states.end() || old->second.reason != st.reason) {
         spdlog::warn("checkpoint {} is invalid and not shown: {}", cp.abs_path, st.reason);
@@ -297,6 +300,7 @@ void CatalogWatcher::ScanOnce() {
     if (now_ns - newest < settle_ns) {
       CheckpointState st;
       st.path = cp.abs_path;
+    st.access = cp.dir_access;
       st.files = cp.members.size();
       st.size = cp.TotalSize();
       const double wait = static_cast<double>(settle_ns - (now_ns - newest)) / 1e9;
@@ -335,6 +339,7 @@ void CatalogWatcher::ScanOnce() {
     ExposedCheckpoint e = ToExposed(*src, *indexed, *index_);
     CheckpointState st;
     st.path = src->abs_path;
+    st.access = src->dir_access;
     st.phase = CheckpointState::Phase::kExposed;
     st.name = e.name;
     st.files = e.files.size();
@@ -351,6 +356,7 @@ void CatalogWatcher::ScanOnce() {
   for (const auto* cp : to_index) {
     CheckpointState st;
     st.path = cp->abs_path;
+    st.access = cp->dir_access;
     st.phase = CheckpointState::Phase::kPending;
     st.reason = "queued for indexing";
     st.files = cp->members.size();
@@ -369,6 +375,7 @@ void CatalogWatcher::ScanOnce() {
     if (stop_) return;
     CheckpointState st;
     st.path = cp->abs_path;
+    st.access = cp->dir_access;
     st.phase = CheckpointState::Phase::kIndexing;
     st.files = cp->members.size();
     st.size = cp->TotalSize();
@@ -376,6 +383,7 @@ void CatalogWatcher::ScanOnce() {
     spdlog::info("indexing checkpoint {} ({} files, {} bytes)", cp->abs_path, st.files, st.size);
     IndexerOptions options;
     options.threads = options_.threads;
+    options.before_hash = options_.before_hash;
     options.on_plan = [this, path = cp->abs_path](uint64_t total) {
       std::lock_guard lock(mu_);
       states_[path].bytes_total = total;

@@ -45,7 +45,7 @@ Ownership ReadOnly(Ownership o) {
 class View::Builder {
  public:
   Builder(View& view, const std::vector<ExposedCheckpoint>& checkpoints,
-          const std::map<std::string, Ownership>& source_dirs)
+          const std::map<std::string, AccessPath>& source_dirs)
       : view_(view), source_dirs_(source_dirs), now_(Now()) {
     for (const auto& cp : checkpoints) by_digest_[cp.name].push_back(&cp);
     const std::string base = BaseName(view_.source_root_);
@@ -95,15 +95,18 @@ class View::Builder {
   }
 
   // sha256-<hex>/ and its members, from the copies that share the digest.
+  // Each node keeps one access path per copy (DESIGN.md section 2: a user
+  // may use it when any copy lets them); stat shows the first copy's owner.
   InodeId BuildDigest(const std::string& name, const std::vector<const ExposedCheckpoint*>& copies) {
     const ExposedCheckpoint& first = *copies.front();
-    Ownership dir_owner = first.dir_owner;
     std::string sources;
+    std::vector<AccessPath> dir_access;
     for (const auto* c : copies) {
-      dir_owner = Intersect(dir_owner, c->dir_owner);
+      dir_access.push_back(c->dir_access);
       sources += c->abs_path + "\n";
     }
-    auto dir = NewNode(view_.InoFor("D:" + name), Kind::kDir, ReadOnly(dir_owner));
+    auto dir = NewNode(view_.InoFor("D:" + name), Kind::kDir, ReadOnly(first.dir_access.self));
+    dir->access = std::move(dir_access);
     dir->immutable = true;
     dir->digest = name;
     dir->mtime = {static_cast<time_t>(first.indexed_at), 0};
@@ -115,15 +118,15 @@ class View::Builder {
     auto subdir = [&](const std::string& rel, auto& self) -> std::shared_ptr<Node> {
       if (auto it = subdirs.find(rel); it != subdirs.end()) return it->second;
       auto parent = self(Parent(rel), self);
-      Ownership owner = dir_owner;
-      bool first_copy = true;
+      std::vector<AccessPath> access;
       for (const auto* c : copies) {
-        auto it = c->subdirs.find(rel);
-        Ownership o = it != c->subdirs.end() ? it->second : c->dir_owner;
-        owner = first_copy ? o : Intersect(owner, o);
-        first_copy = false;
+        if (auto it = c->subdirs.find(rel); it != c->subdirs.end()) access.push_back(it->second);
       }
-      auto n = NewNode(view_.InoFor("D:" + name + "/" + rel), Kind::kDir, ReadOnly(owner));
+      const Ownership shown = access.empty() ? first.dir_access.self : access.front().self;
+      auto n = NewNode(view_.InoFor("D:" + name + "/" + rel), Kind::kDir, ReadOnly(shown));
+      // A directory no copy describes (it cannot happen for a valid scan)
+      // is closed to all but root rather than open to everyone.
+      n->access = access.empty() ? std::vector<AccessPath>{{nullptr, {0, 0, 0}}} : std::move(access);
       n->immutable = true;
       n->digest = name;
       n->mtime = dir->mtime;
@@ -134,12 +137,11 @@ class View::Builder {
 
     for (size_t i = 0; i < first.files.size(); ++i) {
       const auto& f = first.files[i];
-      Ownership owner = f.owner;
-      for (const auto* c : copies) {
-        if (i < c->files.size() && c->files[i].rel_path == f.rel_path) owner = Intersect(owner, c->files[i].owner);
-      }
       auto parent = subdir(Parent(f.rel_path), subdir);
-      auto n = NewNode(view_.InoFor("D:" + name + "/" + f.rel_path), Kind::kFile, ReadOnly(owner));
+      auto n = NewNode(view_.InoFor("D:" + name + "/" + f.rel_path), Kind::kFile, ReadOnly(f.owner));
+      for (const auto* c : copies) {
+        if (i < c->files.size() && c->files[i].rel_path == f.rel_path) n->access.push_back(c->files[i].access);
+      }
       n->immutable = true;
       n->digest = name;
       n->size = f.stamp.size;
@@ -170,11 +172,12 @@ class View::Builder {
     return it != by_name_.end() && it->first.compare(0, prefix.size(), prefix) == 0;
   }
 
-  Ownership SourceDirOwner(const std::string& by_name_path) const {
+  // How the source directory that by-name/<p> mirrors is reached.
+  AccessPath SourceDirAccess(const std::string& by_name_path) const {
     std::string rel = by_name_path;
     if (root_is_checkpoint_) rel = rel == base_ ? "" : rel.substr(std::min(rel.size(), base_.size() + 1));
     auto it = source_dirs_.find(rel);
-    return ReadOnly(it != source_dirs_.end() ? it->second : view_.root_owner_);
+    return it != source_dirs_.end() ? it->second : AccessPath{nullptr, view_.root_owner_};
   }
 
   // by-name/<p>/: entries are the next components of checkpoint paths below
@@ -182,7 +185,11 @@ class View::Builder {
   // entries there (as links into it).
   InodeId BuildByNameDir(const std::string& p, const std::string& digest, const std::string& offset,
                             bool has_digest) {
-    auto dir = NewNode(view_.InoFor("N:" + p), Kind::kDir, SourceDirOwner(p));
+    const AccessPath source = SourceDirAccess(p);
+    auto dir = NewNode(view_.InoFor("N:" + p), Kind::kDir, ReadOnly(source.self));
+    dir->access = {source};
+    // What its entries need: search on every directory down to this one.
+    const AccessPath inside{ExtendChain(source.dirs, source.self), {view_.root_owner_.uid, view_.root_owner_.gid, 0777}};
     std::set<std::string> names;
     const std::string prefix = p.empty() ? "" : p + "/";
     for (auto it = by_name_.lower_bound(prefix); it != by_name_.end(); ++it) {
@@ -201,22 +208,23 @@ class View::Builder {
       if (auto cp = by_name_.find(q); cp != by_name_.end()) {
         by_name_digest["by-name/" + q] = cp->second;
         dir->children[c] = HasCheckpointBelow(q) ? BuildByNameDir(q, cp->second, "", true)
-                                                 : Link(q, Dots(depth) + cp->second);
+                                                 : Link(q, Dots(depth) + cp->second, inside);
       } else if (HasCheckpointBelow(q)) {
         dir->children[c] = BuildByNameDir(q, digest, Join(offset, c), has_digest);
       } else {
-        dir->children[c] = Link(q, Dots(depth) + digest + "/" + Join(offset, c));
+        dir->children[c] = Link(q, Dots(depth) + digest + "/" + Join(offset, c), inside);
       }
     }
     Add(dir, true);
     return dir->ino;
   }
 
-  InodeId Link(const std::string& by_name_path, const std::string& target) {
+  InodeId Link(const std::string& by_name_path, const std::string& target, const AccessPath& access) {
     // The target is part of the key: a link that moves is a new inode, so a
     // kernel that cached the old one cannot mix them up.
     auto n = NewNode(view_.InoFor("L:" + by_name_path + '\0' + target), Kind::kSymlink,
                      {view_.root_owner_.uid, view_.root_owner_.gid, 0777});
+    n->access = {access};
     n->link_target = target;
     n->size = target.size();
     Add(n, false);
@@ -224,7 +232,7 @@ class View::Builder {
   }
 
   View& view_;
-  const std::map<std::string, Ownership>& source_dirs_;
+  const std::map<std::string, AccessPath>& source_dirs_;
   const struct timespec now_;
   std::map<std::string, std::vector<const ExposedCheckpoint*>> by_digest_;
   std::map<std::string, std::string> by_name_;  // by-name path (without "by-name/") -> digest
@@ -246,29 +254,42 @@ InodeId View::InoFor(const std::string& key) {
   return it->second;
 }
 
-std::vector<std::pair<InodeId, std::string>> View::Publish(const std::vector<ExposedCheckpoint>& checkpoints,
-                                                              const std::map<std::string, Ownership>& source_dirs) {
+View::Changes View::Publish(const std::vector<ExposedCheckpoint>& checkpoints,
+                            const std::map<std::string, AccessPath>& source_dirs) {
   std::unique_lock lock(mu_);
   Builder b(*this, checkpoints, source_dirs);
   b.Build();
 
-  std::vector<std::pair<InodeId, std::string>> changed;
-  for (InodeId ino : b.mutable_dirs) {
-    const auto& fresh = b.nodes.at(ino)->children;
+  Changes changes;
+  for (const auto& [ino, fresh_node] : b.nodes) {
+    if (fresh_node->kind != Kind::kDir) continue;
+    const auto& fresh = fresh_node->children;
     auto old_it = nodes_.find(ino);
-    if (old_it == nodes_.end()) continue;  // new directory: its parent's entry covers it
-    const auto& old = old_it->second->children;
-    for (const auto& [name, child] : old) {
-      auto f = fresh.find(name);
-      if (f == fresh.end() || f->second != child) changed.emplace_back(ino, name);
+    const bool was_published = old_it != nodes_.end();
+    if (was_published && b.mutable_dirs.count(ino)) {
+      const auto& old = old_it->second->children;
+      for (const auto& [name, child] : old) {
+        auto f = fresh.find(name);
+        if (f == fresh.end() || f->second != child) changes.entries.emplace_back(ino, name);
+      }
+      for (const auto& [name, child] : fresh) {
+        if (!old.count(name)) changes.entries.emplace_back(ino, name);
+      }
     }
+    // Same inode, other owner, mode or access: a chmod or chown in SRC.
     for (const auto& [name, child] : fresh) {
-      if (!old.count(name)) changed.emplace_back(ino, name);
+      auto before = nodes_.find(child);
+      if (before == nodes_.end()) continue;
+      const Node& now = *b.nodes.at(child);
+      if (before->second->owner != now.owner || before->second->access != now.access) {
+        changes.entries.emplace_back(ino, name);
+        changes.inodes.push_back(child);
+      }
     }
   }
   for (auto& [ino, node] : b.nodes) nodes_[ino] = std::move(node);
   by_name_digest_ = std::move(b.by_name_digest);
-  return changed;
+  return changes;
 }
 
 View::NodePtr View::Get(InodeId ino) const {

@@ -1,0 +1,60 @@
+#include "ckptfs/source_file.h"
+
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace ckptfs {
+
+namespace {
+
+int OpenAt2(int dirfd, const std::string& path, uint64_t flags, uint64_t resolve) {
+  open_how how{};
+  how.flags = flags;
+  how.resolve = resolve;
+  return static_cast<int>(::syscall(SYS_openat2, dirfd, path.c_str(), &how, sizeof how));
+}
+
+bool Beneath(const std::string& root, const std::string& path) {
+  return !root.empty() && root != "/" && path.size() > root.size() + 1 &&
+         path.compare(0, root.size(), root) == 0 && path[root.size()] == '/';
+}
+
+}  // namespace
+
+Result<OpenedSource> OpenSourceFile(const std::string& root, const std::string& path) {
+  UniqueFd dir;
+  std::string rel = path;
+  int at = AT_FDCWD;
+  if (Beneath(root, path)) {
+    dir.reset(::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!dir.valid()) return Status::FromErrno("cannot open source root " + root, errno);
+    at = dir.get();
+    rel = path.substr(root.size() + 1);
+  }
+  uint64_t resolve = RESOLVE_NO_MAGICLINKS;
+  if (!root.empty()) resolve |= RESOLVE_NO_SYMLINKS;
+  if (at != AT_FDCWD) resolve |= RESOLVE_BENEATH;
+  // O_NOATIME keeps indexing from dirtying every inode; it is refused for
+  // files we do not own unless privileged, so fall back without it.
+  const uint64_t flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
+  int fd = OpenAt2(at, rel, flags | O_NOATIME, resolve);
+  if (fd < 0 && errno == EPERM) fd = OpenAt2(at, rel, flags, resolve);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ELOOP || err == EXDEV) {
+      return Status::Changed(path + ": a symlink now stands on its path (the tree changed since it was walked)");
+    }
+    return Status::FromErrno("cannot open " + path, err);
+  }
+  OpenedSource out;
+  out.fd.reset(fd);
+  if (::fstat(fd, &out.st) != 0) return Status::FromErrno("cannot stat " + path, errno);
+  if (!S_ISREG(out.st.st_mode)) return Status::Changed(path + ": no longer a regular file");
+  return out;
+}
+
+}  // namespace ckptfs
