@@ -15,6 +15,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -33,6 +34,8 @@ class ControlServer {
   struct Request {
     nlohmann::json body;
     uid_t peer_uid;
+    gid_t peer_gid = 0;
+    std::vector<gid_t> peer_groups;  // supplementary groups (SO_PEERGROUPS)
     bool privileged;  // root or the mount's owner
     const std::atomic<bool>* stopping;  // long work gives up when this turns true
     // Sends a progress line to the client; false once the client has gone.

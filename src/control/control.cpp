@@ -60,6 +60,21 @@ Result<std::string> ReadLine(int fd, size_t limit, int timeout_ms, std::string& 
   }
 }
 
+// The peer's supplementary groups, as the kernel recorded them at connect.
+std::vector<gid_t> PeerGroups(int fd) {
+  std::vector<gid_t> groups(64);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    socklen_t len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) == 0) {
+      groups.resize(len / sizeof(gid_t));
+      return groups;
+    }
+    if (errno != ERANGE) break;
+    groups.resize(len / sizeof(gid_t) + 1);
+  }
+  return {};  // unknown: judged as in no supplementary group
+}
+
 sockaddr_un Address(const std::string& path) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -150,6 +165,8 @@ void ControlServer::Serve(int fd) {
     Request req;
     req.body = nlohmann::json::parse(*line, nullptr, /*allow_exceptions=*/false);
     req.peer_uid = cred.uid;
+    req.peer_gid = cred.gid;
+    req.peer_groups = PeerGroups(fd);
     req.privileged = cred.uid == 0 || cred.uid == ::geteuid();
     req.stopping = &stop_;
     req.progress = [fd](const nlohmann::json& p) { return WriteAll(fd, p.dump() + "\n").ok(); };

@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -29,6 +30,7 @@
 
 #include "ckptfs/build_info.h"
 #include "cache_commands.h"
+#include "query_filter.h"
 #include "ckptfs/header_stamper.h"
 #include "ckptfs/catalog_watcher.h"
 #include "ckptfs/chunk_cache.h"
@@ -124,11 +126,12 @@ void SetBdiReadahead(const std::string& mountpoint, uint64_t bytes) {
   spdlog::warn("read-ahead of {} did not stay at {} KiB", mountpoint, want);
 }
 
-nlohmann::json StatusJson(const CatalogWatcher& watcher, const MountOptions& o, const std::string& state_dir,
-                          const std::string& index_path, const daemon::FsContext& ctx) {
+nlohmann::json StatusJson(const std::vector<CheckpointState>& states, const CatalogWatcher& watcher,
+                          const MountOptions& o, const std::string& state_dir, const std::string& index_path,
+                          const daemon::FsContext& ctx) {
   nlohmann::json list = nlohmann::json::array();
   size_t counts[4] = {0, 0, 0, 0};
-  for (const auto& s : watcher.States()) {
+  for (const auto& s : states) {
     ++counts[static_cast<int>(s.phase)];
     nlohmann::json j{{"path", s.path}, {"state", PhaseName(s.phase)}, {"files", s.files}, {"size", s.size}};
     if (!s.name.empty()) j["name"] = s.name;
@@ -229,10 +232,24 @@ uint64_t HostCacheBytes(const MountOptions& o) {
   return std::max<uint64_t>(bytes / kChunkSize * kChunkSize, 4 * kChunkSize);
 }
 
-// One row per digest directory: its by-name paths and sources.
-nlohmann::json LsJson(const CatalogWatcher& watcher, const View& view) {
+// One row per digest directory: its by-name paths and sources, from the
+// checkpoint states the caller may see.
+nlohmann::json LsJson(const std::vector<CheckpointState>& states, const View& view, const std::string& source) {
   std::map<std::string, nlohmann::json> rows;
-  for (const auto& s : watcher.States()) {
+  std::set<std::string> visible_sources;
+  for (const auto& s : states) {
+    if (s.phase == CheckpointState::Phase::kExposed) visible_sources.insert(s.path);
+  }
+  // The source a by-name path mirrors: SRC/<p>, or, when SRC is itself a
+  // checkpoint and by-name starts with its base name, SRC/<p minus it>.
+  const std::string base = source.substr(source.rfind('/') + 1);
+  auto mirrors_visible = [&](const std::string& by_name) {
+    const std::string p = by_name.substr(std::string("by-name/").size());
+    if (visible_sources.count(source + "/" + p)) return true;
+    if (p == base) return visible_sources.count(source) > 0;
+    return p.rfind(base + "/", 0) == 0 && visible_sources.count(source + p.substr(base.size())) > 0;
+  };
+  for (const auto& s : states) {
     if (s.phase != CheckpointState::Phase::kExposed) continue;
     auto& row = rows[s.name];
     if (row.is_null()) {
@@ -242,7 +259,8 @@ nlohmann::json LsJson(const CatalogWatcher& watcher, const View& view) {
     row["sources"].push_back(s.path);
   }
   for (const auto& [path, digest] : view.ByNameLinks()) {
-    if (auto it = rows.find(digest); it != rows.end()) it->second["by_name"].push_back(path);
+    auto it = rows.find(digest);
+    if (it != rows.end() && mirrors_visible(path)) it->second["by_name"].push_back(path);
   }
   nlohmann::json list = nlohmann::json::array();
   for (auto& [name, row] : rows) list.push_back(std::move(row));
@@ -432,8 +450,10 @@ int main(int argc, char** argv) {
 
   ControlServer control(ControlSocketPath(real_mountpoint, state_dir), [&](const ControlServer::Request& r) {
     const std::string cmd = r.body["cmd"];
-    if (cmd == "status") return StatusJson(watcher, o, state_dir, (*index)->path(), ctx);
-    if (cmd == "ls") return LsJson(watcher, view);
+    if (cmd == "status") {
+      return StatusJson(daemon::VisibleStates(watcher.States(), r), watcher, o, state_dir, (*index)->path(), ctx);
+    }
+    if (cmd == "ls") return LsJson(daemon::VisibleStates(watcher.States(), r), view, real_source);
     if (cmd == "stats") return daemon::HandleStats(ctx);
     if (cmd == "preload") return daemon::HandlePreload(ctx, r);
     if (cmd == "unpin") return daemon::HandleUnpin(ctx, r);

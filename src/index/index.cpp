@@ -17,14 +17,16 @@ namespace {
 // "ckpt" in ASCII: marks the file as ours, so a foreign SQLite database at
 // the same path is recognised and set aside instead of being written into.
 constexpr int kApplicationId = 0x636b7074;
-constexpr int kSchemaVersion = 1;
+// 2: rows carry row_sum. An index of version 1 is set aside and rebuilt
+// rather than migrated: its rows have no sum to prove them.
+constexpr int kSchemaVersion = 2;
 
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS files(
   dev INTEGER NOT NULL, ino INTEGER NOT NULL,
   size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
   sha256 BLOB NOT NULL, chunk_size INTEGER NOT NULL, chunks BLOB NOT NULL,
-  path TEXT NOT NULL, indexed_at INTEGER NOT NULL,
+  path TEXT NOT NULL, indexed_at INTEGER NOT NULL, row_sum BLOB NOT NULL,
   PRIMARY KEY (dev, ino)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS files_by_sha256 ON files(sha256);
 CREATE TABLE IF NOT EXISTS checkpoints(
@@ -47,7 +49,12 @@ class Stmt {
   void Bind(int i, int64_t v) { sqlite3_bind_int64(s_, i, v); }
   void Bind(int i, uint64_t v) { sqlite3_bind_int64(s_, i, static_cast<int64_t>(v)); }
   void Bind(int i, const std::string& v) { sqlite3_bind_text(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT); }
-  void BindBlob(int i, const void* p, size_t n) { sqlite3_bind_blob(s_, i, p, static_cast<int>(n), SQLITE_TRANSIENT); }
+  // A zero-length blob stays a blob (sqlite would bind a null pointer as NULL,
+  // which the NOT NULL columns refuse: an empty member file has no chunks).
+  void BindBlob(int i, const void* p, size_t n) {
+    if (n == 0) sqlite3_bind_zeroblob(s_, i, 0);
+    else sqlite3_bind_blob(s_, i, p, static_cast<int>(n), SQLITE_TRANSIENT);
+  }
   int Step() { return sqlite3_step(s_); }
   int64_t Int(int col) { return sqlite3_column_int64(s_, col); }
   std::string Text(int col) {
@@ -65,6 +72,26 @@ class Stmt {
 };
 
 int64_t Now() { return static_cast<int64_t>(std::time(nullptr)); }
+
+// The SHA-256 of every field a files row is trusted for, so that a row
+// damaged on disk or edited by hand (sha256 set to zeroes) is detected and
+// its file hashed again instead of being served under a wrong digest. It
+// guards against damage, not against someone who can write the index (the
+// state directory is the daemon's own, mode 0700).
+Sha256Digest RowSum(const FileStamp& stamp, const std::string& sha, int64_t chunk_size, const std::string& chunks,
+                    const std::string& path) {
+  Sha256 h;
+  const std::string fields = "ckptfs-row-v2/" + std::to_string(stamp.dev) + "/" + std::to_string(stamp.ino) + "/" +
+                             std::to_string(stamp.size) + "/" + std::to_string(stamp.mtime_ns) + "/" +
+                             std::to_string(stamp.ctime_ns) + "/" + std::to_string(chunk_size) + "/" +
+                             std::to_string(sha.size()) + "/" + std::to_string(chunks.size()) + "/" +
+                             std::to_string(path.size()) + "/";
+  h.Update(fields.data(), fields.size());
+  h.Update(sha.data(), sha.size());
+  h.Update(chunks.data(), chunks.size());
+  h.Update(path.data(), path.size());
+  return h.Finish();
+}
 
 // Decodes a stored row into FileHashes, refusing anything malformed.
 std::optional<FileHashes> DecodeHashes(uint64_t size, const std::string& sha, int64_t chunk_size,
@@ -243,14 +270,19 @@ std::optional<FileHashes> Index::LookupFile(const FileStamp& stamp) {
 std::optional<Index::StoredFile> Index::LookupInode(uint64_t dev, uint64_t ino) {
   std::lock_guard lock(mu_);
   Stmt s(db_,
-         "SELECT size, mtime_ns, ctime_ns, sha256, chunk_size, chunks, path FROM files WHERE dev=?1 AND ino=?2");
+         "SELECT size, mtime_ns, ctime_ns, sha256, chunk_size, chunks, path, row_sum FROM files WHERE dev=?1 AND ino=?2");
   if (!s.ok()) return std::nullopt;
   s.Bind(1, dev);
   s.Bind(2, ino);
   if (s.Step() != SQLITE_ROW) return std::nullopt;
   StoredFile f;
   f.stamp = {dev, ino, static_cast<uint64_t>(s.Int(0)), s.Int(1), s.Int(2)};
-  auto hashes = DecodeHashes(f.stamp.size, s.Blob(3), s.Int(4), s.Blob(5));
+  const std::string sha = s.Blob(3), chunks = s.Blob(5), path = s.Text(6), sum = s.Blob(7);
+  const Sha256Digest expect = RowSum(f.stamp, sha, s.Int(4), chunks, path);
+  if (sum.size() != expect.size() || std::memcmp(sum.data(), expect.data(), expect.size()) != 0) {
+    return std::nullopt;  // damaged row: treat as absent, the file is hashed again and the row rewritten
+  }
+  auto hashes = DecodeHashes(f.stamp.size, sha, s.Int(4), chunks);
   if (!hashes) return std::nullopt;  // malformed row: treat as absent, it will be rewritten
   f.hashes = std::move(*hashes);
   f.path = s.Text(6);
@@ -261,7 +293,7 @@ Status Index::PutFile(const FileStamp& stamp, const std::string& path, const Fil
   std::lock_guard lock(mu_);
   Stmt s(db_,
          "INSERT OR REPLACE INTO files(dev, ino, size, mtime_ns, ctime_ns, sha256, chunk_size, chunks, path, "
-         "indexed_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)");
+         "indexed_at, row_sum) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)");
   if (!s.ok()) return Status::Error("index " + path_ + ": " + sqlite3_errmsg(db_));
   s.Bind(1, stamp.dev);
   s.Bind(2, stamp.ino);
@@ -273,6 +305,11 @@ Status Index::PutFile(const FileStamp& stamp, const std::string& path, const Fil
   s.BindBlob(8, hashes.chunks.data(), hashes.chunks.size() * sizeof(ChunkHash));
   s.Bind(9, path);
   s.Bind(10, Now());
+  const std::string sha(reinterpret_cast<const char*>(hashes.sha256.data()), hashes.sha256.size());
+  const std::string chunks(reinterpret_cast<const char*>(hashes.chunks.data()),
+                           hashes.chunks.size() * sizeof(ChunkHash));
+  const Sha256Digest sum = RowSum(stamp, sha, static_cast<int64_t>(kChunkSize), chunks, path);
+  s.BindBlob(11, sum.data(), sum.size());
   if (s.Step() != SQLITE_DONE) return Status::Error("index " + path_ + ": " + sqlite3_errmsg(db_));
   return Status::Ok();
 }

@@ -20,6 +20,12 @@ namespace {
 
 const std::string kCtl = CKPTFSCTL_PATH;
 
+FileStamp StampOf(const std::string& path) {
+  struct stat st {};
+  ::stat(path.c_str(), &st);
+  return FileStamp::FromStat(st);
+}
+
 class CtlTest : public ::testing::Test {
  protected:
   void SetUp() override { ::chmod(tmp_.path().c_str(), 0755); }  // so setpriv'd users can enter
@@ -180,12 +186,15 @@ TEST_F(CtlTest, VerifyReportsFilesThatNoLongerMatchTheIndex) {
 
   // Content that changed behind an intact stamp (bit rot): make the index
   // disagree with the bytes while the stamp stays as recorded.
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open((state_ + "/index.db").c_str(), &db), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db, "UPDATE files SET sha256 = zeroblob(32) WHERE path LIKE '%/config.json'", nullptr,
-                         nullptr, nullptr),
-            SQLITE_OK);
-  sqlite3_close(db);
+  {
+    auto index = Index::Open(state_, nullptr);
+    ASSERT_TRUE(index.ok()) << index.status().message();
+    const FileStamp config = StampOf(src_ + "/m/config.json");
+    auto stored = (*index)->LookupInode(config.dev, config.ino);
+    ASSERT_TRUE(stored.has_value());
+    stored->hashes.sha256.fill(0);
+    ASSERT_TRUE((*index)->PutFile(stored->stamp, stored->path, stored->hashes).ok());
+  }
   // And a file really modified since it was indexed.
   ZeroTensor(src_ + "/m/model-00002-of-00002.safetensors", 0);
 
@@ -198,6 +207,24 @@ TEST_F(CtlTest, VerifyReportsFilesThatNoLongerMatchTheIndex) {
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("3 match the index, 2 do not"), std::string::npos) << r.out;
+}
+
+// A row edited behind the index's back (here: its SHA-256 zeroed, as damage
+// or a careless hand would) fails its row checksum: the file is hashed again
+// and the checkpoint keeps the digest of its real bytes.
+TEST_F(CtlTest, DamagedIndexRowIsDetectedAndTheFileHashedAgain) {
+  WriteModel(src_ + "/m", {});
+  ASSERT_EQ(RunCommand(Ctl("digest " + src_)).exit_code, 0);
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((state_ + "/index.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "UPDATE files SET sha256 = zeroblob(32) WHERE path LIKE '%/config.json'", nullptr,
+                         nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  CommandResult r = RunCommand(Ctl("digest -v " + src_), true);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find(CoreutilsDigest(src_ + "/m")), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("hashed 1 file(s)"), std::string::npos) << r.out;
 }
 
 // kill -9 in the middle of indexing leaves an index that opens cleanly and
