@@ -246,11 +246,13 @@ ckptfs options (-o):
                        (off by default: then every byte is the source's)
 
 FUSE and mount options (-o), passed on:
-  allow_other          let every user in (default_permissions is always on,
-                       so the mirrored owners and modes are enforced)
+  allow_other          let every user in; each request is then checked
+                       against the source: a user gets what some source
+                       copy would give them, and no more
   fsname=NAME          source name shown in /proc/mounts (default SRC)
   subtype=, max_read=, auto_unmount, nodev, nosuid, noexec, noatime, ...
-  ro, default_permissions   always on
+  ro                   always on
+  default_permissions  ignored: the daemon checks each request itself
   defaults, nofail, _netdev, auto, noauto, user, users, x-*   ignored
 
 fstab:  SRC  /models  fuse.ckptfs  ro,allow_other,nofail  0 0

@@ -1,0 +1,211 @@
+// Attacks on the daemon by an unprivileged local user of a shared node
+// (issue 10), each through the real daemon. Every test here fails on the
+// daemon of commit ad90932 (run the suite with CKPTFS_TEST_DAEMON and
+// CKPTFS_TEST_CTL pointing at that build to see it).
+#include <sqlite3.h>
+#include <sys/xattr.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "security_fixture.h"
+
+namespace ckptfs::testing {
+namespace {
+
+const std::string kSecret = "TOP-SECRET-ROOT-ONLY-0123456789";
+
+class AttackTest : public SecurityTest {
+ protected:
+  // Everything the mount shows, read as `user`: the concatenated bytes of
+  // every file the user may read, found by walking the digest directories.
+  std::string EverythingReadableAs(const User& user) {
+    return RunAs(user, "find " + ShellQuote(mnt_) + "/ -type f -exec cat {} + 2>/dev/null").out;
+  }
+};
+
+// Item 1: a symlink swapped in between the walk's lstat and the hasher's
+// open. The test seam pauses the indexer just before it opens x.txt; the
+// attacker, who owns the checkpoint, then replaces x.txt with a link to a
+// root-only file, inside SRC or outside it.
+TEST_F(AttackTest, SymlinkSwappedInDuringIndexingNeverExposesARootOnlyFile) {
+  for (const bool inside : {false, true}) {
+    SCOPED_TRACE(inside ? "secret inside SRC" : "secret outside SRC");
+    TempDir scratch{"ckptfs-sec-race"};
+    ::chmod(scratch.path().c_str(), 0755);
+    const std::string secret = inside ? src_ + "/rootonly/secret" : scratch / "secret";
+    WriteFile(secret, kSecret);
+    Own(secret, 0, 0, 0600);
+    if (inside) Own(src_ + "/rootonly", 0, 0, 0700);
+    const std::string pub = src_ + "/pub" + (inside ? "1" : "2");
+    WriteFile(pub + "/ck/model.bin", "weights");
+    WriteFile(pub + "/ck/x.txt", "harmless");
+    ASSERT_EQ(RunCommand("chown -R 2003:2003 " + pub).exit_code, 0);
+
+    const std::string gate = scratch / "gate";
+    MakeDirs(gate);
+    ::setenv("CKPTFS_TEST_PAUSE_BEFORE_HASH", ("x.txt:" + gate).c_str(), 1);
+    auto m = Mount();
+    ::unsetenv("CKPTFS_TEST_PAUSE_BEFORE_HASH");
+    ASSERT_TRUE(WaitFor([&] { return ::access((gate + "/paused").c_str(), F_OK) == 0; })) << m->Log();
+    // The attack, as the attacker: mv -f a link over the file being indexed.
+    AsResult swap = RunAs(kOther, "cd " + ShellQuote(pub + "/ck") + " && ln -s " + ShellQuote(secret) +
+                                      " link && mv -f link x.txt");
+    ASSERT_EQ(swap.exit_code, 0) << swap.out;
+    WriteFile(gate + "/resume", "");
+    ASSERT_TRUE(RescanAndSettle()) << m->Log();
+
+    EXPECT_EQ(EverythingReadableAs(kOther).find(kSecret), std::string::npos) << m->Log();
+    AsResult direct = RunAs(kOther, "cat " + ShellQuote(mnt_ + "/by-name/" + pub.substr(src_.size() + 1) + "/ck/x.txt"));
+    EXPECT_EQ(direct.out.find(kSecret), std::string::npos) << direct.out;
+    // Whatever the mount shows of it, it never shows the secret as the attacker's.
+    for (const auto& digest : {DigestOf(pub.substr(src_.size() + 1) + "/ck")}) {
+      if (digest.empty()) continue;
+      struct stat st;
+      if (::stat((mnt_ + "/" + digest + "/x.txt").c_str(), &st) == 0 &&
+          ReadFile(mnt_ + "/" + digest + "/x.txt") == kSecret) {
+        EXPECT_EQ(st.st_uid, 0u);
+        EXPECT_EQ(st.st_mode & 0077, 0u);
+      }
+    }
+    m.reset();
+    RemoveTree(pub);
+  }
+}
+
+// Item 2: a contained symlink into a private directory (a hub cache whose
+// blobs/ is private) is readable only by who can reach the target.
+TEST_F(AttackTest, ContainedSymlinkIntoAPrivateDirectoryIsNotReadableByOthers) {
+  const std::string hub = src_ + "/hub/models--org--m";
+  WriteFile(hub + "/blobs/aaaa", "private weights");
+  WriteFile(hub + "/snapshots/c0ffee/config.json", "{}");
+  Symlink("../../blobs/aaaa", hub + "/snapshots/c0ffee/model.safetensors");
+  Own(hub + "/blobs", 2001, 3001, 0700);
+  Own(hub + "/blobs/aaaa", 2001, 3001, 0644);
+  auto m = Mount();
+  ASSERT_TRUE(WaitFor([&] { return !DigestOf("hub/models--org--m/snapshots/c0ffee").empty(); })) << m->Log();
+  const std::string file = mnt_ + "/" + DigestOf("hub/models--org--m/snapshots/c0ffee") + "/model.safetensors";
+  EXPECT_NE(RunAs(kOther, "cat " + ShellQuote(hub + "/snapshots/c0ffee/model.safetensors")).exit_code, 0);
+  EXPECT_NE(RunAs(kOther, "cat " + ShellQuote(file)).exit_code, 0);
+  EXPECT_EQ(RunAs(kOwner, "cat " + ShellQuote(file)).out, "private weights");
+  EXPECT_EQ(RunAs(kOther, "cat " + ShellQuote(mnt_ + "/" + DigestOf("hub/models--org--m/snapshots/c0ffee") +
+                                                 "/config.json")).exit_code,
+            0);
+}
+
+// Item 3: revoking access in SRC is applied, even to a reader whose kernel
+// caches already hold the entry.
+TEST_F(AttackTest, RevokingAccessInSourceIsAppliedThroughTheDigestPath) {
+  WriteFile(src_ + "/team/m/model.bin", "shared weights");
+  auto m = Mount();
+  ASSERT_TRUE(WaitFor([&] { return !DigestOf("team/m").empty(); })) << m->Log();
+  const std::string file = mnt_ + "/" + DigestOf("team/m") + "/model.bin";
+  ASSERT_EQ(RunAs(kOther, "cat " + ShellQuote(file)).out, "shared weights");
+  ASSERT_EQ(::chmod((src_ + "/team").c_str(), 0700), 0);
+  ASSERT_TRUE(RescanAndSettle()) << m->Log();
+  EXPECT_NE(RunAs(kOther, "cat " + ShellQuote(file)).exit_code, 0);
+  EXPECT_NE(RunAs(kOther, "stat " + ShellQuote(file)).exit_code, 0);
+  EXPECT_EQ(ReadFile(file), "shared weights");  // root still reads it
+}
+
+// Item 4: copying a public checkpoint into one's own 0700 directory locks
+// nobody out, and the owner of a private checkpoint reads it.
+TEST_F(AttackTest, APrivateCopyLocksNobodyOutAndItsOwnerReadsIt) {
+  WriteFile(src_ + "/public/m/model.bin", "public weights");
+  WriteFile(src_ + "/mallory/m/model.bin", "public weights");
+  Own(src_ + "/mallory", 2003, 2003, 0700);
+  WriteFile(src_ + "/alice/m/model.bin", "alice's weights");
+  ASSERT_EQ(RunCommand("chown -R 2001:3001 " + src_ + "/alice && chmod -R go-rwx " + src_ + "/alice").exit_code, 0);
+  auto m = Mount();
+  ASSERT_TRUE(WaitFor([&] { return !DigestOf("public/m").empty() && !DigestOf("alice/m").empty(); })) << m->Log();
+  EXPECT_EQ(RunAs(kMember, "cat " + ShellQuote(mnt_ + "/" + DigestOf("public/m") + "/model.bin")).out,
+            "public weights");
+  const std::string alice = mnt_ + "/" + DigestOf("alice/m") + "/model.bin";
+  EXPECT_EQ(RunAs(kOwner, "cat " + ShellQuote(alice)).out, "alice's weights");
+  EXPECT_NE(RunAs(kMember, "cat " + ShellQuote(alice)).exit_code, 0);
+}
+
+// Item 5: control queries answer each caller only about what it could see.
+TEST_F(AttackTest, ControlQueriesLeakNoNamesOrLinkTargetsTheCallerCannotSee) {
+  WriteFile(src_ + "/alice/acquisition-target-x/llama-ft/model.bin", "w");
+  Own(src_ + "/alice", 2001, 3001, 0700);
+  WriteFile(src_ + "/pub/broken/model.bin", "w");
+  Symlink("/root/.ssh/id_ed25519", src_ + "/pub/broken/probe");  // dangling or not: not theirs to know
+  auto m = Mount();
+  ASSERT_TRUE(WaitFor([&] { return !DigestOf("alice/acquisition-target-x/llama-ft").empty(); })) << m->Log();
+  for (const char* cmd : {"status", "status --json", "ls", "ls --json"}) {
+    AsResult other = RunAs(kOther, Ctl() + " " + cmd + " " + ShellQuote(mnt_));
+    EXPECT_EQ(other.exit_code, 0) << cmd << ": " << other.out;
+    EXPECT_EQ(other.out.find("acquisition-target-x"), std::string::npos) << cmd << ": " << other.out;
+    EXPECT_EQ(other.out.find("id_ed25519"), std::string::npos) << cmd << ": " << other.out;
+    EXPECT_EQ(other.out.find("dangling"), std::string::npos) << cmd << ": " << other.out;
+    if (std::string(cmd) == "status") continue;  // its text lists only checkpoints that are not exposed
+    AsResult owner = RunAs(kOwner, Ctl() + " " + cmd + " " + ShellQuote(mnt_));
+    EXPECT_NE(owner.out.find("acquisition-target-x"), std::string::npos) << cmd << ": " << owner.out;
+  }
+  EXPECT_NE(RunCommand(Ctl() + " status " + ShellQuote(mnt_)).out.find("id_ed25519"), std::string::npos);
+}
+
+// Item 6: a symlink in SRC that leads into the mount (MNT inside SRC) is
+// refused; the daemon never indexes its own view.
+TEST_F(AttackTest, TheDaemonNeverWalksIntoItsOwnMountThroughASymlink) {
+  mnt_ = src_ + "/mnt";
+  MakeDirs(mnt_);
+  WriteFile(src_ + "/a/model.bin", "w");
+  MakeDirs(src_ + "/loop");
+  Symlink("../mnt/by-name", src_ + "/loop/view");
+  Symlink("../mnt", src_ + "/loop/all");
+  auto m = Mount();
+  ASSERT_TRUE(WaitFor([&] { return !DigestOf("a").empty(); })) << m->Log();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(RescanAndSettle()) << m->Log();
+  auto status = Status();
+  ASSERT_TRUE(status.contains("checkpoints")) << status.dump();
+  for (const auto& c : status["checkpoints"]) {
+    EXPECT_EQ(c["path"].get<std::string>().find("/loop/"), std::string::npos) << status.dump();
+  }
+  EXPECT_EQ(status["checkpoints"].size(), 1u) << status.dump();
+}
+
+// Item 7: a comma in SRC does not inject FUSE options.
+TEST_F(AttackTest, ACommaInTheSourcePathInjectsNoMountOption) {
+  const std::string src = tmp_ / "src,allow_other";
+  WriteFile(src + "/m/model.bin", "w");
+  ::chmod(src.c_str(), 0755);
+  auto m = MountAt(src, mnt_, "");  // no allow_other asked for
+  ASSERT_TRUE(m->ok());
+  std::ifstream info("/proc/self/mountinfo");
+  std::string line, ours;
+  while (std::getline(info, line)) {
+    if (line.find(" " + mnt_ + " ") != std::string::npos) ours = line;
+  }
+  ASSERT_FALSE(ours.empty());
+  // "... - fuse.ckptfs SOURCE SUPER-OPTIONS": the source keeps its comma, the
+  // options gain nothing.
+  std::istringstream fields(ours.substr(ours.find(" - ") + 3));
+  std::string type, source, options;
+  fields >> type >> source >> options;
+  EXPECT_EQ(source, src) << ours;
+  EXPECT_EQ(options.find("allow_other"), std::string::npos) << ours;
+  EXPECT_NE(RunAs(kOther, "ls " + ShellQuote(mnt_)).exit_code, 0);
+}
+
+// Item 9: an index row edited behind the daemon's back is not trusted.
+TEST_F(AttackTest, AnEditedIndexRowDoesNotRenameACheckpoint) {
+  WriteFile(src_ + "/m/model.bin", "weights");
+  WriteFile(src_ + "/m/config.json", "{}");
+  const std::string expected = CoreutilsDigest(src_ + "/m");
+  {
+    auto m = Mount();
+    ASSERT_TRUE(WaitFor([&] { return DigestOf("m") == expected; })) << m->Log();
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((state_ + "/index.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "UPDATE files SET sha256 = zeroblob(32)", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  auto m = Mount();
+  ASSERT_TRUE(WaitFor([&] { return !DigestOf("m").empty(); })) << m->Log();
+  EXPECT_EQ(DigestOf("m"), expected);
+}
+
+}  // namespace
+}  // namespace ckptfs::testing
