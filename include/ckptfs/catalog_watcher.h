@@ -67,6 +67,14 @@ class CatalogWatcher {
   CatalogWatcher(const CatalogWatcher&) = delete;
   CatalogWatcher& operator=(const CatalogWatcher&) = delete;
 
+  // Scans SRC once and shows every checkpoint the index already knows,
+  // reading no file content, on the calling thread. The daemon runs it before
+  // it mounts, so that when `mount` returns every checkpoint whose index
+  // entry still matches its source is visible (DESIGN.md section 2). Start()
+  // then indexes the rest.
+  void ShowIndexed();
+  // Never walk into this device (the daemon's own mount); before Start().
+  void ExcludeDevice(dev_t dev) { options_.catalog.excluded_devices.push_back(dev); }
   void Start();
   void Stop();
   void RequestRescan();
@@ -79,7 +87,7 @@ class CatalogWatcher {
 
  private:
   void Run();
-  void ScanOnce();
+  void ScanOnce(bool index_unknown = true);
   void UpdateWatches(const CatalogScan& scan);
   bool DrainInotify();  // true if any event arrived
   void SetState(CheckpointState state);

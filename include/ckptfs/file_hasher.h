@@ -38,6 +38,8 @@ class FileHasher {
   // The canonical source root the hashed paths lie in (see OpenSourceFile).
   void set_source_root(std::string root) { root_ = std::move(root); }
   void set_chunk_read_hook(ChunkReadHook hook) { hook_ = std::move(hook); }
+  // When *cancel turns true, Hash gives up at its next chunk.
+  void set_cancel(const std::atomic<bool>* cancel) { cancel_ = cancel; }
 
   // `observed`, if given, receives the stat of the opened file, so that a
   // caller retrying after kChanged learns what the path now is without
@@ -53,6 +55,7 @@ class FileHasher {
   std::string root_;
   BytesCallback progress_;
   ChunkReadHook hook_;
+  const std::atomic<bool>* cancel_ = nullptr;
   static std::atomic<uint64_t> files_opened_;
 };
 

@@ -9,6 +9,7 @@
 // the caller can come back to it later.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -37,6 +38,9 @@ struct IndexerOptions {
   // Test seam: called with a file's path just before it is first opened for
   // hashing, so a test can change the tree between the walk and the open.
   std::function<void(const std::string& path)> before_hash;
+  // Stops hashing at the next chunk and leaves the rest unhashed when it
+  // turns true (unmount, SIGTERM).
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 struct IndexedFile {

@@ -14,11 +14,16 @@ namespace ckptfs {
 class ThreadPool {
  public:
   explicit ThreadPool(unsigned threads);
-  ~ThreadPool();  // finishes queued tasks, then joins
+  ~ThreadPool();  // finishes queued tasks, then joins (unless Cancel() ran)
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
+  // After Cancel() a task is dropped: its future reports a broken promise.
   std::future<void> Submit(std::function<void()> task);
+  // Drops the tasks not yet started, waits for those running, and joins.
+  // For shutdown: queued work (read-ahead) must not run against parts of
+  // the daemon that are about to be torn down.
+  void Cancel();
   unsigned size() const { return static_cast<unsigned>(workers_.size()); }
 
  private:
@@ -28,6 +33,7 @@ class ThreadPool {
   std::condition_variable cv_;
   std::deque<std::packaged_task<void()>> queue_;
   bool stopping_ = false;
+  bool cancelled_ = false;
   std::vector<std::thread> workers_;
 };
 

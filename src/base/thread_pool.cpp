@@ -14,7 +14,23 @@ ThreadPool::~ThreadPool() {
     stopping_ = true;
   }
   cv_.notify_all();
-  for (auto& t : workers_) t.join();
+  for (auto& t : workers_) {
+    if (t.joinable()) t.join();
+  }
+}
+
+void ThreadPool::Cancel() {
+  std::deque<std::packaged_task<void()>> dropped;
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    cancelled_ = true;
+    dropped.swap(queue_);
+  }
+  cv_.notify_all();
+  for (auto& t : workers_) {
+    if (t.joinable()) t.join();
+  }
 }
 
 std::future<void> ThreadPool::Submit(std::function<void()> task) {
@@ -22,6 +38,7 @@ std::future<void> ThreadPool::Submit(std::function<void()> task) {
   auto fut = pt.get_future();
   {
     std::lock_guard lock(mu_);
+    if (cancelled_) return fut;  // `pt` dies here: the future reports a broken promise
     queue_.push_back(std::move(pt));
   }
   cv_.notify_one();

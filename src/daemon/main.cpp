@@ -363,6 +363,36 @@ int main(int argc, char** argv) {
     spdlog::critical("cannot create the FUSE session (options: {})", fuse_opts);
     return 1;
   }
+  // The index is opened, and every checkpoint it knows is put in the view,
+  // before mounting: a start that cannot work fails here with its cause and
+  // a non-zero exit (the parent of a daemonized ckptfs exits only after
+  // this), and when `mount` returns the known checkpoints are visible.
+  std::vector<std::string> warnings;
+  auto index = Index::Open(state_dir, &warnings);
+  for (const auto& w : warnings) spdlog::warn("{}", w);
+  if (!index.ok()) {
+    spdlog::critical("{}", index.status().message());
+    fuse_session_destroy(se);
+    return 1;
+  }
+
+  CatalogWatcher::Options wo;
+  wo.source = real_source;
+  wo.catalog.symlinks = o.symlinks;
+  wo.catalog.excluded_paths = {real_mountpoint};  // never walk into our own mount, however reached
+  wo.rescan_s = o.rescan_s;
+  wo.settle_s = o.settle_s;
+  wo.threads = o.threads;
+  wo.before_hash = PauseBeforeHashHook();
+  CatalogWatcher watcher(wo, index->get(), &view, [se](const View::Changes& changes) {
+    for (const auto& [parent, name] : changes.entries) {
+      fuse_lowlevel_notify_inval_entry(se, parent, name.c_str(), name.size());
+    }
+    // Attributes cached for a day must not keep granting what SRC revoked.
+    for (InodeId ino : changes.inodes) fuse_lowlevel_notify_inval_inode(se, ino, -1, 0);
+  });
+  watcher.ShowIndexed();
+
   if (fuse_set_signal_handlers(se) != 0 || fuse_session_mount(se, o.mountpoint.c_str()) != 0) {
     spdlog::critical("cannot mount {} at {} (is /dev/fuse there, and fusermount3 installed?)", o.source,
                      o.mountpoint);
@@ -378,6 +408,11 @@ int main(int argc, char** argv) {
   if (!o.foreground) {
     spdlog::drop_all();
     SetupLogging(o, /*to_syslog=*/true);
+  }
+  // Another path to our own mount (a bind mount inside SRC) is refused by
+  // its device, known only now that it is mounted.
+  if (unsigned major = 0, minor = 0; std::sscanf(MountDevice(real_mountpoint).c_str(), "%u:%u", &major, &minor) == 2) {
+    watcher.ExcludeDevice(makedev(major, minor));
   }
 
   LowerOomScore();
@@ -414,34 +449,6 @@ int main(int argc, char** argv) {
   daemon::HeaderStamper stamper;
   if (o.stamp_headers) ctx.stamper = &stamper;
 
-  std::vector<std::string> warnings;
-  auto index = Index::Open(state_dir, &warnings);
-  for (const auto& w : warnings) spdlog::warn("{}", w);
-  if (!index.ok()) {
-    spdlog::critical("{}", index.status().message());
-    fuse_session_unmount(se);
-    fuse_session_destroy(se);
-    return 1;
-  }
-
-  CatalogWatcher::Options wo;
-  wo.source = real_source;
-  wo.catalog.symlinks = o.symlinks;
-  wo.catalog.excluded_paths = {real_mountpoint};  // never walk into our own mount, however reached
-  if (unsigned major = 0, minor = 0; std::sscanf(MountDevice(real_mountpoint).c_str(), "%u:%u", &major, &minor) == 2) {
-    wo.catalog.excluded_devices.push_back(makedev(major, minor));
-  }
-  wo.rescan_s = o.rescan_s;
-  wo.settle_s = o.settle_s;
-  wo.threads = o.threads;
-  wo.before_hash = PauseBeforeHashHook();
-  CatalogWatcher watcher(wo, index->get(), &view, [se](const View::Changes& changes) {
-    for (const auto& [parent, name] : changes.entries) {
-      fuse_lowlevel_notify_inval_entry(se, parent, name.c_str(), name.size());
-    }
-    // Attributes cached for a day must not keep granting what SRC revoked.
-    for (InodeId ino : changes.inodes) fuse_lowlevel_notify_inval_inode(se, ino, -1, 0);
-  });
   ctx.on_source_changed = [&watcher] { watcher.RequestRescan(); };
   ctx.on_corrupt_chunk = [&](const View::Node& file, const Status& why) {
     if (Status s = (*index)->ForgetFile(file.stamp.dev, file.stamp.ino); !s.ok()) spdlog::error("{}", s.message());
@@ -497,10 +504,15 @@ int main(int argc, char** argv) {
   fuse_loop_cfg_destroy(cfg);
   if (readahead_setter.joinable()) readahead_setter.join();
 
+  // Shutdown, in the order that keeps every part's users alive: no new
+  // commands, no queued read-ahead (it would call into the watcher and the
+  // index), the watcher's thread stopped (an in-progress hash gives up at its
+  // next chunk), and only then the mount and the index.
   spdlog::info("unmounting {}", o.mountpoint);
   g_watcher_for_sighup = nullptr;
-  watcher.Stop();
   control.Stop();
+  readahead_pool.Cancel();
+  watcher.Stop();
   fuse_remove_signal_handlers(se);
   fuse_session_unmount(se);
   fuse_session_destroy(se);

@@ -72,6 +72,7 @@ IndexReport Indexer::Run(const CatalogScan& scan) {
   ThreadPool chunk_pool(threads);
   FileHasher hasher(&chunk_pool);
   hasher.set_source_root(scan.real_root);
+  hasher.set_cancel(options_.cancel);
   if (options_.on_bytes) hasher.set_progress(options_.on_bytes);
   if (options_.chunk_read_hook) hasher.set_chunk_read_hook(options_.chunk_read_hook);
 
@@ -81,6 +82,10 @@ IndexReport Indexer::Run(const CatalogScan& scan) {
 
   auto worker = [&] {
     for (size_t i = next++; i < to_hash.size(); i = next++) {
+      if (options_.cancel != nullptr && options_.cancel->load()) {
+        to_hash[i]->error = to_hash[i]->open_path + ": not hashed (the daemon is stopping)";
+        continue;
+      }
       FileJob& job = *to_hash[i];
       if (options_.before_hash) options_.before_hash(job.open_path);
       for (int attempt = 1;; ++attempt) {

@@ -84,6 +84,10 @@ Result<FileHashes> FileHasher::Hash(const std::string& path, const FileStamp& ex
       break;
     }
     if (hook_) hook_(path, i);
+    if (cancel_ != nullptr && cancel_->load()) {
+      failure = Status::Error(path + ": hashing cancelled (the daemon is stopping)");
+      break;
+    }
     ChunkHash* slot_out = &out.chunks[i];
     if (chunk_pool_ != nullptr) {
       pending[slot] = chunk_pool_->Submit([buf, want, slot_out] { *slot_out = HashChunk(buf, want); });

@@ -79,6 +79,11 @@ CatalogWatcher::CatalogWatcher(Options options, Index* index, View* view, Change
 
 CatalogWatcher::~CatalogWatcher() { Stop(); }
 
+void CatalogWatcher::ShowIndexed() {
+  ScanOnce(/*index_unknown=*/false);
+  ++scans_;
+}
+
 void CatalogWatcher::Start() {
   inotify_.reset(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
   if (!inotify_.valid()) {
@@ -223,7 +228,7 @@ void CatalogWatcher::PublishExposed(const std::map<std::string, AccessPath>& dir
   if (!changes.empty() && on_change_) on_change_(changes);
 }
 
-void CatalogWatcher::ScanOnce() {
+void CatalogWatcher::ScanOnce(bool index_unknown) {
   auto result = ScanSourceTree(options_.source, options_.catalog);
   if (!result.ok()) {
     if (result.status().message() != last_scan_error_) {
@@ -364,6 +369,7 @@ void CatalogWatcher::ScanOnce() {
     SetState(st);
   }
   PublishExposed(scan.dirs);
+  if (!index_unknown) return;
 
   // The rest: hashed one checkpoint at a time, each shown when done. Many
   // small ones finish faster than the view is worth rebuilding, so publish
@@ -384,6 +390,7 @@ void CatalogWatcher::ScanOnce() {
     IndexerOptions options;
     options.threads = options_.threads;
     options.before_hash = options_.before_hash;
+    options.cancel = &stop_;
     options.on_plan = [this, path = cp->abs_path](uint64_t total) {
       std::lock_guard lock(mu_);
       states_[path].bytes_total = total;

@@ -433,8 +433,13 @@ TEST_F(MountTest, MountPointInsideTheSourceIsNeverWalked) {
   mnt_ = src_ + "/models";
   auto m = Mount();
   ASSERT_TRUE(WaitForDigests(1)) << m->Log();
+  auto scans = [&] {
+    auto j = nlohmann::json::parse(RunCommand(kCtl + " status --json " + mnt_).out, nullptr, false);
+    return j.is_object() ? j.value("scans", uint64_t{0}) : uint64_t{0};
+  };
+  const uint64_t before = scans();
   EXPECT_EQ(RunCommand(kCtl + " rescan " + mnt_).exit_code, 0);
-  ASSERT_TRUE(WaitFor([&] { return RunCommand(kCtl + " status --json " + mnt_).out.find("\"scans\": 2") != std::string::npos; }));
+  ASSERT_TRUE(WaitFor([&] { return scans() > before; }));
   EXPECT_EQ(DigestDirs(mnt_).size(), 1u);  // answered: no deadlock, nothing from inside the mount
 }
 
