@@ -2,19 +2,36 @@
 // the xattr user.ckptfs.control of the mount root. A client sends one JSON
 // line ({"cmd": "status"}) and reads JSON lines back: zero or more progress
 // lines ({"progress": done, "total": n}) for long work, then the answer
-// ({"ok": true, ...} or {"ok": false, "error": "..."}). Each connection is
-// served on its own thread, so a long preload does not hold up `status`.
+// ({"ok": true, ...} or {"ok": false, "error": "..."}). Paths are bytes and
+// travel in the encoding of json_path.h, both ways: handlers see and return
+// plain byte strings; the server encodes and decodes.
 // The peer's credentials (SO_PEERCRED) decide:
 // queries are open to everyone who can reach the socket; changes are for root
 // and the user who mounted.
+//
+// Any local user can connect, so serving is bounded (issue 11): open
+// connections per uid and in all, the size of a request and the time to send
+// it, the time a reply may wait for a client that does not read, and the
+// threads: one accepts and reads requests for all connections, a small pool
+// answers queries, and a separate pool runs long commands (preload), so a
+// long preload never holds up `status`. The server never holds more than
+// total + 2 * per_uid + 5 descriptors (the connections, the listening socket,
+// an eventfd, epoll, a reserve, one client being refused), however many
+// clients come; out of descriptors, it refuses with a line and does not spin. No
+// exception from a handler, or from encoding its reply, reaches the serving
+// threads: the client gets an error line and the server goes on.
 #pragma once
 
+#include <sys/resource.h>
+#include <sys/types.h>
+
 #include <atomic>
-#include <condition_variable>
-#include <mutex>
+#include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -24,10 +41,37 @@
 
 namespace ckptfs {
 
+class ThreadPool;
+
 // Where the control socket of `mountpoint` lives: /run/ckptfs for root,
 // $XDG_RUNTIME_DIR/ckptfs otherwise (else the state directory), named by a
 // hash of the mount point's canonical path.
 std::string ControlSocketPath(const std::string& canonical_mountpoint, const std::string& state_dir);
+
+// Raises this process's soft limit on open files to its hard limit and
+// returns the new soft limit. The usual soft limit (1024) is a relic of
+// select(); a daemon that every engine reads through must not fail a read
+// with EIO for want of a descriptor while the hard limit allows more. Meant
+// for the daemon's main(), before any thread starts.
+Result<rlim_t> RaiseOpenFileLimit();
+
+struct ControlLimits {
+  // Open connections of one uid, root's included: a flood from one uid must
+  // not shut the others out. ckptfsctl uses one connection per command.
+  size_t per_uid = 16;
+  // Open connections of unprivileged clients together. Root and the mount's
+  // owner are not counted here (only against per_uid), so an admin can still
+  // ask `status` while others hold every place.
+  size_t total = 128;
+  size_t max_request = 64 * 1024;
+  // From accept to a whole request line; ckptfsctl sends at once.
+  std::chrono::milliseconds request_timeout{5000};
+  // How long one write of a reply may wait for a client that does not read.
+  std::chrono::milliseconds send_timeout{10000};
+  unsigned query_threads = 4;
+  unsigned long_threads = 2;  // at most this many long commands run at once; more wait their turn
+  std::vector<std::string> long_commands{"preload"};
+};
 
 class ControlServer {
  public:
@@ -43,7 +87,7 @@ class ControlServer {
   };
   using Handler = std::function<nlohmann::json(const Request&)>;
 
-  ControlServer(std::string path, Handler handler) : path_(std::move(path)), handler_(std::move(handler)) {}
+  ControlServer(std::string path, Handler handler, ControlLimits limits = {});
   ~ControlServer();  // stops and removes the socket
   ControlServer(const ControlServer&) = delete;
   ControlServer& operator=(const ControlServer&) = delete;
@@ -53,22 +97,49 @@ class ControlServer {
   const std::string& path() const { return path_; }
 
  private:
+  struct Connection;
+  class Admissions;
+  using ConnectionPtr = std::shared_ptr<Connection>;
+
+  // The accepting and reading thread.
   void Run();
-  void Serve(int fd);
+  void RunOnce();
+  int NextTimeoutMs() const;
+  void AcceptAll();
+  bool RefuseWithReserveFd();
+  void LogRefusal(const std::string& why);
+  void Admit(UniqueFd fd);
+  void ReadRequest(int fd);
+  void Dispatch(int fd, std::string line);
+  void Drop(int fd, const std::string& why);
+  void ExpireIdle();
+  // On a pool thread.
+  void Serve(Connection& c, nlohmann::json body);
+  nlohmann::json Answer(Connection& c, nlohmann::json body);
 
   std::string path_;
   Handler handler_;
+  ControlLimits limits_;
   UniqueFd listen_;
   UniqueFd wake_;
+  UniqueFd epoll_;
+  UniqueFd reserve_;  // closed to accept-and-refuse a client when descriptors run out
   std::atomic<bool> stop_{false};
+  std::unique_ptr<Admissions> admissions_;
+  std::unique_ptr<ThreadPool> query_pool_;
+  std::unique_ptr<ThreadPool> long_pool_;
   std::thread thread_;
-  std::mutex conn_mu_;
-  std::condition_variable conn_cv_;
-  int connections_ = 0;
+  // Owned by the accepting thread: connections still sending their request.
+  std::unordered_map<int, ConnectionPtr> reading_;
+  std::chrono::steady_clock::time_point accept_paused_until_{};
+  std::chrono::steady_clock::time_point last_refusal_log_{};
+  uint64_t refusals_unlogged_ = 0;
 };
 
 // Client side: sends `request` to the socket and returns the final reply,
-// handing progress lines to `on_progress` if given.
+// handing progress lines to `on_progress` if given. Non-UTF-8 strings in the
+// request are encoded; the reply comes back as sent (encoded): apply
+// DecodeJsonPaths before using its paths as bytes.
 Result<nlohmann::json> ControlCall(const std::string& socket_path, const nlohmann::json& request,
                                    const std::function<void(const nlohmann::json&)>& on_progress = nullptr);
 

@@ -1,25 +1,40 @@
 #include "ckptfs/control.h"
 
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include <spdlog/spdlog.h>
 
 #include "ckptfs/hashes.h"
+#include "ckptfs/json_path.h"
+#include "ckptfs/thread_pool.h"
 
 namespace ckptfs {
 
 namespace {
 
-constexpr size_t kMaxRequest = 64 * 1024;
+using Clock = std::chrono::steady_clock;
+
+// How long accepting pauses when no descriptor is left even to refuse a
+// client: the listening socket stays readable, and retrying at once would
+// spin a core.
+constexpr auto kAcceptPause = std::chrono::milliseconds(100);
+// One line in this long about refused clients, with the count since the last.
+constexpr auto kRefusalLogEvery = std::chrono::seconds(10);
 
 Status WriteAll(int fd, const std::string& data) {
   size_t done = 0;
@@ -82,7 +97,98 @@ sockaddr_un Address(const std::string& path) {
   return addr;
 }
 
+nlohmann::json ErrorReply(const std::string& why) { return {{"ok", false}, {"error", why}}; }
+
+// `message` as one line of JSON, paths encoded. Never throws for want of
+// UTF-8: a message that still cannot be written becomes an error line.
+std::string DumpLine(nlohmann::json message) {
+  std::string why;
+  try {
+    if (Status s = EncodeJsonPaths(message); !s.ok()) {
+      why = s.message();
+    } else {
+      return message.dump() + "\n";
+    }
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  spdlog::error("control: a reply cannot be sent as JSON: {}", why);
+  return ErrorReply("internal error: the reply cannot be sent as JSON: " + DisplayBytes(why))
+             .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+         "\n";
+}
+
+// A short line to a client about to be closed, without waiting for it.
+void SendNow(int fd, const std::string& why) {
+  const std::string line = DumpLine(ErrorReply(why));
+  if (::send(fd, line.data(), line.size(), MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+    spdlog::debug("control: cannot tell a client '{}': {}", why, std::strerror(errno));
+  }
+}
+
+std::string Millis(std::chrono::milliseconds ms) { return std::to_string(ms.count()) + " ms"; }
+
 }  // namespace
+
+// Counts open connections per uid and of unprivileged clients in all; a
+// Ticket holds one place and gives it back when the connection closes.
+class ControlServer::Admissions {
+ public:
+  class Ticket {
+   public:
+    Ticket(Admissions* owner, uid_t uid, bool in_total) : owner_(owner), uid_(uid), in_total_(in_total) {}
+    Ticket(Ticket&& o) noexcept : owner_(std::exchange(o.owner_, nullptr)), uid_(o.uid_), in_total_(o.in_total_) {}
+    Ticket(const Ticket&) = delete;
+    Ticket& operator=(const Ticket&) = delete;
+    Ticket& operator=(Ticket&&) = delete;
+    ~Ticket() {
+      if (owner_ != nullptr) owner_->Release(uid_, in_total_);
+    }
+
+   private:
+    Admissions* owner_;
+    uid_t uid_;
+    bool in_total_;
+  };
+
+  explicit Admissions(const ControlLimits& limits) : limits_(limits) {}
+
+  Result<Ticket> Admit(uid_t uid, bool privileged) {
+    std::lock_guard lock(mu_);
+    const auto it = per_uid_.find(uid);
+    if (it != per_uid_.end() && it->second >= limits_.per_uid) {
+      return Status::Error("too many control connections from uid " + std::to_string(uid) + " (limit " +
+                           std::to_string(limits_.per_uid) + "); closing");
+    }
+    if (!privileged && total_ >= limits_.total) {
+      return Status::Error("too many control connections (limit " + std::to_string(limits_.total) + "); closing");
+    }
+    ++per_uid_[uid];
+    if (!privileged) ++total_;
+    return Ticket(this, uid, !privileged);
+  }
+
+ private:
+  void Release(uid_t uid, bool in_total) {
+    std::lock_guard lock(mu_);
+    if (auto it = per_uid_.find(uid); it != per_uid_.end() && --it->second == 0) per_uid_.erase(it);
+    if (in_total) --total_;
+  }
+
+  const ControlLimits limits_;
+  std::mutex mu_;
+  std::map<uid_t, size_t> per_uid_;
+  size_t total_ = 0;
+};
+
+struct ControlServer::Connection {
+  UniqueFd fd;
+  ucred peer{};
+  Clock::time_point deadline;
+  std::string in;  // the request as read so far
+  Admissions::Ticket ticket;
+  std::vector<gid_t> groups;  // the peer's supplementary groups, at connect
+};
 
 std::string ControlSocketPath(const std::string& canonical_mountpoint, const std::string& state_dir) {
   const std::string name = ToHex(Sha256Of(canonical_mountpoint)).substr(0, 16) + ".sock";
@@ -92,6 +198,33 @@ std::string ControlSocketPath(const std::string& canonical_mountpoint, const std
   }
   return state_dir + "/" + name;
 }
+
+Result<rlim_t> RaiseOpenFileLimit() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return Status::FromErrno("getrlimit(RLIMIT_NOFILE)", errno);
+  rlim_t target = lim.rlim_max;
+  if (target == RLIM_INFINITY) {
+    // No descriptor table grows past fs.nr_open; asking for more fails.
+    target = 1 << 20;
+    if (std::FILE* f = std::fopen("/proc/sys/fs/nr_open", "re")) {
+      unsigned long long v = 0;
+      if (std::fscanf(f, "%llu", &v) == 1 && v > 0) target = static_cast<rlim_t>(v);
+      std::fclose(f);
+    }
+  }
+  if (lim.rlim_cur >= target) return lim.rlim_cur;
+  lim.rlim_cur = target;
+  if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) {
+    return Status::FromErrno("setrlimit(RLIMIT_NOFILE) to " + std::to_string(target), errno);
+  }
+  return lim.rlim_cur;
+}
+
+ControlServer::ControlServer(std::string path, Handler handler, ControlLimits limits)
+    : path_(std::move(path)),
+      handler_(std::move(handler)),
+      limits_(std::move(limits)),
+      admissions_(std::make_unique<Admissions>(limits_)) {}
 
 ControlServer::~ControlServer() { Stop(); }
 
@@ -103,7 +236,7 @@ Status ControlServer::Start() {
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
     return Status::FromErrno("cannot create " + dir, errno);
   }
-  listen_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  listen_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!listen_.valid()) return Status::FromErrno("socket", errno);
   ::unlink(path_.c_str());  // a stale socket of a killed daemon for the same mount point
   sockaddr_un addr = Address(path_);
@@ -112,8 +245,19 @@ Status ControlServer::Start() {
   }
   // Everyone may connect; what they may do is decided per request.
   ::chmod(path_.c_str(), 0666);
-  if (::listen(listen_.get(), 16) != 0) return Status::FromErrno("listen " + path_, errno);
+  if (::listen(listen_.get(), 128) != 0) return Status::FromErrno("listen " + path_, errno);
   wake_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
+  reserve_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (!wake_.valid() || !epoll_.valid() || !reserve_.valid()) {
+    return Status::FromErrno("control socket " + path_ + ": eventfd, epoll or /dev/null", errno);
+  }
+  for (int fd : {listen_.get(), wake_.get()}) {
+    epoll_event ev{EPOLLIN, {.fd = fd}};
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) return Status::FromErrno("epoll_ctl " + path_, errno);
+  }
+  query_pool_ = std::make_unique<ThreadPool>(std::max(1u, limits_.query_threads));
+  long_pool_ = std::make_unique<ThreadPool>(std::max(1u, limits_.long_threads));
   thread_ = std::thread([this] { Run(); });
   return Status::Ok();
 }
@@ -124,80 +268,268 @@ void ControlServer::Stop() {
   uint64_t one = 1;
   if (::write(wake_.get(), &one, sizeof one) < 0) {
   }
-  thread_.join();
-  std::unique_lock lock(conn_mu_);
-  conn_cv_.wait(lock, [this] { return connections_ == 0; });  // handlers watch stop_
+  thread_.join();  // closes the connections still sending requests
+  // Queued requests are answered "stopping"; running handlers watch stop_.
+  query_pool_.reset();
+  long_pool_.reset();
   ::unlink(path_.c_str());
 }
 
 void ControlServer::Run() {
   while (!stop_) {
-    pollfd fds[2] = {{listen_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
-    if (::poll(fds, 2, -1) < 0) continue;
-    if (fds[1].revents & POLLIN) break;
-    if (!(fds[0].revents & POLLIN)) continue;
-    int conn = ::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-    if (conn < 0) continue;
-    {
-      std::lock_guard lock(conn_mu_);
-      ++connections_;
+    try {
+      RunOnce();
+    } catch (const std::exception& e) {  // bad_alloc and the like: keep serving
+      spdlog::error("control socket {}: {}", path_, e.what());
+      std::this_thread::sleep_for(kAcceptPause);
     }
-    std::thread([this, conn] {
-      UniqueFd owned(conn);
-      Serve(owned.get());
-      std::lock_guard lock(conn_mu_);
-      --connections_;
-      conn_cv_.notify_all();
-    }).detach();
+  }
+  reading_.clear();
+}
+
+void ControlServer::RunOnce() {
+  epoll_event events[64];
+  const int n = ::epoll_wait(epoll_.get(), events, 64, NextTimeoutMs());
+  if (n < 0 && errno != EINTR) {
+    spdlog::error("control socket {}: epoll_wait: {}", path_, std::strerror(errno));
+    std::this_thread::sleep_for(kAcceptPause);
+  }
+  for (int i = 0; i < n && !stop_; ++i) {
+    const int fd = events[i].data.fd;
+    try {
+      if (fd == listen_.get()) {
+        AcceptAll();
+      } else if (fd != wake_.get()) {
+        ReadRequest(fd);
+      }
+    } catch (const std::exception& e) {  // drop the one connection it happened on
+      spdlog::error("control socket {}: {}", path_, e.what());
+      if (fd != listen_.get()) reading_.erase(fd);
+    }
+  }
+  ExpireIdle();
+  if (accept_paused_until_ != Clock::time_point{} && Clock::now() >= accept_paused_until_) {
+    accept_paused_until_ = {};
+    epoll_event ev{EPOLLIN, {.fd = listen_.get()}};
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, listen_.get(), &ev);
   }
 }
 
-void ControlServer::Serve(int fd) {
-  ucred cred{};
-  socklen_t len = sizeof cred;
-  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return;
-  nlohmann::json reply;
-  std::string pending;
-  auto line = ReadLine(fd, kMaxRequest, 5000, pending);
-  if (!line.ok()) {
-    reply = {{"ok", false}, {"error", line.status().message()}};
-  } else {
-    Request req;
-    req.body = nlohmann::json::parse(*line, nullptr, /*allow_exceptions=*/false);
-    req.peer_uid = cred.uid;
-    req.peer_gid = cred.gid;
-    req.peer_groups = PeerGroups(fd);
-    req.privileged = cred.uid == 0 || cred.uid == ::geteuid();
-    req.stopping = &stop_;
-    req.progress = [fd](const nlohmann::json& p) { return WriteAll(fd, p.dump() + "\n").ok(); };
-    if (req.body.is_discarded() || !req.body.is_object() || !req.body.contains("cmd") ||
-        !req.body["cmd"].is_string()) {
-      reply = {{"ok", false}, {"error", "malformed request: expected a JSON object with a string \"cmd\""}};
-    } else {
-      try {
-        reply = handler_(req);
-      } catch (const std::exception& e) {
-        reply = {{"ok", false}, {"error", std::string("internal error: ") + e.what()}};
-      }
-    }
+// Until the earliest request deadline or the end of an accept pause.
+int ControlServer::NextTimeoutMs() const {
+  Clock::time_point next = accept_paused_until_;
+  for (const auto& [fd, c] : reading_) {
+    if (next == Clock::time_point{} || c->deadline < next) next = c->deadline;
   }
-  if (Status s = WriteAll(fd, reply.dump() + "\n"); !s.ok()) spdlog::debug("{}", s.message());
+  if (next == Clock::time_point{}) return -1;
+  const auto ms = std::chrono::ceil<std::chrono::milliseconds>(next - Clock::now()).count();
+  return static_cast<int>(std::clamp<int64_t>(ms, 0, 60000));
+}
+
+void ControlServer::AcceptAll() {
+  for (int k = 0; k < 64; ++k) {  // then let the others' requests be read
+    int fd = ::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd >= 0) {
+      Admit(UniqueFd(fd));
+      continue;
+    }
+    const int err = errno;
+    if (err == EINTR || err == ECONNABORTED) continue;
+    if (err == EAGAIN || err == EWOULDBLOCK) return;
+    if (err == EMFILE || err == ENFILE) {
+      if (RefuseWithReserveFd()) continue;  // one client told why; more may wait
+      if (reserve_.valid()) return;         // nobody was waiting after all
+    } else {
+      LogRefusal("accept: " + std::string(std::strerror(err)));
+    }
+    // Nothing to accept with: stop watching the socket for a moment.
+    accept_paused_until_ = Clock::now() + kAcceptPause;
+    epoll_event ev{0, {.fd = listen_.get()}};
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, listen_.get(), &ev);
+    return;
+  }
+}
+
+// Out of descriptors: gives up the reserve for a moment to accept one client
+// and tell it why it is refused. True when a client was refused and the
+// reserve is back.
+bool ControlServer::RefuseWithReserveFd() {
+  if (!reserve_.valid()) {
+    reserve_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    return false;
+  }
+  reserve_.reset();
+  UniqueFd fd(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+  const bool refused = fd.valid();
+  if (refused) {
+    const std::string why = "the daemon is out of file descriptors; try again later";
+    SendNow(fd.get(), why);
+    LogRefusal(why);
+  }
+  fd.reset();
+  reserve_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  return refused && reserve_.valid();
+}
+
+// One line per kRefusalLogEvery about refused clients, with a count: a flood
+// must not become a flood of log lines.
+void ControlServer::LogRefusal(const std::string& why) {
+  ++refusals_unlogged_;
+  if (Clock::now() - last_refusal_log_ < kRefusalLogEvery) return;
+  spdlog::warn("control socket {}: {} ({} client(s) refused since the last such line)", path_, why,
+               refusals_unlogged_);
+  last_refusal_log_ = Clock::now();
+  refusals_unlogged_ = 0;
+}
+
+void ControlServer::Admit(UniqueFd fd) {
+  ucred peer{};
+  socklen_t len = sizeof peer;
+  if (::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) return;
+  const bool privileged = peer.uid == 0 || peer.uid == ::geteuid();
+  auto ticket = admissions_->Admit(peer.uid, privileged);
+  if (!ticket.ok()) {
+    SendNow(fd.get(), ticket.status().message());
+    LogRefusal(ticket.status().message());
+    return;
+  }
+  const int raw = fd.get();
+  std::vector<gid_t> groups = PeerGroups(fd.get());
+  auto c = std::make_shared<Connection>(Connection{std::move(fd), peer, Clock::now() + limits_.request_timeout, {},
+                                                   std::move(*ticket), std::move(groups)});
+  epoll_event ev{EPOLLIN | EPOLLRDHUP, {.fd = raw}};
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, raw, &ev) != 0) {
+    spdlog::error("control socket {}: epoll_ctl: {}", path_, std::strerror(errno));
+    return;
+  }
+  reading_.emplace(raw, std::move(c));
+}
+
+void ControlServer::ReadRequest(int fd) {
+  auto it = reading_.find(fd);
+  if (it == reading_.end()) return;
+  Connection& c = *it->second;
+  char buf[16384];
+  const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+  if (n < 0) {
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) reading_.erase(it);
+    return;
+  }
+  if (n == 0) {  // the client is done sending: what came is the request
+    if (c.in.empty()) {
+      reading_.erase(it);
+    } else {
+      Dispatch(fd, std::move(c.in));
+    }
+    return;
+  }
+  c.in.append(buf, static_cast<size_t>(n));
+  if (const size_t nl = c.in.find('\n'); nl != std::string::npos && nl <= limits_.max_request) {
+    c.in.resize(nl);
+    Dispatch(fd, std::move(c.in));
+  } else if (c.in.size() > limits_.max_request) {
+    Drop(fd, "control request longer than " + std::to_string(limits_.max_request) + " bytes; closing");
+  }
+}
+
+// Tells the client why and closes its connection.
+void ControlServer::Drop(int fd, const std::string& why) {
+  SendNow(fd, why);
+  reading_.erase(fd);
+}
+
+void ControlServer::ExpireIdle() {
+  const auto now = Clock::now();
+  std::vector<int> late;
+  for (const auto& [fd, c] : reading_) {
+    if (c->deadline <= now) late.push_back(fd);
+  }
+  for (int fd : late) {
+    Drop(fd, "no complete request within " + Millis(limits_.request_timeout) + "; closing");
+  }
+}
+
+// Hands a whole request to a pool: long commands to their own, so that they
+// cannot take every thread that answers queries.
+void ControlServer::Dispatch(int fd, std::string line) {
+  ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
+  ConnectionPtr c = std::move(reading_.at(fd));
+  reading_.erase(fd);
+  nlohmann::json body = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  const bool is_long = body.is_object() && body.contains("cmd") && body["cmd"].is_string() &&
+                       std::ranges::find(limits_.long_commands, body["cmd"].get<std::string>()) !=
+                           limits_.long_commands.end();
+  (is_long ? long_pool_ : query_pool_)->Submit([this, c, body = std::move(body)]() mutable {
+    Serve(*c, std::move(body));
+  });
+}
+
+void ControlServer::Serve(Connection& c, nlohmann::json body) {
+  try {
+    // Replies are written blocking, each write bounded by send_timeout, so a
+    // client that stops reading loses its connection, not a thread for good.
+    const int fd = c.fd.get();
+    const int flags = ::fcntl(fd, F_GETFL);
+    ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(limits_.send_timeout).count();
+    timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    nlohmann::json reply = Answer(c, std::move(body));
+    if (Status s = WriteAll(fd, DumpLine(std::move(reply))); !s.ok()) {
+      spdlog::debug("control: uid {}: {}", c.peer.uid, s.message());
+    }
+  } catch (const std::exception& e) {
+    spdlog::error("control socket {}: uid {}: {}", path_, c.peer.uid, e.what());
+  } catch (...) {
+    spdlog::error("control socket {}: uid {}: unknown exception", path_, c.peer.uid);
+  }
+}
+
+nlohmann::json ControlServer::Answer(Connection& c, nlohmann::json body) {
+  if (stop_) return ErrorReply("the daemon is stopping");
+  if (body.is_discarded() || !body.is_object() || !body.contains("cmd") || !body["cmd"].is_string()) {
+    return ErrorReply("malformed request: expected a JSON object with a string \"cmd\"");
+  }
+  if (Status s = DecodeJsonPaths(body); !s.ok()) return ErrorReply("malformed request: " + s.message());
+  const std::string cmd = DisplayBytes(body.value("cmd", std::string()));
+  Request req;
+  req.body = std::move(body);
+  req.peer_uid = c.peer.uid;
+  req.peer_gid = c.peer.gid;
+  req.peer_groups = c.groups;
+  req.privileged = c.peer.uid == 0 || c.peer.uid == ::geteuid();
+  req.stopping = &stop_;
+  const int fd = c.fd.get();
+  req.progress = [fd](const nlohmann::json& p) { return WriteAll(fd, DumpLine(p)).ok(); };
+  try {
+    return handler_(req);
+  } catch (const std::exception& e) {
+    spdlog::error("control: {} from uid {} failed: {}", cmd, c.peer.uid, e.what());
+    return ErrorReply(std::string("internal error: ") + e.what());
+  } catch (...) {
+    spdlog::error("control: {} from uid {} failed: unknown exception", cmd, c.peer.uid);
+    return ErrorReply("internal error: unknown exception");
+  }
 }
 
 Result<nlohmann::json> ControlCall(const std::string& socket_path, const nlohmann::json& request,
                                    const std::function<void(const nlohmann::json&)>& on_progress) {
+  nlohmann::json encoded = request;
+  if (Status s = EncodeJsonPaths(encoded); !s.ok()) return Status::Error("cannot encode the request: " + s.message());
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return Status::FromErrno("socket", errno);
   sockaddr_un addr = Address(socket_path);
   if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     return Status::FromErrno("cannot connect to the control socket " + socket_path, errno);
   }
-  if (Status s = WriteAll(fd.get(), request.dump() + "\n"); !s.ok()) return s;
+  // A server that refuses the connection (too many from this uid) says why
+  // and closes, perhaps before the request is written: read its line anyway.
+  const Status sent = WriteAll(fd.get(), encoded.dump() + "\n");
   std::string pending;
   for (;;) {
     // Long work sends progress at least every few seconds; silence this long means trouble.
-    auto line = ReadLine(fd.get(), 64 << 20, 600000, pending);
-    if (!line.ok()) return line.status();
+    auto line = ReadLine(fd.get(), 64 << 20, sent.ok() ? 600000 : 1000, pending);
+    if (!line.ok()) return sent.ok() ? line.status() : sent;
     auto reply = nlohmann::json::parse(*line, nullptr, false);
     if (reply.is_discarded()) return Status::Error("malformed reply from " + socket_path);
     if (reply.contains("progress")) {

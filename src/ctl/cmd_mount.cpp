@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <ctime>
 
+#include "ckptfs/json_path.h"
 #include "ckptfs/progress.h"
 #include "ctl.h"
 
@@ -57,8 +58,12 @@ int RunLs(const MountArgs& args) {
     return kExitFatal;
   }
   if (args.json) {
-    std::printf("%s\n", (*reply)["checkpoints"].dump(2).c_str());
+    std::printf("%s\n", (*reply)["checkpoints"].dump(2).c_str());  // still encoded: valid JSON
     return kExitOk;
+  }
+  if (Status s = DecodeJsonPaths(*reply); !s.ok()) {  // the exact bytes of paths, for printing
+    PrintError(args.mountpoint + ": malformed reply: " + s.message());
+    return kExitFatal;
   }
   std::printf("%-71s %6s %11s  %-16s  %s\n", "DIGEST", "FILES", "SIZE", "INDEXED", "BY-NAME");
   for (const auto& row : (*reply)["checkpoints"]) {

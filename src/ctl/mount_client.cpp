@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "ckptfs/control.h"
+#include "ckptfs/json_path.h"
 #include "ctl.h"
 
 namespace ckptfs::ctl {
@@ -43,7 +44,11 @@ Result<nlohmann::json> CallMount(const std::string& mountpoint, const nlohmann::
   auto reply = ControlCall(std::string(buf, static_cast<size_t>(n)), request, on_progress);
   if (!reply.ok()) return reply.status();
   if (!reply->value("ok", false)) {
-    return Status::Error(mountpoint + ": " + reply->value("error", std::string("request refused")));
+    // The error may name a path: print its exact bytes (json_path.h).
+    nlohmann::json exact = *reply;
+    std::string why = "request refused";
+    if (DecodeJsonPaths(exact).ok() && exact.contains("error") && exact["error"].is_string()) why = exact["error"];
+    return Status::Error(mountpoint + ": " + why);
   }
   return reply;
 }
@@ -59,8 +64,12 @@ std::optional<int> QueryMount(const std::string& mountpoint, const char* cmd, bo
     return kExitFatal;
   }
   if (json) {
-    std::printf("%s\n", r->dump(2).c_str());
+    std::printf("%s\n", r->dump(2).c_str());  // still encoded: valid JSON, paths exact in the _b64 members
     return kExitOk;
+  }
+  if (Status s = DecodeJsonPaths(*r); !s.ok()) {  // the exact bytes of paths, for printing
+    PrintError(mountpoint + ": malformed reply: " + s.message());
+    return kExitFatal;
   }
   *reply = std::move(*r);
   return std::nullopt;

@@ -285,6 +285,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   SetupLogging(o, /*to_syslog=*/false);
+  // Descriptors for every reader and control client: the soft limit of 1024
+  // is a relic of select(), and running out would turn reads into EIO.
+  if (auto limit = RaiseOpenFileLimit(); !limit.ok()) spdlog::warn("{}", limit.status().message());
 
   // Everything that can be refused is refused before mounting.
   struct stat src_st;
