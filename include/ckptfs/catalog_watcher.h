@@ -78,6 +78,10 @@ class CatalogWatcher {
   void Start();
   void Stop();
   void RequestRescan();
+  // A rescan asked for by the read path (a source found changed): coalesced
+  // and started at most once a second, so that readers of a changed file
+  // cannot keep the watcher walking SRC back to back.
+  void RequestRescanSoon();
   // Takes a digest out of the view at once (from any thread: the work is
   // done on the watcher's thread), e.g. when its content failed a check.
   void Withdraw(const std::string& name, const std::string& reason);
@@ -106,6 +110,7 @@ class CatalogWatcher {
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> rescan_requested_{true};
+  std::atomic<bool> soon_requested_{false};
   std::atomic<uint64_t> scans_{0};
   double next_settle_deadline_ = 0;  // monotonic seconds; 0 = none
 

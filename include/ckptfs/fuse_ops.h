@@ -11,6 +11,7 @@
 #include <functional>
 
 #include "ckptfs/chunk_cache.h"
+#include "ckptfs/refused_files.h"
 #include "ckptfs/source_reader.h"
 #include "ckptfs/thread_pool.h"
 #include "ckptfs/view.h"
@@ -27,6 +28,11 @@ struct FsContext {
   HeaderStamper* stamper = nullptr;  // set with stamp_headers
   // Chunks filled ahead of a sequential reader.
   unsigned readahead_chunks = 4;
+  // Read-ahead chunks in flight for all readers together, at most: what is
+  // read ahead must still be in the cache when the reader gets there, so the
+  // daemon bounds it by the host tier's size (a quarter of it).
+  uint64_t readahead_budget_chunks = 16;
+  std::atomic<uint64_t> readahead_in_flight{0};
   uint64_t readahead = 4ull << 20;  // the kernel's, for INIT
   // Kernel cache lifetimes: digest directories never change; the root and
   // by-name/ change when the source does.
@@ -39,6 +45,7 @@ struct FsContext {
   // Set once the kernel's INIT has been answered; the BDI read-ahead can only
   // be raised after that (the kernel lowers it to the INIT reply's value).
   std::function<void()> on_init;
+  RefusedFiles refused;  // files found changed or damaged: fail fast
   std::atomic<uint64_t> reads{0};
   std::atomic<uint64_t> bytes_read{0};
   std::atomic<uint64_t> failed_reads{0};
@@ -47,6 +54,12 @@ struct FsContext {
 // The verified chunk `index` of `file`, from the cache or filled from the
 // source; failures are reported to the context's callbacks.
 Result<ChunkCache::Ref> FetchChunk(FsContext& ctx, const View::NodePtr& file, uint64_t index, bool readahead);
+
+// Called with every failed fill of `file`: the first failure of a file is
+// logged and reported (a damaged chunk withdraws the digest, a changed source
+// asks for a rescan), later ones only counted, and the file is refused from
+// then on (see RefusedFiles).
+void ReportSourceFailure(FsContext& ctx, const View::Node& file, const Status& s);
 
 fuse_lowlevel_ops MakeOperations();
 

@@ -50,12 +50,7 @@ nlohmann::json HandlePreload(FsContext& ctx, const ControlServer::Request& r) {
           [&](uint8_t* dst, size_t n) { return ctx.reader->ReadChunk(f->source_path, f->stamp, *f->chunks, c, dst, n); },
           tier, pin);
       if (!s.ok()) {
-        if (s.code() == Status::Code::kCorrupt) {
-          ctx.cache->CountVerificationFailure();
-          if (ctx.on_corrupt_chunk) ctx.on_corrupt_chunk(*f, s);
-        } else if (s.code() == Status::Code::kChanged && ctx.on_source_changed) {
-          ctx.on_source_changed();
-        }
+        ReportSourceFailure(ctx, *f, s);
         return Refuse("preload stopped after " + std::to_string(done) + " bytes: " + s.message());
       }
       done += len;

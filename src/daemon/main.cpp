@@ -300,9 +300,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   struct stat mnt_st;
-  if (::stat(o.mountpoint.c_str(), &mnt_st) != 0 || !S_ISDIR(mnt_st.st_mode)) {
-    spdlog::critical("mount point {}: {}", o.mountpoint,
-                     errno && !S_ISDIR(mnt_st.st_mode) ? std::strerror(errno) : "Not a directory");
+  if (::stat(o.mountpoint.c_str(), &mnt_st) != 0) {
+    spdlog::critical("mount point {}: {}", o.mountpoint, std::strerror(errno));
+    return 1;
+  }
+  if (!S_ISDIR(mnt_st.st_mode)) {
+    spdlog::critical("mount point {}: Not a directory", o.mountpoint);
     return 1;
   }
   const std::string state_dir = o.state_dir.empty() ? DefaultStateDir() : o.state_dir;
@@ -440,7 +443,8 @@ int main(int argc, char** argv) {
       spdlog::info("GPU tier: {} bytes on {}", gpu_bytes, device->Describe());
     }
   }
-  ChunkCache cache({.host_capacity = HostCacheBytes(o),
+  const uint64_t host_bytes = HostCacheBytes(o);
+  ChunkCache cache({.host_capacity = host_bytes,
                     .gpu_capacity = gpu_bytes,
                     .device = device.get(),
                     .cuda_host_memory = cuda_device >= 0 && device != nullptr});
@@ -449,10 +453,11 @@ int main(int argc, char** argv) {
   ctx.cache = &cache;
   ctx.reader = &reader;
   ctx.readahead_pool = &readahead_pool;
+  ctx.readahead_budget_chunks = std::max<uint64_t>(1, host_bytes / kChunkSize / 4);
   daemon::HeaderStamper stamper;
   if (o.stamp_headers) ctx.stamper = &stamper;
 
-  ctx.on_source_changed = [&watcher] { watcher.RequestRescan(); };
+  ctx.on_source_changed = [&watcher] { watcher.RequestRescanSoon(); };
   ctx.on_corrupt_chunk = [&](const View::Node& file, const Status& why) {
     if (Status s = (*index)->ForgetFile(file.stamp.dev, file.stamp.ino); !s.ok()) spdlog::error("{}", s.message());
     watcher.Withdraw(file.digest, why.message());

@@ -41,8 +41,11 @@ Result<double> ParseSeconds(const std::string& key, const std::string& value) {
   char* end = nullptr;
   errno = 0;
   double v = std::strtod(value.c_str(), &end);
-  if (value.empty() || *end != '\0' || errno != 0 || !std::isfinite(v) || v < 0) {
-    return Status::Error("option " + key + "=" + value + ": expected a number of seconds >= 0");
+  // A year at most: durations become nanosecond counts in int64 (settle=9.3e9
+  // would overflow into "no settle"), and nothing here needs longer.
+  constexpr double kMaxSeconds = 365.0 * 24 * 3600;
+  if (value.empty() || *end != '\0' || errno != 0 || !std::isfinite(v) || v < 0 || v > kMaxSeconds) {
+    return Status::Error("option " + key + "=" + value + ": expected a number of seconds from 0 to 31536000 (a year)");
   }
   return v;
 }

@@ -242,7 +242,15 @@ void ReadAhead(FsContext& ctx, OpenFile& f, uint64_t last_chunk) {
   if (from >= target) return;
   f.readahead_until = target;
   for (uint64_t c = from; c < target; ++c) {
-    ctx.readahead_pool->Submit([&ctx, node = f.node, c] { (void)FetchChunk(ctx, node, c, /*readahead=*/true); });
+    if (ctx.readahead_in_flight.fetch_add(1) >= ctx.readahead_budget_chunks) {
+      ctx.readahead_in_flight.fetch_sub(1);
+      f.readahead_until = c;  // the rest when there is room again
+      return;
+    }
+    ctx.readahead_pool->Submit([&ctx, node = f.node, c] {
+      (void)FetchChunk(ctx, node, c, /*readahead=*/true);
+      ctx.readahead_in_flight.fetch_sub(1);
+    });
   }
 }
 
@@ -398,7 +406,27 @@ void RoWrite(fuse_req_t req, fuse_ino_t, const char*, size_t, off_t, fuse_file_i
 
 }  // namespace
 
+void ReportSourceFailure(FsContext& ctx, const View::Node& file, const Status& s) {
+  const bool changed = s.code() == Status::Code::kChanged, corrupt = s.code() == Status::Code::kCorrupt;
+  if (!changed && !corrupt) {
+    spdlog::error("{}: {}", file.digest, s.message());
+    return;
+  }
+  if (corrupt) ctx.cache->CountVerificationFailure();
+  if (!ctx.refused.Add(file.sha256, file.stamp)) return;  // already reported
+  if (corrupt) {
+    spdlog::error("{}: {}; the digest is withdrawn and the file will be hashed again", file.digest, s.message());
+    if (ctx.on_corrupt_chunk) ctx.on_corrupt_chunk(file, s);
+  } else {
+    spdlog::warn("{}: {}; its bytes are no longer served under this digest", file.digest, s.message());
+    if (ctx.on_source_changed) ctx.on_source_changed();
+  }
+}
+
 Result<ChunkCache::Ref> FetchChunk(FsContext& ctx, const View::NodePtr& file, uint64_t index, bool readahead) {
+  if (ctx.refused.Contains(file->sha256, file->stamp)) {
+    return Status::Changed(file->source_path + ": no longer holds the bytes indexed for " + file->digest);
+  }
   const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunkSize, file->size - index * kChunkSize));
   ChunkKey key{file->sha256, static_cast<uint32_t>(index)};
   auto ref = ctx.cache->Get(
@@ -407,19 +435,7 @@ Result<ChunkCache::Ref> FetchChunk(FsContext& ctx, const View::NodePtr& file, ui
         return ctx.reader->ReadChunk(file->source_path, file->stamp, *file->chunks, index, dst, n);
       },
       readahead);
-  if (!ref.ok()) {
-    const Status& s = ref.status();
-    if (s.code() == Status::Code::kCorrupt) {
-      ctx.cache->CountVerificationFailure();
-      spdlog::error("{}: {}; the digest is withdrawn and the file will be hashed again", file->digest, s.message());
-      if (ctx.on_corrupt_chunk) ctx.on_corrupt_chunk(*file, s);
-    } else if (s.code() == Status::Code::kChanged) {
-      spdlog::warn("{}: {}; its bytes are no longer served under this digest", file->digest, s.message());
-      if (ctx.on_source_changed) ctx.on_source_changed();
-    } else {
-      spdlog::error("{}: {}", file->digest, s.message());
-    }
-  }
+  if (!ref.ok()) ReportSourceFailure(ctx, *file, ref.status());
   return ref;
 }
 

@@ -111,6 +111,13 @@ void CatalogWatcher::RequestRescan() {
   }
 }
 
+void CatalogWatcher::RequestRescanSoon() {
+  soon_requested_ = true;
+  uint64_t one = 1;
+  if (::write(wake_.get(), &one, sizeof one) < 0) {
+  }
+}
+
 void CatalogWatcher::Withdraw(const std::string& name, const std::string& reason) {
   {
     std::lock_guard lock(mu_);
@@ -122,8 +129,13 @@ void CatalogWatcher::Withdraw(const std::string& name, const std::string& reason
 void CatalogWatcher::Run() {
   double next_periodic = std::numeric_limits<double>::infinity();
   double next_debounced = std::numeric_limits<double>::infinity();
+  double last_scan_end = -std::numeric_limits<double>::infinity();
+  constexpr double kReadTriggeredEveryS = 1.0;
   while (!stop_) {
     const double now = MonotonicSeconds();
+    if (soon_requested_.exchange(false)) {
+      next_debounced = std::min(next_debounced, std::max(now + kDebounceS, last_scan_end + kReadTriggeredEveryS));
+    }
     std::map<std::string, std::string> withdrawals;
     {
       std::lock_guard lock(mu_);
@@ -148,6 +160,7 @@ void CatalogWatcher::Run() {
       next_settle_deadline_ = 0;
       ScanOnce();
       ++scans_;
+      last_scan_end = MonotonicSeconds();
       next_periodic = options_.rescan_s > 0 ? MonotonicSeconds() + options_.rescan_s
                                             : std::numeric_limits<double>::infinity();
       continue;

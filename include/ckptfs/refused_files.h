@@ -1,0 +1,41 @@
+// Files whose source was found changed or damaged while serving them. Once a
+// read found that the bytes behind (SHA-256, stamp) are no longer the ones
+// indexed, every later read of it fails at once with EIO instead of reading
+// the source again: a reader looping over a changed file must not turn each
+// of its reads into 4 MiB of source I/O, a log line and a rescan.
+//
+// Keyed by the expected content and the stamp together: the same path with
+// the same stamp but a new digest (re-indexed after bit rot) is another key.
+#pragma once
+
+#include <cstddef>
+#include <deque>
+#include <mutex>
+#include <set>
+#include <utility>
+
+#include "ckptfs/file_stamp.h"
+#include "ckptfs/hashes.h"
+
+namespace ckptfs {
+
+class RefusedFiles {
+ public:
+  explicit RefusedFiles(size_t capacity = 4096) : capacity_(capacity) {}
+
+  // True if this is news (the caller reports it once); false if known.
+  bool Add(const Sha256Digest& sha256, const FileStamp& stamp);
+  bool Contains(const Sha256Digest& sha256, const FileStamp& stamp) const;
+
+ private:
+  using Key = std::pair<Sha256Digest, FileStamp>;
+  struct Less {
+    bool operator()(const Key& a, const Key& b) const;
+  };
+  const size_t capacity_;
+  mutable std::mutex mu_;
+  std::set<Key, Less> keys_;
+  std::deque<Key> order_;  // oldest first, to stay within capacity
+};
+
+}  // namespace ckptfs
