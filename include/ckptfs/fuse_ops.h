@@ -33,6 +33,11 @@ struct FsContext {
   // daemon bounds it by the host tier's size (a quarter of it).
   uint64_t readahead_budget_chunks = 16;
   std::atomic<uint64_t> readahead_in_flight{0};
+  // Chunks the host tier holds, and files open now: each reader's window
+  // shrinks so that every reader's current chunk and its read-ahead fit in
+  // the cache together (read ahead that is evicted before use is pure waste).
+  uint64_t cache_chunks = 64;
+  std::atomic<uint64_t> open_files{0};
   uint64_t readahead = 4ull << 20;  // the kernel's, for INIT
   // Kernel cache lifetimes: digest directories never change; the root and
   // by-name/ change when the source does.

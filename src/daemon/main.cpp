@@ -454,6 +454,7 @@ int main(int argc, char** argv) {
   ctx.reader = &reader;
   ctx.readahead_pool = &readahead_pool;
   ctx.readahead_budget_chunks = std::max<uint64_t>(1, host_bytes / kChunkSize / 4);
+  ctx.cache_chunks = host_bytes / kChunkSize;
   daemon::HeaderStamper stamper;
   if (o.stamp_headers) ctx.stamper = &stamper;
 

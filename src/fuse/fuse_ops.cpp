@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <sys/uio.h>
 #include <vector>
@@ -207,6 +208,11 @@ struct OpenFile {
   View::NodePtr node;
   std::atomic<uint64_t> next_offset{0};
   std::atomic<uint64_t> readahead_until{0};  // chunks below this were requested
+  // The chunk this reader is in, held so that other readers' fills cannot
+  // evict it half-read (the kernel reads a chunk in several requests; each
+  // eviction in between would read its 4 MiB from the source again).
+  std::mutex mu;
+  ChunkCache::Ref current;
 };
 
 void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
@@ -226,6 +232,7 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (!Allowed(req, *n, kWantRead)) return;
   auto f = std::make_unique<OpenFile>();
   f->node = n;
+  ++Ctx(req).open_files;
   fi->fh = reinterpret_cast<uint64_t>(f.release());
   fi->keep_cache = 1;  // the bytes behind this name can never change
   fi->noflush = 1;
@@ -236,7 +243,13 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 // source's I/O and the checks overlap the reader's consumption.
 void ReadAhead(FsContext& ctx, OpenFile& f, uint64_t last_chunk) {
   const uint64_t chunks = ChunkCount(f.node->size);
-  const uint64_t target = std::min<uint64_t>(chunks, last_chunk + 1 + ctx.readahead_chunks);
+  // Two chunks per open file (the one being read and the next the kernel
+  // asks for) come first; read ahead only into what is left.
+  const uint64_t readers = std::max<uint64_t>(1, ctx.open_files.load());
+  const uint64_t share = ctx.cache_chunks / readers;
+  const uint64_t window = std::min<uint64_t>(ctx.readahead_chunks, share > 2 ? share - 2 : 0);
+  if (window == 0) return;
+  const uint64_t target = std::min<uint64_t>(chunks, last_chunk + 1 + window);
   uint64_t from = f.readahead_until.load();
   from = std::max(from, last_chunk + 1);
   if (from >= target) return;
@@ -322,10 +335,15 @@ void Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi
   ++ctx.reads;
   ctx.bytes_read += end - begin;
   fuse_reply_iov(req, iov.data(), static_cast<int>(iov.size()));
+  if (!refs.empty()) {
+    std::lock_guard lock(f->mu);
+    f->current = std::move(refs.back());
+  }
 }
 
 void Release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   delete reinterpret_cast<OpenFile*>(fi->fh);
+  --Ctx(req).open_files;
   fuse_reply_err(req, 0);
 }
 

@@ -1,0 +1,239 @@
+// What no file in SRC and no local user may do to the daemon (issue 11):
+// crash it, hang it, or make it burn I/O, CPU, log lines or memory without
+// bound. Each test runs the real daemon under a temporary directory and
+// unmounts what it mounted, even when it fails; each states the bound it
+// checks, and none is a timing assertion on this noisy machine: "does not
+// hang" is a generous timeout (timeout(1)) around the operation.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "ckptfs/file_stamp.h"
+#include "ckptfs/index.h"
+#include "mounted_ckptfs.h"
+#include "test_tree.h"
+
+namespace ckptfs::testing {
+namespace {
+
+namespace fs = std::filesystem;
+// CKPTFS_TEST_DAEMON and CKPTFS_TEST_CTL point the suite at another build (to
+// show that it fails on an older daemon).
+std::string FromEnv(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : fallback;
+}
+const std::string kDaemon = FromEnv("CKPTFS_TEST_DAEMON", CKPTFS_PATH);
+const std::string kCtl = FromEnv("CKPTFS_TEST_CTL", CKPTFSCTL_PATH);
+constexpr size_t kMiB = 1 << 20;
+
+class RobustnessTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<MountedCkptfs> Mount(const std::string& extra = "") {
+    std::string opts = "state=" + state_ + ",settle=0,rescan=0";
+    if (!extra.empty()) opts += "," + extra;
+    auto m = std::make_unique<MountedCkptfs>(kDaemon, src_, mnt_, opts,
+                                             tmp_ / ("daemon-" + std::to_string(++mounts_) + ".log"));
+    EXPECT_TRUE(m->ok()) << m->Log();
+    return m;
+  }
+  nlohmann::json Ctl(const std::string& cmd) {
+    auto j = nlohmann::json::parse(RunCommand(kCtl + " " + cmd + " --json " + mnt_).out, nullptr, false);
+    return j.is_discarded() ? nlohmann::json::object() : j;
+  }
+  std::string Digest(const std::string& by_name) {
+    std::error_code ec;
+    auto t = fs::read_symlink(mnt_ + "/by-name/" + by_name, ec);
+    return ec ? "" : t.filename().string();
+  }
+  static size_t Count(const std::string& haystack, const std::string& needle) {
+    size_t n = 0;
+    for (size_t p = haystack.find(needle); p != std::string::npos; p = haystack.find(needle, p + 1)) ++n;
+    return n;
+  }
+
+  TempDir tmp_{"ckptfs-robust"};
+  std::string src_ = tmp_ / "src";
+  std::string mnt_ = tmp_ / "mnt";
+  std::string state_ = tmp_ / "state";
+  int mounts_ = 0;
+};
+
+// Item 3: a FIFO put in place of an indexed file. Reads of the old digest
+// fail (EIO) instead of parking every FUSE worker in open(); the daemon keeps
+// answering, indexes what comes next, and unmounts. Bound: each read returns
+// within 20 s (timeout(1)); on the daemon before the fix it never returned.
+TEST_F(RobustnessTest, AFifoInPlaceOfAnIndexedFileHangsNothing) {
+  WriteFile(src_ + "/m/model.bin", RandomBytes(kMiB, 1));
+  WriteFile(src_ + "/m/config.json", "{}");
+  auto m = Mount();
+  ASSERT_TRUE(WaitFor([&] { return !Digest("m").empty(); })) << m->Log();
+  const std::string old_file = mnt_ + "/" + Digest("m") + "/config.json";
+  ASSERT_EQ(::unlink((src_ + "/m/config.json").c_str()), 0);
+  ASSERT_EQ(::mkfifo((src_ + "/m/config.json").c_str(), 0644), 0);
+  std::vector<std::thread> readers;
+  std::atomic<int> hung{0}, served{0};
+  for (int i = 0; i < 16; ++i) {
+    readers.emplace_back([&] {
+      CommandResult r = RunCommand("timeout 20 dd if=" + ShellQuote(old_file) + " iflag=direct bs=4096 of=/dev/null");
+      if (r.exit_code == 124) ++hung;
+      if (r.exit_code == 0) ++served;
+    });
+  }
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(hung.load(), 0) << m->Log();
+  EXPECT_EQ(served.load(), 0) << "bytes were served from a FIFO under an old digest";
+  EXPECT_EQ(RunCommand("timeout 20 " + kCtl + " status " + mnt_).exit_code, 0);
+  WriteFile(src_ + "/later/model.bin", "w");
+  EXPECT_TRUE(WaitFor([&] { return !Digest("later").empty(); })) << m->Log();
+  m->Unmount();
+  EXPECT_FALSE(IsMounted(mnt_));
+}
+
+// Item 7: an empty member is stored in the index like any file, so an
+// unchanged tree is never hashed again.
+TEST_F(RobustnessTest, AnEmptyMemberFileIsIndexedOnce) {
+  WriteFile(src_ + "/m/model.bin", "weights");
+  WriteFile(src_ + "/m/empty.txt", "");
+  const std::string ctl = kCtl + " --state " + ShellQuote(state_) + " digest -v " + ShellQuote(src_) + " 2>&1";
+  CommandResult first = RunCommand(ctl);
+  ASSERT_EQ(first.exit_code, 0) << first.out;
+  EXPECT_EQ(first.out.find("NOT NULL"), std::string::npos) << first.out;
+  CommandResult second = RunCommand(ctl);
+  EXPECT_NE(second.out.find("hashed 0 file(s)"), std::string::npos) << second.out;
+  EXPECT_NE(second.out.find(CoreutilsDigest(src_ + "/m")), std::string::npos) << second.out;
+}
+
+// Item 8: a start that cannot work says so with its exit status, even when
+// the daemon forks into the background: here the state directory sits on a
+// full filesystem.
+TEST_F(RobustnessTest, AFailedStartExitsNonZeroEvenWhenDaemonizing) {
+  WriteFile(src_ + "/m/model.bin", "w");
+  const std::string full = tmp_ / "full";
+  MakeDirs(full);
+  MakeDirs(mnt_);
+  ASSERT_EQ(::mount("tmpfs", full.c_str(), "tmpfs", 0, "size=256k"), 0) << std::strerror(errno);
+  RunCommand("dd if=/dev/zero of=" + ShellQuote(full + "/filler") + " bs=4k 2>/dev/null");
+  CommandResult r = RunCommand(kDaemon + " " + src_ + " " + mnt_ + " -o state=" + full + "/state", true);
+  const bool mounted = IsMounted(mnt_);
+  if (mounted) RunCommand("fusermount3 -u " + mnt_);
+  ::umount2(full.c_str(), MNT_DETACH);
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_FALSE(mounted);
+  EXPECT_NE(r.out.find(full + "/state"), std::string::npos) << r.out;  // names the path
+}
+
+// Item 10: durations are range-checked (settle=9.3e9 used to overflow into
+// "no settle"); a mount point that is a file is called one.
+TEST_F(RobustnessTest, BadDurationsAndAFileMountPointAreRefusedClearly) {
+  WriteFile(src_ + "/m/model.bin", "w");
+  MakeDirs(mnt_);
+  for (const char* opt : {"settle=9.3e9", "rescan=1e300", "settle=-1", "settle=nan"}) {
+    CommandResult r = RunCommand(kDaemon + " " + src_ + " " + mnt_ + " -f -o state=" + state_ + "," + opt, true);
+    if (IsMounted(mnt_)) RunCommand("fusermount3 -u " + mnt_);
+    EXPECT_NE(r.exit_code, 0) << opt;
+    EXPECT_NE(r.out.find(opt), std::string::npos) << r.out;
+  }
+  WriteFile(tmp_ / "file", "x");
+  CommandResult r = RunCommand(kDaemon + " " + src_ + " " + (tmp_ / "file") + " -f -o state=" + state_, true);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("Not a directory"), std::string::npos) << r.out;
+}
+
+// Item 6: readers of a changed file cannot force endless rescans and log
+// lines. Bound: 300 failing reads cause at most 5 scans and 3 log lines
+// about the file (before the fix: one scan and one line per read).
+TEST_F(RobustnessTest, ReadsOfAChangedFileCauseOneReportAndFewRescans) {
+  const std::string shard = src_ + "/m/model.bin";
+  WriteFile(shard, RandomBytes(24 * kMiB, 2));
+  auto m = Mount();
+  ASSERT_TRUE(WaitFor([&] { return !Digest("m").empty(); })) << m->Log();
+  const std::string through = mnt_ + "/" + Digest("m") + "/model.bin";
+  int fd = ::open(through.c_str(), O_RDONLY | O_DIRECT);
+  ASSERT_GE(fd, 0);
+  {
+    FILE* f = std::fopen(shard.c_str(), "r+b");  // in place: same inode, new stamp
+    std::fputc('!', f);
+    std::fclose(f);
+  }
+  const uint64_t scans_before = Ctl("status").value("scans", uint64_t{0});
+  void* buf = nullptr;
+  ASSERT_EQ(::posix_memalign(&buf, 4096, kMiB), 0);
+  int failed = 0;
+  for (int i = 0; i < 300; ++i) {
+    if (::pread(fd, buf, kMiB, static_cast<off_t>((i % 24) * kMiB)) < 0) ++failed;
+  }
+  std::free(buf);
+  ::close(fd);
+  EXPECT_EQ(failed, 300);
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // let any queued rescans run
+  const uint64_t scans = Ctl("status").value("scans", uint64_t{0}) - scans_before;
+  EXPECT_LE(scans, 5u) << m->Log();
+  EXPECT_LE(Count(m->Log(), "no longer served under this digest"), 3u) << m->Log();
+}
+
+// Item 6: bit rot behind an intact stamp is found once: one 24 MiB read
+// neither re-reads the source for every request nor reports each of them.
+TEST_F(RobustnessTest, BitRotIsReportedOnceAndNotReReadForEveryRequest) {
+  const std::string shard = src_ + "/m/model.bin";
+  std::string bytes = RandomBytes(24 * kMiB, 3);
+  WriteFile(shard, bytes);
+  {
+    auto m = Mount();
+    ASSERT_TRUE(WaitFor([&] { return !Digest("m").empty(); })) << m->Log();
+  }
+  {
+    FILE* f = std::fopen(shard.c_str(), "r+b");
+    std::fseek(f, 5 * kMiB, SEEK_SET);
+    std::fputc(bytes[5 * kMiB] ^ 1, f);
+    std::fclose(f);
+    struct stat st;
+    ASSERT_EQ(::stat(shard.c_str(), &st), 0);
+    auto index = Index::Open(state_, nullptr);
+    ASSERT_TRUE(index.ok());
+    auto stored = (*index)->LookupInode(st.st_dev, st.st_ino);
+    ASSERT_TRUE(stored.has_value());
+    ASSERT_TRUE((*index)->PutFile(FileStamp::FromStat(st), stored->path, stored->hashes).ok());
+  }
+  auto m = Mount();
+  ASSERT_TRUE(WaitFor([&] { return !Digest("m").empty(); })) << m->Log();
+  const std::string old = Digest("m");
+  for (int i = 0; i < 20; ++i) RunCommand("cat " + mnt_ + "/" + old + "/model.bin > /dev/null 2>&1");
+  auto stats = Ctl("stats");
+  EXPECT_LE(stats.value("verification_failures", uint64_t{999}), 8u) << stats.dump();
+  EXPECT_LE(stats.value("source_bytes_read", uint64_t{1} << 40), 48 * kMiB) << stats.dump();
+  EXPECT_LE(Count(m->Log(), "does not match the index"), 1u) << m->Log();
+}
+
+// Item 10: read-ahead is bounded by what the cache can hold. Bound: 16
+// readers of 16 x 32 MiB over cache_size=64M read at most 2x the bytes
+// served from the source (measured before the fix: 3.4x; after: 1.3x to
+// 1.6x, the rest being chunks that no longer fit once every reader holds
+// one), and every byte is right.
+TEST_F(RobustnessTest, ReadAheadNeverReadsFarMoreThanItServes) {
+  for (int i = 0; i < 16; ++i) WriteFile(src_ + "/m/part" + std::to_string(i) + ".bin", RandomBytes(32 * kMiB, 10 + i));
+  auto m = Mount("cache_size=64M");
+  ASSERT_TRUE(WaitFor([&] { return !Digest("m").empty(); })) << m->Log();
+  const std::string dir = mnt_ + "/" + Digest("m");
+  std::vector<std::thread> readers;
+  std::atomic<int> wrong{0};
+  for (int i = 0; i < 16; ++i) {
+    readers.emplace_back([&, i] {
+      const std::string name = "/part" + std::to_string(i) + ".bin";
+      if (RunCommand("cmp " + ShellQuote(dir + name) + " " + ShellQuote(src_ + "/m" + name)).exit_code != 0) ++wrong;
+    });
+  }
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  auto stats = Ctl("stats");
+  EXPECT_LE(stats.value("source_bytes_read", uint64_t{1} << 40), 16 * 32 * kMiB * 2) << stats.dump();
+}
+
+}  // namespace
+}  // namespace ckptfs::testing
