@@ -60,7 +60,8 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view prefix, uint64
 // key order and content kept, with "ckptfs.checkpoint" and "ckptfs.sha256"
 // set in __metadata__ (created if absent), padded with spaces so that its
 // length differs from the original's by a multiple of 8 (the data section
-// keeps its alignment). Returns the 8-byte length plus the JSON.
+// keeps its alignment). Returns the 8-byte length plus the JSON, written as
+// nlohmann's dump() writes it, in time linear in the header's size.
 std::string StampedHeaderBytes(const SafetensorsHeader& header, const std::string& checkpoint_name,
                                const std::string& file_sha256_hex);
 

@@ -247,17 +247,24 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view prefix, uint64
 
 std::string StampedHeaderBytes(const SafetensorsHeader& header, const std::string& checkpoint_name,
                                const std::string& file_sha256_hex) {
-  nlohmann::ordered_json j = header.json;
-  if (!j.contains("__metadata__")) {
-    // Created first, where readers expect it.
-    nlohmann::ordered_json with = nlohmann::ordered_json::object();
-    with["__metadata__"] = nlohmann::ordered_json::object();
-    for (auto& [k, v] : j.items()) with[k] = std::move(v);
-    j = std::move(with);
-  }
-  j["__metadata__"]["ckptfs.checkpoint"] = checkpoint_name;
-  j["__metadata__"]["ckptfs.sha256"] = file_sha256_hex;
-  std::string text = j.dump();
+  const auto& members = header.json.get_ref<const Json::object_t&>();
+  auto found = std::find_if(members.begin(), members.end(), [](const auto& m) { return m.first == "__metadata__"; });
+  Json meta = found != members.end() ? found->second : Json::object();
+  meta["ckptfs.checkpoint"] = checkpoint_name;
+  meta["ckptfs.sha256"] = file_sha256_hex;
+  // Written member by member exactly as dump() writes the whole object, so
+  // the tensors are neither copied nor looked up; __metadata__ goes first
+  // when it was absent, where readers expect it.
+  std::string text = "{";
+  const auto write = [&text](const std::string& key, const Json& value) {
+    if (text.size() > 1) text += ',';
+    text += Json(key).dump();
+    text += ':';
+    text += value.dump();
+  };
+  if (found == members.end()) write("__metadata__", meta);
+  for (const auto& [key, value] : members) write(key, key == "__metadata__" ? meta : value);
+  text += '}';
   // Keep the data section's alignment: grow by a multiple of 8.
   uint64_t len = header.header_len;
   while (len < text.size()) len += 8;

@@ -224,5 +224,53 @@ TEST(SafetensorsHeaderTest, ManyMetadataKeysParseAndStamp) {
   EXPECT_NE(stamped.find(R"("k999999":"","ckptfs.checkpoint":"sha256-x","ckptfs.sha256":"y"}})"), std::string::npos);
 }
 
+// The stamping as it was before the parser became linear (nlohmann's own
+// ordered parse, copy, dump), kept to prove the bytes did not change.
+std::string StampedTheOldWay(const std::string& file) {
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<uint8_t>(file[static_cast<size_t>(i)]);
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(file.substr(8, n));
+  if (!j.contains("__metadata__")) {
+    nlohmann::ordered_json with = nlohmann::ordered_json::object();
+    with["__metadata__"] = nlohmann::ordered_json::object();
+    for (auto& [k, v] : j.items()) with[k] = std::move(v);
+    j = std::move(with);
+  }
+  j["__metadata__"]["ckptfs.checkpoint"] = "sha256-old";
+  j["__metadata__"]["ckptfs.sha256"] = "cafe";
+  std::string text = j.dump();
+  uint64_t len = n;
+  while (len < text.size()) len += 8;
+  text.append(static_cast<size_t>(len - text.size()), ' ');
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>((len >> (8 * i)) & 0xff);
+  return out + text;
+}
+
+TEST(SafetensorsHeaderTest, StampedBytesAreThoseOfTheOldStamper) {
+  const std::string t = R"("dtype": "U8", "shape": [1], "data_offsets": )";
+  const std::vector<std::string> headers = {
+      "{}",
+      R"({"__metadata__": {}})",
+      // Python's json.dumps spacing, metadata last, escapes that dump rewrites.
+      R"({"b\u00e9ta": {)" + t + R"([0, 1]}, "a\/b": {)" + t + R"([1, 2]}, "__metadata__": {"format": "pt", "q": "\"\\\n"}})",
+      // Extra keys of every JSON type, numbers that dump reformats.
+      R"({ "w" : { "dtype":"U8","shape":[1],"data_offsets":[0,1], "scale": 1.50e-3, "neg": -7, "big": 18446744073709551615,
+           "f": 1E2, "t": true, "n": null, "o": {"x": [[], {}]} } })",
+      // The ckptfs keys already there (a stamped file copied into SRC), and a scalar shape.
+      R"({"__metadata__": {"ckptfs.sha256": "old", "format": "pt", "ckptfs.checkpoint": "old"}, "s": {"dtype": "U8",
+          "shape": [], "data_offsets": [0, 1]}})",
+      // Non-ASCII UTF-8 kept as is; padding that already exceeds the growth.
+      "{\"\xce\xb1\": {" + t + "[0, 1]}, \"__metadata__\": {\"note\": \"\xe2\x9c\x93\"}}" + std::string(200, ' '),
+  };
+  const std::vector<size_t> data_len = {0, 0, 2, 1, 1, 1};
+  for (size_t i = 0; i < headers.size(); ++i) {
+    const std::string file = FileWith(headers[i], data_len[i]);
+    auto h = ParseSafetensorsHeader(file, file.size());
+    ASSERT_TRUE(h.ok()) << i << ": " << h.status().message();
+    EXPECT_EQ(StampedHeaderBytes(*h, "sha256-old", "cafe"), StampedTheOldWay(file)) << headers[i];
+  }
+}
+
 }  // namespace
 }  // namespace ckptfs::testing
