@@ -23,19 +23,26 @@ cleanup() {
 }
 trap cleanup EXIT
 
-(cd "$build" && cpack -G DEB >/dev/null) || fail "cpack could not build the package"
-deb=$(ls "$build"/ckptfs_*.deb | head -1)
-[ -f "$deb" ] || fail "no package in $build"
+# A scratch output directory, so a package left in BUILD_DIR by an older
+# version is never the one installed.
+(cd "$build" && cpack -G DEB -B "$work/pkg" >"$work/cpack.log" 2>&1) \
+  || { cat "$work/cpack.log" >&2; fail "cpack could not build the package from $build"; }
+debs=("$work"/pkg/ckptfs_*.deb)
+[ -f "${debs[0]}" ] || fail "cpack wrote no ckptfs_*.deb into $work/pkg"
+deb=${debs[0]}
 cp "$deb" "$work/"
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$work/$(basename "$deb")" >/dev/null \
+deb="$work/$(basename "$deb")"
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$deb" >/dev/null \
   || fail "apt-get install of $(basename "$deb") failed"
-for f in /usr/bin/ckptfs /usr/bin/ckptfsctl /usr/sbin/mount.ckptfs /usr/share/man/man8/ckptfs.8 \
-         /usr/share/man/man8/ckptfsctl.8 /usr/lib/systemd/system/models.mount \
-         /usr/lib/systemd/system/models.automount /usr/share/doc/ckptfs/examples/fstab.example; do
+for f in /usr/bin/ckptfs /usr/bin/ckptfsctl /usr/sbin/mount.ckptfs /usr/share/man/man8/ckptfs.8.gz \
+         /usr/share/man/man8/ckptfsctl.8.gz /usr/share/man/man8/mount.ckptfs.8.gz \
+         /usr/lib/systemd/system/models.mount /usr/lib/systemd/system/models.automount \
+         /usr/share/doc/ckptfs/examples/fstab.example /usr/share/doc/ckptfs/copyright \
+         /usr/share/doc/ckptfs/changelog.Debian.gz; do
   [ -e "$f" ] || fail "the package did not install $f"
 done
 
-"$make_tree" "$work/src"
+"$make_tree" "$work/src" || fail "$make_tree could not build the test tree in $work/src"
 mkdir -p "$work/models"
 echo "$work/src $work/models ckptfs ro,allow_other,nofail,_netdev,x-systemd.device-timeout=10,state=$work/state,settle=0 0 0" \
   >"$work/fstab"
