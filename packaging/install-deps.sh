@@ -16,6 +16,7 @@ packages=(
   libgtest-dev                # the test suite
   clang libclang-rt-14-dev    # the libFuzzer target (tests/fuzz)
   coreutils findutils attr util-linux python3   # tools the tests compare against
+  lintian python3-debian      # the package test: Debian's checks, and a DEP-5 parser for the copyright file
 )
 
 if [ "$(id -u)" -ne 0 ]; then
