@@ -27,6 +27,7 @@
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -108,6 +109,16 @@ class View {
                   const std::map<std::string, AccessPath>& source_dirs);
 
   NodePtr Get(InodeId ino) const;
+
+  // The kernel's references to nodes (FUSE lookup counts). A node that a
+  // publish left out stays reachable by inode while the kernel still holds
+  // it (an open file of a withdrawn digest keeps working), and is freed, with
+  // its inode number, once the kernel forgets it: nodes of withdrawn
+  // checkpoints must not accumulate.
+  void Remember(const NodePtr& node);
+  void Forget(InodeId ino, uint64_t count);
+  // Nodes held now (current or still remembered by the kernel).
+  size_t NodeCount() const;
   NodePtr Lookup(InodeId parent, const std::string& name) const;
 
   // Extended attribute on the root naming the control socket.
@@ -132,8 +143,14 @@ class View {
   const Ownership root_owner_;
   const struct timespec mount_time_;
   mutable std::shared_mutex mu_;
-  std::unordered_map<InodeId, NodePtr> nodes_;  // every node ever published
+  // Frees a node that is neither current nor held by the kernel; mu_ held.
+  void DropIfUnused(InodeId ino);
+
+  std::unordered_map<InodeId, NodePtr> nodes_;  // current nodes, and older ones the kernel still holds
+  std::unordered_set<InodeId> current_;         // the nodes of the latest publish
+  std::unordered_map<InodeId, uint64_t> lookups_;  // the kernel's lookup counts
   std::unordered_map<std::string, InodeId> ino_by_key_;
+  std::unordered_map<InodeId, std::string> key_by_ino_;
   InodeId next_ino_ = kRootInode + 1;
   std::vector<std::pair<std::string, std::string>> root_xattrs_;
   std::map<std::string, std::string> by_name_digest_;  // "by-name/..." -> digest, current publish

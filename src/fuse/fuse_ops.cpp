@@ -94,7 +94,10 @@ void ReplyEntry(fuse_req_t req, const View::NodePtr& n) {
   e.generation = 1;
   e.attr = *attr;
   e.attr_timeout = e.entry_timeout = Timeout(Ctx(req), *n);
-  fuse_reply_entry(req, &e);
+  // Counted only once the kernel has the entry: it will forget it as often.
+  // (The reply frees `req`: take the view first.)
+  View* view = Ctx(req).view;
+  if (fuse_reply_entry(req, &e) == 0) view->Remember(n);
 }
 
 void Init(void* userdata, fuse_conn_info* conn) {
@@ -134,6 +137,16 @@ void GetAttr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
     return;
   }
   fuse_reply_attr(req, &*attr, Timeout(Ctx(req), *n));
+}
+
+void Forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup) {
+  Ctx(req).view->Forget(ino, nlookup);
+  fuse_reply_none(req);
+}
+
+void ForgetMulti(fuse_req_t req, size_t count, fuse_forget_data* forgets) {
+  for (size_t i = 0; i < count; ++i) Ctx(req).view->Forget(forgets[i].ino, forgets[i].nlookup);
+  fuse_reply_none(req);
 }
 
 void ReadLink(fuse_req_t req, fuse_ino_t ino) {
@@ -462,6 +475,8 @@ fuse_lowlevel_ops MakeOperations() {
   ops.init = Init;
   ops.lookup = Lookup;
   ops.getattr = GetAttr;
+  ops.forget = Forget;
+  ops.forget_multi = ForgetMulti;
   ops.readlink = ReadLink;
   ops.opendir = OpenDir;
   ops.readdir = ReadDir;

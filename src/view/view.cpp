@@ -250,8 +250,39 @@ View::View(std::string source_root, Ownership root_owner)
 
 InodeId View::InoFor(const std::string& key) {
   auto [it, inserted] = ino_by_key_.emplace(key, next_ino_);
-  if (inserted) ++next_ino_;
+  if (inserted) key_by_ino_.emplace(next_ino_++, key);
   return it->second;
+}
+
+void View::DropIfUnused(InodeId ino) {
+  if (ino == kRootInode || current_.count(ino) != 0 || lookups_.count(ino) != 0) return;
+  nodes_.erase(ino);
+  if (auto k = key_by_ino_.find(ino); k != key_by_ino_.end()) {
+    ino_by_key_.erase(k->second);
+    key_by_ino_.erase(k);
+  }
+}
+
+void View::Remember(const NodePtr& node) {
+  std::unique_lock lock(mu_);
+  ++lookups_[node->ino];
+  // A publish may have dropped it between the lookup and this reply.
+  nodes_.emplace(node->ino, node);
+}
+
+void View::Forget(InodeId ino, uint64_t count) {
+  std::unique_lock lock(mu_);
+  auto it = lookups_.find(ino);
+  if (it == lookups_.end()) return;
+  it->second = it->second > count ? it->second - count : 0;
+  if (it->second != 0) return;
+  lookups_.erase(it);
+  DropIfUnused(ino);
+}
+
+size_t View::NodeCount() const {
+  std::shared_lock lock(mu_);
+  return nodes_.size();
 }
 
 View::Changes View::Publish(const std::vector<ExposedCheckpoint>& checkpoints,
@@ -287,7 +318,17 @@ View::Changes View::Publish(const std::vector<ExposedCheckpoint>& checkpoints,
       }
     }
   }
-  for (auto& [ino, node] : b.nodes) nodes_[ino] = std::move(node);
+  current_.clear();
+  for (auto& [ino, node] : b.nodes) {
+    current_.insert(ino);
+    nodes_[ino] = std::move(node);
+  }
+  // What this publish left out goes now, unless the kernel still holds it.
+  std::vector<InodeId> stale;
+  for (const auto& [ino, node] : nodes_) {
+    if (!current_.count(ino) && !lookups_.count(ino)) stale.push_back(ino);
+  }
+  for (InodeId ino : stale) DropIfUnused(ino);
   by_name_digest_ = std::move(b.by_name_digest);
   return changes;
 }
