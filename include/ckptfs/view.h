@@ -79,6 +79,10 @@ class View {
     // cache entries and attributes for a long time.
     bool immutable = false;
     std::map<std::string, InodeId> children;  // directories
+    // Directories: the directory that lists this one (the root: itself), so
+    // that a listing's ".." carries a real inode number (readdir(3) hides
+    // entries numbered 0).
+    InodeId parent = 0;
     std::string link_target;                     // symlinks
     std::string source_path;                     // files
     FileStamp stamp;                             // files

@@ -165,7 +165,10 @@ void OpenDir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (!Allowed(req, *n, kWantRead)) return;
   auto h = std::make_unique<DirHandle>();
   h->entries.emplace_back(".", n);
-  h->entries.emplace_back("..", nullptr);
+  // ".." as the directory that lists this one; the mount root's parent lies
+  // outside the filesystem, so its ".." is itself, as in every FUSE root.
+  auto parent = ctx.view->Get(n->parent);
+  h->entries.emplace_back("..", parent ? parent : ctx.view->Get(kRootInode));
   // The root lists every digest; show each caller only those it may reach.
   // Other directories list like their source (reading one is enough).
   const bool filter = ino == kRootInode;
@@ -186,9 +189,7 @@ void ReadDir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info*
   size_t used = 0;
   for (size_t i = static_cast<size_t>(off); i < h->entries.size(); ++i) {
     const auto& [name, node] = h->entries[i];
-    struct stat st {};
-    if (node) st = ToStat(*node);
-    else st.st_mode = S_IFDIR;
+    const struct stat st = ToStat(*node);
     size_t need = fuse_add_direntry(req, buf.data() + used, size - used, name.c_str(), &st, static_cast<off_t>(i + 1));
     if (need > size - used) break;
     used += need;

@@ -65,6 +65,12 @@ class View::Builder {
     for (const auto& [name, copies] : by_digest_) root->children[name] = BuildDigest(name, copies);
     root->children["by-name"] = BuildByNameDir("", "", "", /*has_digest=*/false);
     Add(root, /*is_mutable=*/true);
+    root->parent = kRootInode;
+    for (const auto& [ino, n] : nodes) {
+      for (const auto& [name, child] : n->children) {
+        if (auto c = nodes.find(child); c != nodes.end()) c->second->parent = ino;
+      }
+    }
   }
 
   std::unordered_map<InodeId, std::shared_ptr<Node>> nodes;
