@@ -16,6 +16,8 @@
 // (run7/ with run7/checkpoint-500/) cannot be one symlink; it becomes a
 // directory whose entries are links to the parent digest's top-level entries
 // plus the nested checkpoints' own entries, so it still mirrors the source.
+// That directory carries the xattrs of its own digest directory
+// (user.ckptfs.digest, .sources, .size) and names the digest in own_digest.
 #pragma once
 
 #include <cstdint>
@@ -90,6 +92,10 @@ class View {
     std::shared_ptr<const std::vector<ChunkHash>> chunks;  // files
     bool safetensors = false;                    // files named *.safetensors
     std::string digest;                          // the sha256-<hex> this node belongs to, if any
+    // A by-name directory that is itself a checkpoint holding nested ones
+    // (by-name/run7 beside by-name/run7/checkpoint-500): its own sha256-<hex>,
+    // so that every command that takes a checkpoint can act on it.
+    std::string own_digest;
     std::vector<std::pair<std::string, std::string>> xattrs;
   };
   using NodePtr = std::shared_ptr<const Node>;

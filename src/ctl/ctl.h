@@ -61,6 +61,8 @@ int RunVerify(const GlobalOptions& g, const VerifyArgs& args);
 // The mount point that holds PATH (after resolving links) and PATH's
 // canonical path below it.
 Result<std::pair<std::string, std::string>> LocateInMount(const std::string& path);
+// An extended attribute's value; the error keeps the errno (ENODATA: none).
+Result<std::string> ReadXattr(const std::string& path, const char* name);
 int RunResolve(const std::string& path);
 
 // Sends a request to the daemon serving `mountpoint`; fails unless it says

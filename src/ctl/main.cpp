@@ -62,8 +62,11 @@ int main(int argc, char** argv) {
 
   std::string resolve_path;
   auto* cmd_resolve = app.add_subcommand(
-      "resolve", "Print the digest path behind a by-name link (give engines this path: it changes with every byte)");
-  cmd_resolve->add_option("PATH", resolve_path, "A by-name link or any path inside a digest directory")->required();
+      "resolve", "Print the digest path of a checkpoint (give engines this path: it changes with every byte)");
+  cmd_resolve->add_option("PATH", resolve_path,
+                          "A by-name link, the by-name directory of a checkpoint that holds nested ones, or any\n"
+                          "path inside a digest directory")
+      ->required();
   MountArgs status_args, ls_args, rescan_args;
   auto* cmd_status = app.add_subcommand(
       "status", "Show a mount's checkpoints being indexed, pending or invalid (with the reason), its state directory\n"
@@ -83,15 +86,16 @@ int main(int argc, char** argv) {
   evict_args.command = "evict";
   auto* cmd_preload = app.add_subcommand(
       "preload", "Read every chunk of PATH into the cache, verified, with a progress bar (root or the mount's owner).\n"
-                 "PATH: a digest directory, a by-name link or a file under a mount");
+                 "PATH: a digest directory, a by-name link, the by-name directory of a checkpoint or a file under\n"
+                 "a mount");
   cmd_preload->add_option("PATH", preload_args.path, "What to preload")->required();
   cmd_preload->add_option("--tier", preload_args.tier, "host (default) or gpu")
       ->check(CLI::IsMember({"host", "gpu"}));
   cmd_preload->add_flag("--pin", preload_args.pin, "Keep the chunks: eviction never touches them until unpin");
   auto* cmd_unpin = app.add_subcommand("unpin", "Let the cache evict PATH's chunks again");
-  cmd_unpin->add_option("PATH", unpin_args.path, "A digest directory, a by-name link or a file")->required();
+  cmd_unpin->add_option("PATH", unpin_args.path, "Like preload's PATH")->required();
   auto* cmd_evict = app.add_subcommand("evict", "Drop PATH's chunks from every tier now, pinned or not");
-  cmd_evict->add_option("PATH", evict_args.path, "A digest directory, a by-name link or a file")->required();
+  cmd_evict->add_option("PATH", evict_args.path, "Like preload's PATH")->required();
   StatsArgs stats_args;
   auto* cmd_stats = app.add_subcommand(
       "stats", "Cache numbers of a mount: per tier bytes used and capacity, hits, misses, fills, evictions;\n"

@@ -13,19 +13,32 @@
 
 namespace ckptfs::ctl {
 
+Result<std::string> ReadXattr(const std::string& path, const char* name) {
+  char buf[4096];
+  const ssize_t n = ::getxattr(path.c_str(), name, buf, sizeof buf);
+  if (n < 0) {
+    const int err = errno;
+    return Status::FromErrno(std::string("cannot read ") + name, err);
+  }
+  return std::string(buf, static_cast<size_t>(n));
+}
+
 // Resolves PATH (a digest directory, a by-name link, or a file under a
 // mount) to its mount point and its path below it.
 Result<std::pair<std::string, std::string>> LocateInMount(const std::string& path) {
   char buf[PATH_MAX];
   if (::realpath(path.c_str(), buf) == nullptr) return Status::FromErrno(path, errno);
-  std::string real = buf;
-  for (std::string dir = real;; dir = dir.substr(0, dir.rfind('/'))) {
-    if (dir.empty()) dir = "/";
+  const std::string real = buf;
+  // realpath gives "/" or "/a/b": each shorter prefix ending before a slash
+  // is an ancestor, and "/" the last.
+  for (size_t end = real.size();;) {
+    const std::string dir = end == 0 ? std::string("/") : real.substr(0, end);
     if (::getxattr(dir.c_str(), "user.ckptfs.control", nullptr, 0) > 0) {
       std::string rel = real.size() > dir.size() ? real.substr(dir.size() + (dir == "/" ? 0 : 1)) : "";
       return std::make_pair(dir, rel);
     }
-    if (dir == "/") break;
+    if (end == 0 || dir == "/") break;
+    end = real.rfind('/', end - 1);
   }
   return Status::Error(path + " is not inside a ckptfs mount");
 }
@@ -83,14 +96,27 @@ int RunResolve(const std::string& path) {
   }
   const auto& [mountpoint, rel] = *where;
   const std::string first = rel.substr(0, rel.find('/'));
-  if (first.rfind("sha256-", 0) != 0) {
-    PrintError(path + " leads to " + mountpoint + (rel.empty() ? "" : "/" + rel) +
-               ", which is not inside a digest directory (a by-name link to a checkpoint resolves to "
-               "MOUNTPOINT/sha256-<hex>)");
+  if (first.rfind("sha256-", 0) == 0) {
+    std::printf("%s/%s\n", mountpoint.c_str(), rel.c_str());
+    return kExitOk;
+  }
+  // A by-name directory that is itself a checkpoint (run7/ holding
+  // checkpoint-500/) names its own digest in user.ckptfs.digest.
+  const std::string here = rel.empty() ? mountpoint : mountpoint + "/" + rel;
+  auto digest = ReadXattr(here, "user.ckptfs.digest");
+  if (digest.ok()) {
+    std::printf("%s/%s\n", mountpoint.c_str(), digest->c_str());
+    return kExitOk;
+  }
+  if (digest.status().error_number() != ENODATA) {
+    PrintError(path + ": " + digest.status().message());
     return kExitFailure;
   }
-  std::printf("%s/%s\n", mountpoint.c_str(), rel.c_str());
-  return kExitOk;
+  // Name where a link led only when it led somewhere else.
+  PrintError(path + (here == path ? std::string() : " leads to " + here + ", which") +
+             " is neither a checkpoint nor inside a digest directory (a by-name link or by-name directory of a "
+             "checkpoint resolves to MOUNTPOINT/sha256-<hex>)");
+  return kExitFailure;
 }
 
 }  // namespace ckptfs::ctl

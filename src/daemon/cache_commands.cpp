@@ -10,14 +10,19 @@ namespace {
 nlohmann::json Refuse(const std::string& why) { return {{"ok", false}, {"error", why}}; }
 
 // The files a request's "path" names: a digest directory, a directory in it,
-// or a file (the client resolves by-name links before asking).
+// a file, or a by-name directory that is itself a checkpoint (run7/ holding
+// checkpoint-500/), which stands for its own digest directory. The client
+// resolves by-name links before asking. Errors leave the path out: the
+// client says which path it asked about.
 Result<std::vector<View::NodePtr>> FilesOf(FsContext& ctx, const ControlServer::Request& r) {
   if (!r.body.contains("path") || !r.body["path"].is_string()) return Status::Error("missing \"path\"");
   const std::string path = r.body["path"];
   auto node = ctx.view->Resolve(path);
-  if (!node) return Status::Error("no such file or directory in the mount: " + path);
+  if (node && !node->own_digest.empty()) node = ctx.view->Resolve(node->own_digest);
+  if (!node) return Status::Error("no such file or directory in the mount");
   if (node->digest.empty()) {
-    return Status::Error(path + " is not inside a digest directory (give sha256-<hex>[/FILE] or a by-name link)");
+    return Status::Error("not a checkpoint nor inside a digest directory (give sha256-<hex>[/FILE], a by-name link "
+                         "or a by-name directory of a checkpoint)");
   }
   return ctx.view->FilesUnder(node);
 }

@@ -119,6 +119,7 @@ class View::Builder {
     dir->xattrs = {{"user.ckptfs.digest", name},
                    {"user.ckptfs.sources", sources},
                    {"user.ckptfs.size", std::to_string(first.total_size)}};
+    digest_xattrs_[name] = dir->xattrs;
 
     std::map<std::string, std::shared_ptr<Node>> subdirs{{"", dir}};
     auto subdir = [&](const std::string& rel, auto& self) -> std::shared_ptr<Node> {
@@ -194,6 +195,11 @@ class View::Builder {
     const AccessPath source = SourceDirAccess(p);
     auto dir = NewNode(view_.InoFor("N:" + p), Kind::kDir, ReadOnly(source.self));
     dir->access = {source};
+    if (has_digest && offset.empty() && by_name_.count(p)) {
+      // A checkpoint with nested ones: it answers for its own digest.
+      dir->own_digest = digest;
+      dir->xattrs = digest_xattrs_[digest];
+    }
     // What its entries need: search on every directory down to this one.
     const AccessPath inside{ExtendChain(source.dirs, source.self), {view_.root_owner_.uid, view_.root_owner_.gid, 0777}};
     std::set<std::string> names;
@@ -246,6 +252,7 @@ class View::Builder {
   std::string base_;
   // digest -> directory inside it -> entry names
   std::map<std::string, std::map<std::string, std::set<std::string>>> entries_;
+  std::map<std::string, std::vector<std::pair<std::string, std::string>>> digest_xattrs_;  // digest -> its xattrs
 };
 
 View::View(std::string source_root, Ownership root_owner)
