@@ -38,6 +38,10 @@ std::unique_ptr<Index> OpenIndexOrReport(const GlobalOptions& g);
 // Scans `dir`; on failure prints why and returns false.
 bool ScanOrReport(const std::string& dir, const GlobalOptions& g, CatalogScan* scan);
 
+// Drops from `scan` every checkpoint but `dir` itself (those nested below
+// it); false, after saying so, when `dir` is not a checkpoint.
+bool KeepOnlyTheDirItself(const std::string& dir, CatalogScan* scan);
+
 // Runs the indexer with a progress bar when standard error is a terminal.
 IndexReport IndexWithProgress(Index* index, const CatalogScan& scan, const GlobalOptions& g, bool ignore_index,
                               const char* label);
@@ -48,6 +52,7 @@ struct DigestArgs {
   bool json = false;
   bool verbose = false;
   bool stamped = false;  // DIRs are *.safetensors files: print their stamped headers
+  bool no_nested = false;  // only the checkpoint each DIR is, not those below it
 };
 int RunDigest(const GlobalOptions& g, const DigestArgs& args);
 int RunDigestStamped(const GlobalOptions& g, const DigestArgs& args);

@@ -46,6 +46,9 @@ int main(int argc, char** argv) {
       "'# NAME  PATH' line heads each block");
   cmd_digest->add_flag("--json", digest.json, "Print JSON: path, name, digest, size, files with size and sha256")
       ->excludes(manifest_flag);
+  cmd_digest->add_flag("--no-nested", digest.no_nested,
+                       "Only the checkpoint that each DIR is itself, not those nested below it, so that\n"
+                       "'digest --manifest --no-nested CHECKPOINT | sha256sum' is its digest");
   cmd_digest->add_flag("-v,--verbose", digest.verbose, "Report on stderr how many files were hashed or taken from the index");
   cmd_digest->add_flag("--stamped", digest.stamped,
                        "Arguments are *.safetensors files: print (JSON) the header each would be served with under\n"

@@ -117,5 +117,19 @@ TEST_F(NestedCheckpointTest, PreloadUnpinAndEvictActOnItsOwnDigest) {
   EXPECT_EQ(StatsRow(run7_)["host"].get<uint64_t>(), 0u);
 }
 
+TEST_F(NestedCheckpointTest, ManifestRecipeGivesItsDigest) {
+  CommandResult manifest =
+      RunCommand(kCtl + " --state " + tmp_ / "ctl-state" + " digest --manifest --no-nested " + src_ + "/run7 | sha256sum");
+  ASSERT_EQ(manifest.exit_code, 0);
+  EXPECT_EQ("sha256-" + manifest.out.substr(0, 64), run7_);
+  // Without --no-nested the nested checkpoints' blocks are printed too: that
+  // is a listing of three manifests, not one.
+  CommandResult all = RunCommand(kCtl + " --state " + tmp_ / "ctl-state" + " digest --manifest " + src_ + "/run7");
+  EXPECT_NE(all.out.find("# " + step500_ + "  " + src_ + "/run7/checkpoint-500\n"), std::string::npos) << all.out;
+  CommandResult tree = RunCommand(kCtl + " --state " + tmp_ / "ctl-state" + " digest --no-nested " + src_, true);
+  EXPECT_NE(tree.exit_code, 0);
+  EXPECT_NE(tree.out.find(src_ + " is not itself a checkpoint"), std::string::npos) << tree.out;
+}
+
 }  // namespace
 }  // namespace ckptfs::testing
