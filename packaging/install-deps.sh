@@ -16,6 +16,7 @@ packages=(
   libgtest-dev                # the test suite
   clang libclang-rt-14-dev    # the libFuzzer target (tests/fuzz)
   coreutils findutils attr util-linux python3   # tools the tests compare against
+  python3-venv                # the huggingface_hub test's virtual environment (build/venv)
 )
 
 if [ "$(id -u)" -ne 0 ]; then

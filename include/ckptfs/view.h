@@ -2,7 +2,8 @@
 //
 //   /                      root: "by-name" and one sha256-<hex> per digest
 //   /by-name/...           directories mirroring the source tree; a leaf
-//                          checkpoint is a relative symlink to ../sha256-<hex>
+//                          checkpoint is a relative symlink to ../sha256-<hex>;
+//                          a hub repository's refs/ files are small files
 //   /sha256-<hex>/...      the members, byte-identical to the source
 //
 // The catalog publishes the full set of exposed checkpoints; the view turns
@@ -34,6 +35,7 @@
 
 #include "ckptfs/file_stamp.h"
 #include "ckptfs/hashes.h"
+#include "ckptfs/hub_refs.h"
 #include "ckptfs/ownership.h"
 
 namespace ckptfs {
@@ -87,6 +89,9 @@ class View {
     InodeId parent = 0;
     std::string link_target;                     // symlinks
     std::string source_path;                     // files
+    // Files the daemon serves from memory (hub refs): their bytes. Fixed for
+    // the node's life: a ref that changes becomes a new node.
+    std::optional<std::string> content;
     FileStamp stamp;                             // files
     Sha256Digest sha256{};                       // files
     std::shared_ptr<const std::vector<ChunkHash>> chunks;  // files
@@ -113,9 +118,11 @@ class View {
   };
 
   // Replaces what is exposed. `source_dirs` maps paths relative to the
-  // source root to how they are reached (for by-name directories).
+  // source root to how they are reached (for by-name directories);
+  // `hub_refs` are mirrored under by-name in every hub repository directory
+  // that by-name shows (one with a checkpoint below it).
   Changes Publish(const std::vector<ExposedCheckpoint>& checkpoints,
-                  const std::map<std::string, AccessPath>& source_dirs);
+                  const std::map<std::string, AccessPath>& source_dirs, const std::vector<HubRef>& hub_refs);
 
   NodePtr Get(InodeId ino) const;
   NodePtr Lookup(InodeId parent, const std::string& name) const;

@@ -264,9 +264,23 @@ Status AppendSourceRange(FsContext& ctx, const View::NodePtr& file, uint64_t beg
   return Status::Ok();
 }
 
+// A file the daemon holds itself (a hub ref): no source read, no cache.
+void ReadInMemory(fuse_req_t req, const std::string& content, size_t size, off_t off) {
+  if (off < 0 || static_cast<uint64_t>(off) >= content.size()) {
+    fuse_reply_buf(req, nullptr, 0);
+    return;
+  }
+  const size_t begin = static_cast<size_t>(off);
+  fuse_reply_buf(req, content.data() + begin, std::min(size, content.size() - begin));
+}
+
 void Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
   auto& ctx = Ctx(req);
   auto* f = reinterpret_cast<OpenFile*>(fi->fh);
+  if (f->node->content) {
+    ReadInMemory(req, *f->node->content, size, off);
+    return;
+  }
   // With stamp_headers a safetensors file is served as the stamped header
   // followed by the source's tensor bytes, shifted by the header's growth.
   std::optional<StampedFile> stamped;

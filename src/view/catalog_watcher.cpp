@@ -141,7 +141,7 @@ void CatalogWatcher::Run() {
         }
       }
     }
-    if (!withdrawals.empty()) PublishExposed(last_dirs_);
+    if (!withdrawals.empty()) PublishExposed();
     if (rescan_requested_.exchange(false) || now >= next_periodic || now >= next_debounced ||
         (next_settle_deadline_ > 0 && now >= next_settle_deadline_)) {
       next_debounced = std::numeric_limits<double>::infinity();
@@ -218,13 +218,13 @@ std::vector<CheckpointState> CatalogWatcher::States() const {
   return out;
 }
 
-void CatalogWatcher::PublishExposed(const std::map<std::string, AccessPath>& dirs) {
+void CatalogWatcher::PublishExposed() {
   std::vector<ExposedCheckpoint> list;
   {
     std::lock_guard lock(mu_);
     for (const auto& [path, e] : exposed_) list.push_back(e);
   }
-  auto changes = view_->Publish(list, dirs);
+  auto changes = view_->Publish(list, last_dirs_, last_hub_refs_);
   if (!changes.empty() && on_change_) on_change_(changes);
 }
 
@@ -241,7 +241,9 @@ void CatalogWatcher::ScanOnce(bool index_unknown) {
       exposed_.clear();
       states_.clear();
     }
-    PublishExposed({});
+    last_dirs_.clear();
+    last_hub_refs_.clear();
+    PublishExposed();
     return;
   }
   if (!last_scan_error_.empty()) {
@@ -250,6 +252,7 @@ void CatalogWatcher::ScanOnce(bool index_unknown) {
   }
   const CatalogScan& scan = *result;
   last_dirs_ = scan.dirs;
+  last_hub_refs_ = scan.hub_refs;
   UpdateWatches(scan);
   for (const auto& w : scan.warnings) spdlog::debug("{}", w);
 
@@ -368,7 +371,7 @@ void CatalogWatcher::ScanOnce(bool index_unknown) {
     st.size = cp->TotalSize();
     SetState(st);
   }
-  PublishExposed(scan.dirs);
+  PublishExposed();
   if (!index_unknown) return;
 
   // The rest: hashed one checkpoint at a time, each shown when done. Many
@@ -426,12 +429,12 @@ void CatalogWatcher::ScanOnce(bool index_unknown) {
     SetState(st);
     unpublished = true;
     if (MonotonicSeconds() - last_publish >= kPublishEveryS) {
-      PublishExposed(scan.dirs);
+      PublishExposed();
       last_publish = MonotonicSeconds();
       unpublished = false;
     }
   }
-  if (unpublished) PublishExposed(scan.dirs);
+  if (unpublished) PublishExposed();
 }
 
 }  // namespace ckptfs
