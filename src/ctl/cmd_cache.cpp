@@ -88,7 +88,9 @@ int RunStats(const StatsArgs& args) {
       const char* help;
     } counters[] = {
         {"verification_failures", "verification_failures_total", "Chunks that did not match the index."},
+        {"readahead_fills", "readahead_fills_total", "Chunks filled ahead of a sequential reader."},
         {"readahead_hits", "readahead_hits_total", "Chunks filled ahead of a reader and then read."},
+        {"preload_fills", "preload_fills_total", "Chunks filled by ckptfsctl preload."},
         {"source_bytes_read", "source_read_bytes_total", "Bytes read from source files."},
         {"bytes_served", "served_bytes_total", "Bytes returned to readers."},
         {"failed_reads", "failed_reads_total", "Read requests answered with an error."},
@@ -124,10 +126,12 @@ int RunStats(const StatsArgs& args) {
                 static_cast<unsigned long long>(t["fills"].get<uint64_t>()),
                 static_cast<unsigned long long>(t["evictions"].get<uint64_t>()));
   }
-  std::printf("\nverification failures %llu   read-ahead fills %llu, hits %llu   source read %s   served %s\n",
+  std::printf("\nverification failures %llu   read-ahead fills %llu, hits %llu   preload fills %llu   source read %s"
+              "   served %s\n",
               static_cast<unsigned long long>(j["verification_failures"].get<uint64_t>()),
               static_cast<unsigned long long>(j["readahead_fills"].get<uint64_t>()),
               static_cast<unsigned long long>(j["readahead_hits"].get<uint64_t>()),
+              static_cast<unsigned long long>(j["preload_fills"].get<uint64_t>()),
               FormatBytes(j["source_bytes_read"].get<uint64_t>()).c_str(),
               FormatBytes(j["bytes_served"].get<uint64_t>()).c_str());
   std::printf("\n%-71s %11s %11s %11s\n", "CHECKPOINT", "HOST", "GPU", "PINNED");

@@ -128,6 +128,7 @@ nlohmann::json HandleStats(FsContext& ctx) {
           {"verification_failures", s.verification_failures},
           {"readahead_fills", s.readahead_fills},
           {"readahead_hits", s.readahead_hits},
+          {"preload_fills", s.preload_fills},
           {"uncached_reads", s.uncached_reads},
           {"source_bytes_read", ctx.reader->bytes_read()},
           {"source_chunks_read", ctx.reader->chunks_read()},

@@ -78,5 +78,20 @@ TEST_F(OperatorViewTest, ListingsHaveDotAndDotDotWithTheParentsInode) {
   EXPECT_NE(RunCommand("ls -a " + mnt_ + "/by-name").out.find("\n..\n"), std::string::npos);
 }
 
+TEST_F(OperatorViewTest, PreloadIsCountedApartFromReadAhead) {
+  auto m = Mount("settle=0");
+  ASSERT_TRUE(WaitForBoth()) << m->Log();
+  ASSERT_EQ(RunCommand(kCtl + " preload " + mnt_ + "/by-name/m").exit_code, 0);
+  auto stats = nlohmann::json::parse(RunCommand(kCtl + " stats --json " + mnt_).out, nullptr, false);
+  ASSERT_TRUE(stats.is_object());
+  EXPECT_EQ(stats["preload_fills"].get<uint64_t>(), 6u);  // one chunk per small file, tok/vocab.txt's included
+  EXPECT_EQ(stats["readahead_fills"].get<uint64_t>(), 0u);
+  EXPECT_NE(RunCommand(kCtl + " stats " + mnt_).out.find("read-ahead fills 0, hits 0   preload fills 6"),
+            std::string::npos);
+  EXPECT_NE(RunCommand(kCtl + " stats --prometheus " + mnt_).out.find("ckptfs_preload_fills_total{mountpoint=\"" +
+                                                                        mnt_ + "\"} 6"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace ckptfs::testing
