@@ -71,17 +71,42 @@ Result<std::string> ReadXattr(const std::string& path, const char* name);
 int RunResolve(const std::string& path);
 
 // Sends a request to the daemon serving `mountpoint`; fails unless it says
-// ok. Progress lines of long work go to `on_progress`.
+// ok. Progress lines of long work go to `on_progress`. The error is the
+// daemon's reason or what failed on the way, without the path the user gave
+// (the caller prefixes it).
 Result<nlohmann::json> CallMount(const std::string& mountpoint, const nlohmann::json& request,
                                  const std::function<void(const nlohmann::json&)>& on_progress = nullptr);
 
-// Asks the mount for `cmd`. Returns an exit code when that already settles
-// the command (the request failed, or --json printed the answer); otherwise
-// fills `reply` for the caller to print.
-std::optional<int> QueryMount(const std::string& mountpoint, const char* cmd, bool json, nlohmann::json* reply);
+// A path inside a mount: the mount point, and the path's canonical form
+// below it ("" for the mount point itself).
+struct MountPath {
+  std::string mountpoint;
+  std::string rel;
+};
+
+// Asks the mount that holds PATH (the mount point or any path inside it)
+// for `cmd`. Returns an exit code after printing why when the request
+// failed; otherwise fills `reply` (paths still encoded, json_path.h) and,
+// if given, `where`.
+std::optional<int> QueryMount(const std::string& path, const char* cmd, nlohmann::json* reply,
+                              MountPath* where = nullptr);
+
+// Prints `printed` (part of `reply`) as JSON, paths still encoded (valid
+// JSON, exact in the _b64 members), or decodes `reply`'s paths for printing
+// as bytes. Returns an exit code when that settles the command (JSON
+// printed, or a malformed reply, reported naming PATH).
+std::optional<int> PrintJsonOrDecode(const std::string& path, bool json, nlohmann::json& reply,
+                                     const nlohmann::json& printed);
+
+// Whether an `ls` or `stats` row (paths decoded) belongs to `rel`, a path
+// below the mount root: "" takes every row; a path in a digest directory
+// that digest's row; a by-name path the checkpoints at or below it.
+bool RowUnder(const nlohmann::json& row, const std::string& rel);
+// Keeps the rows of reply["checkpoints"] (paths still encoded) that belong to `rel`.
+Status KeepRowsUnder(nlohmann::json& reply, const std::string& rel);
 
 struct MountArgs {
-  std::string mountpoint;
+  std::string path;  // the mount point or any path inside the mount
   bool json = false;
 };
 int RunStatus(const MountArgs& args);
@@ -97,7 +122,7 @@ struct CacheArgs {
 int RunCacheCommand(const CacheArgs& args);
 
 struct StatsArgs {
-  std::string mountpoint;
+  std::string path;  // the mount point or any path inside the mount
   bool json = false;
   bool prometheus = false;
 };

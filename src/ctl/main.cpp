@@ -74,13 +74,15 @@ int main(int argc, char** argv) {
   auto* cmd_status = app.add_subcommand(
       "status", "Show a mount's checkpoints being indexed, pending or invalid (with the reason), its state directory\n"
                 "and options");
-  cmd_status->add_option("MOUNTPOINT", status_args.mountpoint, "A ckptfs mount point")->required();
+  cmd_status->add_option("PATH", status_args.path, "A ckptfs mount point or any path inside one")->required();
   cmd_status->add_flag("--json", status_args.json, "Print JSON");
-  auto* cmd_ls = app.add_subcommand("ls", "List a mount's digest directories: digest, files, size, indexed at, by-name paths");
-  cmd_ls->add_option("MOUNTPOINT", ls_args.mountpoint, "A ckptfs mount point")->required();
+  auto* cmd_ls = app.add_subcommand(
+      "ls", "List a mount's digest directories: digest, files, size, indexed at, by-name paths; given a path\n"
+            "inside the mount, only the checkpoints at or below it");
+  cmd_ls->add_option("PATH", ls_args.path, "A ckptfs mount point or any path inside one")->required();
   cmd_ls->add_flag("--json", ls_args.json, "Print JSON");
   auto* cmd_rescan = app.add_subcommand("rescan", "Ask a mount to rescan its source now (root or the mount's owner)");
-  cmd_rescan->add_option("MOUNTPOINT", rescan_args.mountpoint, "A ckptfs mount point")->required();
+  cmd_rescan->add_option("PATH", rescan_args.path, "A ckptfs mount point or any path inside one")->required();
   cmd_rescan->add_flag("--json", rescan_args.json, "Print JSON");
 
   CacheArgs preload_args, unpin_args, evict_args;
@@ -102,8 +104,9 @@ int main(int argc, char** argv) {
   StatsArgs stats_args;
   auto* cmd_stats = app.add_subcommand(
       "stats", "Cache numbers of a mount: per tier bytes used and capacity, hits, misses, fills, evictions;\n"
-               "verification failures, read-ahead hits; per checkpoint bytes resident and pinned");
-  cmd_stats->add_option("MOUNTPOINT", stats_args.mountpoint, "A ckptfs mount point")->required();
+               "verification failures, read-ahead and preload fills; per checkpoint (with its by-name paths)\n"
+               "bytes resident and pinned; given a path inside the mount, only the checkpoints at or below it");
+  cmd_stats->add_option("PATH", stats_args.path, "A ckptfs mount point or any path inside one")->required();
   auto* stats_json = cmd_stats->add_flag("--json", stats_args.json, "Print JSON");
   cmd_stats->add_flag("--prometheus", stats_args.prometheus,
                       "Print the Prometheus text format (for node_exporter's textfile collector)")

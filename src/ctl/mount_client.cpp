@@ -40,28 +40,25 @@ Result<std::pair<std::string, std::string>> LocateInMount(const std::string& pat
     if (end == 0 || dir == "/") break;
     end = real.rfind('/', end - 1);
   }
-  return Status::Error(path + " is not inside a ckptfs mount");
+  return Status::Error(path + " is not a ckptfs mount nor inside one");
 }
 
 Result<nlohmann::json> CallMount(const std::string& mountpoint, const nlohmann::json& request,
                                  const std::function<void(const nlohmann::json&)>& on_progress) {
-  char buf[4096];
-  ssize_t n = ::getxattr(mountpoint.c_str(), "user.ckptfs.control", buf, sizeof buf);
-  if (n < 0) {
-    const int err = errno;
-    if (err == ENODATA || err == ENOTSUP) {
-      return Status::Error(mountpoint + " is not a ckptfs mount (it has no user.ckptfs.control attribute)");
-    }
-    return Status::FromErrno(mountpoint, err);
+  auto socket = ReadXattr(mountpoint, "user.ckptfs.control");
+  if (!socket.ok()) {
+    const int err = socket.status().error_number();
+    if (err == ENODATA || err == ENOTSUP) return Status::Error("not a ckptfs mount (no user.ckptfs.control attribute)");
+    return socket.status();
   }
-  auto reply = ControlCall(std::string(buf, static_cast<size_t>(n)), request, on_progress);
+  auto reply = ControlCall(*socket, request, on_progress);
   if (!reply.ok()) return reply.status();
   if (!reply->value("ok", false)) {
     // The error may name a path: print its exact bytes (json_path.h).
     nlohmann::json exact = *reply;
     std::string why = "request refused";
     if (DecodeJsonPaths(exact).ok() && exact.contains("error") && exact["error"].is_string()) why = exact["error"];
-    return Status::Error(mountpoint + ": " + why);
+    return Status::Error(why);
   }
   return reply;
 }
@@ -70,22 +67,61 @@ Result<nlohmann::json> CallMount(const std::string& mountpoint, const nlohmann::
 
 namespace ckptfs::ctl {
 
-std::optional<int> QueryMount(const std::string& mountpoint, const char* cmd, bool json, nlohmann::json* reply) {
-  auto r = CallMount(mountpoint, {{"cmd", cmd}});
-  if (!r.ok()) {
-    PrintError(r.status().message());
+std::optional<int> QueryMount(const std::string& path, const char* cmd, nlohmann::json* reply, MountPath* where_out) {
+  auto where = LocateInMount(path);
+  if (!where.ok()) {
+    PrintError(where.status().message());
     return kExitFatal;
   }
-  if (json) {
-    std::printf("%s\n", r->dump(2).c_str());  // still encoded: valid JSON, paths exact in the _b64 members
-    return kExitOk;
-  }
-  if (Status s = DecodeJsonPaths(*r); !s.ok()) {  // the exact bytes of paths, for printing
-    PrintError(mountpoint + ": malformed reply: " + s.message());
+  auto r = CallMount(where->first, {{"cmd", cmd}});
+  if (!r.ok()) {
+    PrintError(path + ": " + r.status().message());
     return kExitFatal;
   }
   *reply = std::move(*r);
+  if (where_out != nullptr) *where_out = {where->first, where->second};
   return std::nullopt;
+}
+
+// Prints `reply` as JSON (paths still encoded: valid JSON, exact in the
+// _b64 members), or decodes its paths for printing as bytes; an exit code
+// once the command is settled (JSON printed, or a malformed reply).
+std::optional<int> PrintJsonOrDecode(const std::string& path, bool json, nlohmann::json& reply,
+                                     const nlohmann::json& printed) {
+  if (json) {
+    std::printf("%s\n", printed.dump(2).c_str());
+    return kExitOk;
+  }
+  if (Status s = DecodeJsonPaths(reply); !s.ok()) {
+    PrintError(path + ": malformed reply: " + s.message());
+    return kExitFatal;
+  }
+  return std::nullopt;
+}
+
+bool RowUnder(const nlohmann::json& row, const std::string& rel) {
+  if (rel.empty()) return true;
+  const std::string first = rel.substr(0, rel.find('/'));
+  if (first.rfind("sha256-", 0) == 0) return row.value("name", std::string()) == first;
+  if (!row.contains("by_name")) return false;
+  for (const auto& p : row["by_name"]) {
+    const std::string by_name = p.is_string() ? p.get<std::string>() : std::string();
+    if (by_name == rel || by_name.rfind(rel + "/", 0) == 0) return true;
+  }
+  return false;
+}
+
+Status KeepRowsUnder(nlohmann::json& reply, const std::string& rel) {
+  if (rel.empty() || !reply.contains("checkpoints")) return Status::Ok();
+  nlohmann::json exact = reply["checkpoints"];
+  nlohmann::json wrapper = {{"rows", exact}};
+  if (Status s = DecodeJsonPaths(wrapper); !s.ok()) return s;
+  nlohmann::json kept = nlohmann::json::array();
+  for (size_t i = 0; i < wrapper["rows"].size(); ++i) {
+    if (RowUnder(wrapper["rows"][i], rel)) kept.push_back(reply["checkpoints"][i]);
+  }
+  reply["checkpoints"] = std::move(kept);
+  return Status::Ok();
 }
 
 int RunResolve(const std::string& path) {

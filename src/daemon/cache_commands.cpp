@@ -101,13 +101,14 @@ nlohmann::json HandleEvict(FsContext& ctx, const ControlServer::Request& r) {
   return ForEachFile(ctx, r, "evict", &ChunkCache::Evict);
 }
 
-nlohmann::json HandleStats(FsContext& ctx) {
+nlohmann::json HandleStats(FsContext& ctx, const std::map<std::string, std::vector<std::string>>& by_name) {
   CacheStats s = ctx.cache->Stats();
   nlohmann::json per = nlohmann::json::array();
   const auto resident = ctx.cache->ResidencyByFile();
   auto root = ctx.view->Get(FUSE_ROOT_ID);
   for (const auto& [name, ino] : root->children) {
-    if (name.rfind("sha256-", 0) != 0) continue;
+    const auto visible = by_name.find(name);
+    if (name.rfind("sha256-", 0) != 0 || visible == by_name.end()) continue;
     uint64_t host = 0, gpu = 0, pinned = 0;
     std::set<Sha256Digest> seen;
     for (const auto& f : ctx.view->FilesUnder(ctx.view->Get(ino))) {
@@ -119,7 +120,7 @@ nlohmann::json HandleStats(FsContext& ctx) {
       gpu += res.gpu;
       pinned += res.pinned;
     }
-    per.push_back({{"name", name}, {"host", host}, {"gpu", gpu}, {"pinned", pinned}});
+    per.push_back({{"name", name}, {"by_name", visible->second}, {"host", host}, {"gpu", gpu}, {"pinned", pinned}});
   }
   nlohmann::json tiers = {{"host", TierJson(s.host)}};
   if (s.gpu_enabled) tiers["gpu"] = TierJson(s.gpu);

@@ -20,7 +20,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <set>
 #include <sstream>
 #include <thread>
 
@@ -235,32 +234,16 @@ uint64_t HostCacheBytes(const MountOptions& o) {
 // One row per digest directory: its by-name paths and sources, from the
 // checkpoint states the caller may see.
 nlohmann::json LsJson(const std::vector<CheckpointState>& states, const View& view, const std::string& source) {
+  const auto by_name = daemon::VisibleByName(states, view, source);
   std::map<std::string, nlohmann::json> rows;
-  std::set<std::string> visible_sources;
-  for (const auto& s : states) {
-    if (s.phase == CheckpointState::Phase::kExposed) visible_sources.insert(s.path);
-  }
-  // The source a by-name path mirrors: SRC/<p>, or, when SRC is itself a
-  // checkpoint and by-name starts with its base name, SRC/<p minus it>.
-  const std::string base = source.substr(source.rfind('/') + 1);
-  auto mirrors_visible = [&](const std::string& by_name) {
-    const std::string p = by_name.substr(std::string("by-name/").size());
-    if (visible_sources.count(source + "/" + p)) return true;
-    if (p == base) return visible_sources.count(source) > 0;
-    return p.rfind(base + "/", 0) == 0 && visible_sources.count(source + p.substr(base.size())) > 0;
-  };
   for (const auto& s : states) {
     if (s.phase != CheckpointState::Phase::kExposed) continue;
     auto& row = rows[s.name];
     if (row.is_null()) {
       row = {{"name", s.name}, {"files", s.files}, {"size", s.size}, {"indexed_at", s.indexed_at},
-             {"sources", nlohmann::json::array()}, {"by_name", nlohmann::json::array()}};
+             {"sources", nlohmann::json::array()}, {"by_name", by_name.at(s.name)}};
     }
     row["sources"].push_back(s.path);
-  }
-  for (const auto& [path, digest] : view.ByNameLinks()) {
-    auto it = rows.find(digest);
-    if (it != rows.end() && mirrors_visible(path)) it->second["by_name"].push_back(path);
   }
   nlohmann::json list = nlohmann::json::array();
   for (auto& [name, row] : rows) list.push_back(std::move(row));
@@ -464,7 +447,10 @@ int main(int argc, char** argv) {
       return StatusJson(daemon::VisibleStates(watcher.States(), r), watcher, o, state_dir, (*index)->path(), ctx);
     }
     if (cmd == "ls") return LsJson(daemon::VisibleStates(watcher.States(), r), view, real_source);
-    if (cmd == "stats") return daemon::HandleStats(ctx);
+    if (cmd == "stats") {
+      return daemon::HandleStats(ctx, daemon::VisibleByName(daemon::VisibleStates(watcher.States(), r), view,
+                                                             real_source));
+    }
     if (cmd == "preload") return daemon::HandlePreload(ctx, r);
     if (cmd == "unpin") return daemon::HandleUnpin(ctx, r);
     if (cmd == "evict") return daemon::HandleEvict(ctx, r);

@@ -117,6 +117,20 @@ TEST_F(NestedCheckpointTest, PreloadUnpinAndEvictActOnItsOwnDigest) {
   EXPECT_EQ(StatsRow(run7_)["host"].get<uint64_t>(), 0u);
 }
 
+TEST_F(NestedCheckpointTest, LsOfTheDirectoryListsItAndTheCheckpointsBelowIt) {
+  auto rows = nlohmann::json::parse(RunCommand(kCtl + " ls --json " + mnt_ + "/by-name/run7").out, nullptr, false);
+  ASSERT_TRUE(rows.is_array()) << rows;
+  std::set<std::string> names;
+  for (const auto& row : rows) names.insert(row["name"]);
+  EXPECT_EQ(names, (std::set<std::string>{run7_, step500_, step1000_}));
+  auto one = nlohmann::json::parse(RunCommand(kCtl + " ls --json " + mnt_ + "/" + run7_).out, nullptr, false);
+  ASSERT_TRUE(one.is_array()) << one;
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0]["by_name"], nlohmann::json::array({"by-name/run7"}));
+}
+
+// The digest contract by hand, for a checkpoint with nested ones: the
+// README's recipes give the name the mount shows.
 TEST_F(NestedCheckpointTest, ManifestRecipeGivesItsDigest) {
   CommandResult manifest =
       RunCommand(kCtl + " --state " + tmp_ / "ctl-state" + " digest --manifest --no-nested " + src_ + "/run7 | sha256sum");

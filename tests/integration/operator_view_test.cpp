@@ -33,6 +33,12 @@ ino_t InodeOf(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 ? st.st_ino : 0;
 }
 
+size_t Count(const std::string& haystack, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = haystack.find(needle); at != std::string::npos; at = haystack.find(needle, at + 1)) ++n;
+  return n;
+}
+
 class OperatorViewTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -78,6 +84,42 @@ TEST_F(OperatorViewTest, ListingsHaveDotAndDotDotWithTheParentsInode) {
   EXPECT_NE(RunCommand("ls -a " + mnt_ + "/by-name").out.find("\n..\n"), std::string::npos);
 }
 
+TEST_F(OperatorViewTest, LsStatsAndStatusAcceptAnyPathInsideTheMount) {
+  auto m = Mount("settle=0");
+  ASSERT_TRUE(WaitForBoth()) << m->Log();
+  const std::string digest = DigestOf("m");
+  auto ls = [&](const std::string& path) {
+    auto j = nlohmann::json::parse(RunCommand(kCtl + " ls --json " + path).out, nullptr, false);
+    std::vector<std::string> names;
+    if (j.is_array()) {
+      for (const auto& row : j) names.push_back(row["name"]);
+    }
+    return names;
+  };
+  EXPECT_EQ(ls(mnt_).size(), 2u);
+  EXPECT_EQ(ls(mnt_ + "/" + digest), std::vector<std::string>{digest});
+  EXPECT_EQ(ls(mnt_ + "/" + digest + "/tok/vocab.txt"), std::vector<std::string>{digest});
+  EXPECT_EQ(ls(mnt_ + "/by-name/m"), std::vector<std::string>{digest});  // the link leads into the digest
+  CommandResult text = RunCommand(kCtl + " ls " + mnt_ + "/" + digest, true);
+  EXPECT_EQ(text.exit_code, 0) << text.out;
+  EXPECT_NE(text.out.find("by-name/m"), std::string::npos) << text.out;
+  EXPECT_EQ(text.out.find("by-name/other"), std::string::npos) << text.out;
+
+  // stats: rows name their by-name paths, and a path filters them.
+  auto stats = nlohmann::json::parse(RunCommand(kCtl + " stats --json " + mnt_ + "/by-name/m").out, nullptr, false);
+  ASSERT_TRUE(stats.is_object()) << stats;
+  ASSERT_EQ(stats["checkpoints"].size(), 1u) << stats;
+  EXPECT_EQ(stats["checkpoints"][0]["by_name"], nlohmann::json::array({"by-name/m"}));
+  CommandResult table = RunCommand(kCtl + " stats " + mnt_, true);
+  EXPECT_NE(table.out.find(digest), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("by-name/other"), std::string::npos) << table.out;
+
+  EXPECT_EQ(RunCommand(kCtl + " status " + mnt_ + "/by-name/m/config.json").exit_code, 0);
+  CommandResult outside = RunCommand(kCtl + " ls " + src_, true);
+  EXPECT_EQ(outside.exit_code, 3);
+  EXPECT_NE(outside.out.find(src_ + " is not a ckptfs mount nor inside one"), std::string::npos) << outside.out;
+}
+
 TEST_F(OperatorViewTest, PreloadIsCountedApartFromReadAhead) {
   auto m = Mount("settle=0");
   ASSERT_TRUE(WaitForBoth()) << m->Log();
@@ -91,6 +133,25 @@ TEST_F(OperatorViewTest, PreloadIsCountedApartFromReadAhead) {
   EXPECT_NE(RunCommand(kCtl + " stats --prometheus " + mnt_).out.find("ckptfs_preload_fills_total{mountpoint=\"" +
                                                                         mnt_ + "\"} 6"),
             std::string::npos);
+}
+
+TEST_F(OperatorViewTest, ErrorsNameThePathOnce) {
+  RunCommand("chmod -R a+rX " + src_);
+  auto m = Mount("settle=0,allow_other");
+  ASSERT_TRUE(WaitForBoth()) << m->Log();
+  const std::string by_name = mnt_ + "/by-name";
+  CommandResult preload = RunCommand(kCtl + " preload " + by_name, true);
+  EXPECT_EQ(preload.exit_code, 1);
+  EXPECT_EQ(Count(preload.out, mnt_), 1u) << preload.out;
+  CommandResult resolve = RunCommand(kCtl + " resolve " + by_name, true);
+  EXPECT_EQ(resolve.exit_code, 1);
+  EXPECT_EQ(Count(resolve.out, mnt_), 1u) << resolve.out;
+  CommandResult refused = RunCommand("setpriv --reuid=4321 --regid=4321 --clear-groups " + kCtl + " evict " +
+                                         mnt_ + "/by-name/m",
+                                     true);
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_EQ(Count(refused.out, mnt_), 1u) << refused.out;
+  EXPECT_NE(refused.out.find("evict is for root or the mount's owner"), std::string::npos) << refused.out;
 }
 
 }  // namespace
