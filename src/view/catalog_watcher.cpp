@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <set>
@@ -34,6 +35,13 @@ int64_t WallNanos() {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+// "5s", "0.5s": as an operator writes the option, not std::to_string's "5.000000".
+std::string SecondsText(double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%gs", seconds);
+  return buf;
 }
 
 // A sub-scan holding only some of a scan's checkpoints.
@@ -315,7 +323,7 @@ void CatalogWatcher::ScanOnce(bool index_unknown) {
       settle_wait_s = settle_wait_s == 0 ? wait : std::min(settle_wait_s, wait);
       st.phase = CheckpointState::Phase::kPending;
       st.reason = "changed " + std::to_string((now_ns - newest) / 1'000'000) + " ms ago; waiting for settle=" +
-                  std::to_string(options_.settle_s) + "s";
+                  SecondsText(options_.settle_s);
       std::lock_guard lock(mu_);
       if (exposed_.erase(cp.abs_path)) spdlog::info("checkpoint {} changed; withdrawn until re-indexed", cp.abs_path);
       states_[cp.abs_path] = st;

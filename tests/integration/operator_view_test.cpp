@@ -135,6 +135,14 @@ TEST_F(OperatorViewTest, PreloadIsCountedApartFromReadAhead) {
             std::string::npos);
 }
 
+TEST_F(OperatorViewTest, PendingReasonShowsSettleAsWritten) {
+  auto m = Mount("settle=60");
+  ASSERT_TRUE(WaitFor([&] { return RunCommand(kCtl + " status " + mnt_).out.find("pending") != std::string::npos; }));
+  CommandResult status = RunCommand(kCtl + " status " + mnt_, true);
+  EXPECT_NE(status.out.find("ms ago; waiting for settle=60s"), std::string::npos) << status.out;
+  EXPECT_EQ(status.out.find("60.000000"), std::string::npos) << status.out;
+}
+
 TEST_F(OperatorViewTest, ErrorsNameThePathOnce) {
   RunCommand("chmod -R a+rX " + src_);
   auto m = Mount("settle=0,allow_other");
