@@ -32,10 +32,11 @@ int RunStatus(const MountArgs& args) {
   std::printf("mountpoint   %s (daemon pid %d)\n", j["mountpoint"].get<std::string>().c_str(), j["pid"].get<int>());
   std::printf("state        %s (index %s)\n", j["state_dir"].get<std::string>().c_str(),
               j["index"].get<std::string>().c_str());
-  std::printf("options      rescan=%g settle=%g symlinks=%s threads=%u readahead=%s%s log=%s\n",
+  std::printf("options      rescan=%g settle=%g symlinks=%s threads=%u readahead=%s%s log=%s log_file=%s\n",
               opt["rescan"].get<double>(), opt["settle"].get<double>(), opt["symlinks"].get<std::string>().c_str(),
               opt["threads"].get<unsigned>(), FormatBytes(opt["readahead"].get<uint64_t>()).c_str(),
-              opt["allow_other"].get<bool>() ? " allow_other" : "", opt["log"].get<std::string>().c_str());
+              opt["allow_other"].get<bool>() ? " allow_other" : "", opt["log"].get<std::string>().c_str(),
+              opt.value("log_file", std::string("?")).c_str());
   std::printf("checkpoints  %zu exposed, %zu indexing, %zu pending, %zu invalid\n", c["exposed"].get<size_t>(),
               c["indexing"].get<size_t>(), c["pending"].get<size_t>(), c["invalid"].get<size_t>());
   for (const auto& cp : j["checkpoints"]) {

@@ -82,6 +82,13 @@ Status ApplyOption(const std::string& opt, MountOptions& o) {
     for (const char* l : kLevels) ok = ok || value == l;
     if (!ok) return Status::Error("option log=" + value + ": expected trace, debug, info, warn, error or off");
     o.log_level = value;
+  } else if (key == "log_file") {
+    if (Status s = need_value(); !s.ok()) return s;
+    // fstab has no working directory to be relative to.
+    if (value != "stderr" && value != "syslog" && value[0] != '/') {
+      return Status::Error("option log_file=" + value + ": expected an absolute path, stderr or syslog");
+    }
+    o.log_file = value;
   } else if (key == "readahead") {
     if (Status s = need_value(); !s.ok()) return s;
     auto v = ParseSize(value);
@@ -217,7 +224,8 @@ of its canonical manifest) and by-name/ links that mirror SRC. The mount is up
 at once; checkpoints appear as they are indexed.
 
   -f                   stay in the foreground and log to standard error
-                       (otherwise: daemonize and log to syslog/journald)
+                       (otherwise: daemonize and log to syslog/journald;
+                       log_file= chooses either way)
   -d                   also trace every FUSE request (implies -f)
   -h, --help           print this help
   -V, --version        print the version
@@ -233,6 +241,12 @@ ckptfs options (-o):
                        SRC (default); follow: follow every link
   threads=N            FUSE and hashing threads (default: one per CPU)
   log=LEVEL            trace, debug, info (default), warn, error or off
+  log_file=PATH|stderr|syslog
+                       where the log goes once mounted: append to PATH
+                       (absolute; for machines without journald or syslog),
+                       standard error (kept even when daemonized), or syslog
+                       (default: syslog, or stderr with -f); until the mount
+                       is up every line also goes to standard error
   readahead=SIZE       kernel read-ahead for the mount, e.g. 4M (default 4M)
   cache_size=SIZE|N%   host chunk cache in pinned memory, e.g. 32G or 40%
                        (default 25% of physical memory); taken as it fills

@@ -162,5 +162,50 @@ TEST_F(OperatorViewTest, ErrorsNameThePathOnce) {
   EXPECT_NE(refused.out.find("evict is for root or the mount's owner"), std::string::npos) << refused.out;
 }
 
+// Without journald or syslog the default log is lost once daemonized:
+// log_file= sends it to a file (or keeps standard error).
+TEST_F(OperatorViewTest, LogFileReceivesTheLogOnceMounted) {
+  const std::string log = tmp_ / "logs/ckptfs.log";
+  MakeDirs(tmp_ / "logs");
+  MakeDirs(mnt_);
+  CommandResult r = RunCommand(kDaemon + " " + src_ + " " + mnt_ + " -o state=" + state_ + ",settle=0,log_file=" + log,
+                               true);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  ASSERT_TRUE(IsMounted(mnt_));
+  EXPECT_TRUE(WaitFor([&] { return ReadFile(log).find("checkpoint " + src_ + "/other is sha256-") != std::string::npos; }))
+      << ReadFile(log);
+  EXPECT_EQ(RunCommand("fusermount3 -u " + mnt_).exit_code, 0);
+  EXPECT_TRUE(WaitFor([&] { return ReadFile(log).find("unmounting " + mnt_) != std::string::npos; })) << ReadFile(log);
+  EXPECT_NE(ReadFile(log).find("mounted " + src_ + " at " + mnt_), std::string::npos) << ReadFile(log);
+  EXPECT_NE(ReadFile(log).find(" ckptfs["), std::string::npos) << "each line names its daemon";
+  auto status = [&] { return RunCommand(kCtl + " status --json " + mnt_).out; };
+
+  // log_file=stderr: kept even when daemonized (here a file stands for the
+  // supervisor's pipe).
+  const std::string err = tmp_ / "stderr.txt";
+  r = RunCommand(kDaemon + " " + src_ + " " + mnt_ + " -o state=" + state_ + ",log_file=stderr 2>" + err, true);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(WaitFor([&] { return ReadFile(err).find("mounted " + src_) != std::string::npos; })) << ReadFile(err);
+  EXPECT_NE(status().find("\"log_file\": \"stderr\""), std::string::npos) << status();
+  EXPECT_EQ(RunCommand("fusermount3 -u " + mnt_).exit_code, 0);
+  EXPECT_TRUE(WaitFor([&] { return !IsMounted(mnt_); }));
+}
+
+TEST_F(OperatorViewTest, UnusableLogFileStopsTheStartBeforeMounting) {
+  MakeDirs(mnt_);
+  WriteFile(tmp_ / "plainfile", "not a directory");
+  for (const auto& [option, message] : std::vector<std::pair<std::string, std::string>>{
+           {"log_file=relative.log", "option log_file=relative.log: expected an absolute path, stderr or syslog"},
+           {"log_file=" + tmp_ / "plainfile/ckptfs.log", "option log_file=" + tmp_ / "plainfile/ckptfs.log" +
+                                                             ": cannot open it for appending"}}) {
+    CommandResult r = RunCommand("timeout 20 " + kDaemon + " " + src_ + " " + mnt_ + " -f -o state=" + state_ + "," +
+                                     option,
+                                 true);
+    EXPECT_NE(r.exit_code, 0) << option;
+    EXPECT_NE(r.out.find(message), std::string::npos) << option << ": " << r.out;
+    EXPECT_FALSE(IsMounted(mnt_)) << option;
+  }
+}
+
 }  // namespace
 }  // namespace ckptfs::testing
