@@ -220,8 +220,9 @@ std::string MountUsage() {
 
 Mounts the model checkpoints under SRC as a read-only, content-addressed view
 at MOUNTPOINT: one directory sha256-<hex> per distinct checkpoint (the SHA-256
-of its canonical manifest) and by-name/ links that mirror SRC. The mount is up
-at once; checkpoints appear as they are indexed.
+of its canonical manifest) and by-name/ links that mirror SRC. When mount
+returns, every checkpoint the index already knows is visible; the others
+appear as they are indexed.
 
   -f                   stay in the foreground and log to standard error
                        (otherwise: daemonize and log to syslog/journald;
@@ -269,7 +270,9 @@ FUSE and mount options (-o), passed on:
   default_permissions  ignored: the daemon checks each request itself
   defaults, nofail, _netdev, auto, noauto, user, users, x-*   ignored
 
-fstab:  SRC  /models  fuse.ckptfs  ro,allow_other,nofail  0 0
+fstab: type ckptfs (through mount.ckptfs) or fuse.ckptfs (through mount.fuse3):
+  SRC  /models  ckptfs       ro,allow_other,nofail  0 0
+  SRC  /models  fuse.ckptfs  ro,allow_other,nofail  0 0
 
 Recovery after the daemon was killed ("Transport endpoint is not
 connected"): fusermount3 -u -z MOUNTPOINT (or umount -l MOUNTPOINT), then
