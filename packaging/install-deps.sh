@@ -17,6 +17,7 @@ packages=(
   clang libclang-rt-14-dev    # the libFuzzer target (tests/fuzz)
   coreutils findutils attr util-linux python3   # tools the tests compare against
   lintian python3-debian      # the package test: Debian's checks, and a DEP-5 parser for the copyright file
+  python3-venv                # the huggingface_hub test's virtual environment (build/venv)
 )
 
 if [ "$(id -u)" -ne 0 ]; then

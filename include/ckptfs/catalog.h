@@ -1,5 +1,7 @@
 // Catalog: finds the checkpoints in a source tree and their member files,
 // applying the rules of DESIGN.md section 1 (the public digest contract).
+// It also reads the refs/ files of Hugging Face hub repositories, which the
+// view mirrors (DESIGN.md section 2).
 //
 // A checkpoint is a directory below the source root (or the root itself) that
 // directly contains a weight file. Its members are the regular files of its
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "ckptfs/file_stamp.h"
+#include "ckptfs/hub_refs.h"
 #include "ckptfs/ownership.h"
 #include "ckptfs/status.h"
 
@@ -76,6 +79,9 @@ struct CatalogScan {
   std::vector<CheckpointSource> checkpoints;  // ascending order of rel_path
   // Every directory walked, by path relative to the root ("" is the root).
   std::map<std::string, AccessPath> dirs;
+  // The refs/ files of hub repository directories outside every checkpoint
+  // (see hub_refs.h), with their bytes; not members of anything.
+  std::vector<HubRef> hub_refs;
   // Problems outside every checkpoint (they invalidate nothing).
   std::vector<std::string> warnings;
 };

@@ -95,7 +95,9 @@ class CatalogWatcher {
   void UpdateWatches(const CatalogScan& scan);
   bool DrainInotify();  // true if any event arrived
   void SetState(CheckpointState state);
-  void PublishExposed(const std::map<std::string, AccessPath>& dirs);
+  // Publishes the exposed checkpoints with the last scan's directories and
+  // hub refs.
+  void PublishExposed();
 
   Options options_;
   Index* index_;
@@ -118,7 +120,9 @@ class CatalogWatcher {
   std::map<std::string, CheckpointState> states_;          // by source path
   std::map<std::string, ExposedCheckpoint> exposed_;       // by source path
   std::string last_scan_error_;
+  // Of the last scan; used only on the thread that scans.
   std::map<std::string, AccessPath> last_dirs_;
+  std::vector<HubRef> last_hub_refs_;
   std::map<std::string, std::string> withdrawals_;  // digest -> reason; guarded by mu_
 };
 

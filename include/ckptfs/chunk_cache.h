@@ -65,6 +65,7 @@ struct CacheStats {
   uint64_t verification_failures = 0;
   uint64_t readahead_fills = 0;
   uint64_t readahead_hits = 0;  // chunks filled by read-ahead and then read
+  uint64_t preload_fills = 0;   // chunks read from the source by Load (preload)
   uint64_t uncached_reads = 0;  // served from a private buffer: the tier was all pinned or in use
 };
 
@@ -139,7 +140,11 @@ class ChunkCache {
   void Unlink(Entry* e);
   void Erase(Entry* e);
   void ReleaseRef(Entry* e);
-  Result<Entry*> Acquire(const ChunkKey& key, size_t len, const FillFn& fill, bool readahead,
+  // Why a chunk is wanted: a reader's request counts as a hit or a miss;
+  // read-ahead and preload fills are counted apart, and only a read-ahead
+  // fill that a reader then uses is a read-ahead hit.
+  enum class Use { kRead, kReadAhead, kPreload };
+  Result<Entry*> Acquire(const ChunkKey& key, size_t len, const FillFn& fill, Use use,
                          std::unique_lock<std::mutex>& lock);
 
   Options options_;

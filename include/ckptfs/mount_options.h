@@ -26,7 +26,9 @@ struct MountOptions {
   double settle_s = 5;        // settle=SECONDS
   SymlinkPolicy symlinks = SymlinkPolicy::kContained;
   unsigned threads = 0;       // threads=N: FUSE and hashing threads; 0 = one per CPU
-  std::string log_level = "info";
+  std::string log_level = "info";  // log=LEVEL
+  // log_file=PATH|stderr|syslog; empty: syslog once daemonized, stderr with -f.
+  std::string log_file;
   uint64_t readahead = 4ull << 20;  // readahead=SIZE, bytes
   // cache_size=SIZE or N% of physical memory; 0 = the default (25%).
   uint64_t cache_size = 0;

@@ -2,7 +2,8 @@
 //
 //   /                      root: "by-name" and one sha256-<hex> per digest
 //   /by-name/...           directories mirroring the source tree; a leaf
-//                          checkpoint is a relative symlink to ../sha256-<hex>
+//                          checkpoint is a relative symlink to ../sha256-<hex>;
+//                          a hub repository's refs/ files are small files
 //   /sha256-<hex>/...      the members, byte-identical to the source
 //
 // The catalog publishes the full set of exposed checkpoints; the view turns
@@ -16,6 +17,8 @@
 // (run7/ with run7/checkpoint-500/) cannot be one symlink; it becomes a
 // directory whose entries are links to the parent digest's top-level entries
 // plus the nested checkpoints' own entries, so it still mirrors the source.
+// That directory carries the xattrs of its own digest directory
+// (user.ckptfs.digest, .sources, .size) and names the digest in own_digest.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +36,7 @@
 
 #include "ckptfs/file_stamp.h"
 #include "ckptfs/hashes.h"
+#include "ckptfs/hub_refs.h"
 #include "ckptfs/ownership.h"
 
 namespace ckptfs {
@@ -80,13 +84,24 @@ class View {
     // cache entries and attributes for a long time.
     bool immutable = false;
     std::map<std::string, InodeId> children;  // directories
+    // Directories: the directory that lists this one (the root: itself), so
+    // that a listing's ".." carries a real inode number (readdir(3) hides
+    // entries numbered 0).
+    InodeId parent = 0;
     std::string link_target;                     // symlinks
     std::string source_path;                     // files
+    // Files the daemon serves from memory (hub refs): their bytes. Fixed for
+    // the node's life: a ref that changes becomes a new node.
+    std::optional<std::string> content;
     FileStamp stamp;                             // files
     Sha256Digest sha256{};                       // files
     std::shared_ptr<const std::vector<ChunkHash>> chunks;  // files
     bool safetensors = false;                    // files named *.safetensors
     std::string digest;                          // the sha256-<hex> this node belongs to, if any
+    // A by-name directory that is itself a checkpoint holding nested ones
+    // (by-name/run7 beside by-name/run7/checkpoint-500): its own sha256-<hex>,
+    // so that every command that takes a checkpoint can act on it.
+    std::string own_digest;
     std::vector<std::pair<std::string, std::string>> xattrs;
   };
   using NodePtr = std::shared_ptr<const Node>;
@@ -104,9 +119,11 @@ class View {
   };
 
   // Replaces what is exposed. `source_dirs` maps paths relative to the
-  // source root to how they are reached (for by-name directories).
+  // source root to how they are reached (for by-name directories);
+  // `hub_refs` are mirrored under by-name in every hub repository directory
+  // that by-name shows (one with a checkpoint below it).
   Changes Publish(const std::vector<ExposedCheckpoint>& checkpoints,
-                  const std::map<std::string, AccessPath>& source_dirs);
+                  const std::map<std::string, AccessPath>& source_dirs, const std::vector<HubRef>& hub_refs);
 
   NodePtr Get(InodeId ino) const;
 

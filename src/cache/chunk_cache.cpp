@@ -190,7 +190,7 @@ uint8_t* ChunkCache::TakeHostSlot(std::unique_lock<std::mutex>& lock) {
   }
 }
 
-Result<ChunkCache::Entry*> ChunkCache::Acquire(const ChunkKey& key, size_t len, const FillFn& fill, bool readahead,
+Result<ChunkCache::Entry*> ChunkCache::Acquire(const ChunkKey& key, size_t len, const FillFn& fill, Use use,
                                                std::unique_lock<std::mutex>& lock) {
   for (;;) {
     auto it = entries_.find(key);
@@ -201,7 +201,7 @@ Result<ChunkCache::Entry*> ChunkCache::Acquire(const ChunkKey& key, size_t len, 
         continue;
       }
       if (e->host != nullptr) {
-        if (!readahead) {
+        if (use == Use::kRead) {
           ++stats_.host.hits;
           if (e->readahead) {
             e->readahead = false;
@@ -242,7 +242,7 @@ Result<ChunkCache::Entry*> ChunkCache::Acquire(const ChunkKey& key, size_t len, 
       return e;
     }
 
-    if (!readahead) {
+    if (use == Use::kRead) {
       ++stats_.host.misses;
       if (stats_.gpu_enabled) ++stats_.gpu.misses;
     }
@@ -269,13 +269,14 @@ Result<ChunkCache::Entry*> ChunkCache::Acquire(const ChunkKey& key, size_t len, 
     }
     e->host = slot;
     host_used_ += kChunkSize;
-    e->readahead = readahead;
+    e->readahead = use == Use::kReadAhead;
     probation_.push_front(e);
     e->host_pos = probation_.begin();
     e->segment = Entry::Segment::kProbation;
     e->filling = false;
     ++stats_.host.fills;
-    if (readahead) ++stats_.readahead_fills;
+    if (use == Use::kReadAhead) ++stats_.readahead_fills;
+    if (use == Use::kPreload) ++stats_.preload_fills;
     filled_.notify_all();
     ++e->refs;
     return e;
@@ -284,7 +285,7 @@ Result<ChunkCache::Entry*> ChunkCache::Acquire(const ChunkKey& key, size_t len, 
 
 Result<ChunkCache::Ref> ChunkCache::Get(const ChunkKey& key, size_t len, const FillFn& fill, bool readahead) {
   std::unique_lock lock(mu_);
-  auto e = Acquire(key, len, fill, readahead, lock);
+  auto e = Acquire(key, len, fill, readahead ? Use::kReadAhead : Use::kRead, lock);
   if (e.ok()) {
     Ref r;
     r.cache_ = this;
@@ -316,7 +317,7 @@ Status ChunkCache::Load(const ChunkKey& key, size_t len, const FillFn& fill, Tie
                            " bytes pinned of cache_size=" + std::to_string(options_.host_capacity) +
                            "); unpin something or raise cache_size");
     }
-    auto e = Acquire(key, len, fill, /*readahead=*/true, lock);
+    auto e = Acquire(key, len, fill, Use::kPreload, lock);
     if (!e.ok()) return e.status();
     if (pin && !(*e)->host_pinned) {
       (*e)->host_pinned = true;
@@ -350,7 +351,7 @@ Status ChunkCache::Load(const ChunkKey& key, size_t len, const FillFn& fill, Tie
       return Status::Error("pinning would exceed gpu_cache_size (" + std::to_string(gpu_pinned_) + " bytes pinned)");
     }
     // Get verified bytes (from the host tier or the source), then copy them over.
-    auto got = Acquire(key, len, fill, /*readahead=*/true, lock);
+    auto got = Acquire(key, len, fill, Use::kPreload, lock);
     if (!got.ok()) return got.status();
     e = *got;
     if (!MakeGpuRoom(len)) {

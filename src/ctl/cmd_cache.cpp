@@ -17,6 +17,93 @@ std::string Prom(const std::string& name, const std::string& labels, uint64_t v)
   return "ckptfs_" + name + (labels.empty() ? "" : "{" + labels + "}") + " " + std::to_string(v) + "\n";
 }
 
+// The text exposition format, for node_exporter's textfile collector.
+void PrintPrometheus(const nlohmann::json& j, const std::string& mountpoint) {
+  std::string out;
+  const std::string mnt = "mountpoint=\"" + mountpoint + "\"";
+  struct Metric {
+    const char* key;
+    const char* name;
+    const char* type;
+    const char* help;
+  } metrics[] = {
+      {"capacity", "cache_capacity_bytes", "gauge", "Capacity of the cache tier."},
+      {"used", "cache_used_bytes", "gauge", "Bytes held by the cache tier."},
+      {"pinned", "cache_pinned_bytes", "gauge", "Bytes pinned in the cache tier."},
+      {"hits", "cache_hits_total", "counter", "Chunk lookups served by the tier."},
+      {"misses", "cache_misses_total", "counter", "Chunk lookups the tier could not serve."},
+      {"fills", "cache_fills_total", "counter", "Chunks put into the tier."},
+      {"evictions", "cache_evictions_total", "counter", "Chunks evicted from the tier."},
+  };
+  for (const auto& m : metrics) {
+    out += std::string("# HELP ckptfs_") + m.name + " " + m.help + "\n# TYPE ckptfs_" + m.name + " " + m.type + "\n";
+    for (const auto& [tier, t] : j["tiers"].items()) {
+      out += Prom(m.name, mnt + ",tier=\"" + tier + "\"", t[m.key].get<uint64_t>());
+    }
+  }
+  struct Counter {
+    const char* key;
+    const char* name;
+    const char* help;
+  } counters[] = {
+      {"verification_failures", "verification_failures_total", "Chunks that did not match the index."},
+      {"readahead_fills", "readahead_fills_total", "Chunks filled ahead of a sequential reader."},
+      {"readahead_hits", "readahead_hits_total", "Chunks filled ahead of a reader and then read."},
+      {"preload_fills", "preload_fills_total", "Chunks filled by ckptfsctl preload."},
+      {"source_bytes_read", "source_read_bytes_total", "Bytes read from source files."},
+      {"bytes_served", "served_bytes_total", "Bytes returned to readers."},
+      {"failed_reads", "failed_reads_total", "Read requests answered with an error."},
+  };
+  for (const auto& c : counters) {
+    out += std::string("# HELP ckptfs_") + c.name + " " + c.help + "\n# TYPE ckptfs_" + c.name + " counter\n";
+    out += Prom(c.name, mnt, j[c.key].get<uint64_t>());
+  }
+  out += "# HELP ckptfs_checkpoint_resident_bytes Bytes of a checkpoint held by a cache tier.\n"
+         "# TYPE ckptfs_checkpoint_resident_bytes gauge\n";
+  for (const auto& cp : j["checkpoints"]) {
+    const std::string l = mnt + ",checkpoint=\"" + cp["name"].get<std::string>() + "\"";
+    out += Prom("checkpoint_resident_bytes", l + ",tier=\"host\"", cp["host"].get<uint64_t>());
+    out += Prom("checkpoint_resident_bytes", l + ",tier=\"gpu\"", cp["gpu"].get<uint64_t>());
+  }
+  out += "# HELP ckptfs_checkpoint_pinned_bytes Bytes of a checkpoint pinned in the cache.\n"
+         "# TYPE ckptfs_checkpoint_pinned_bytes gauge\n";
+  for (const auto& cp : j["checkpoints"]) {
+    out += Prom("checkpoint_pinned_bytes", mnt + ",checkpoint=\"" + cp["name"].get<std::string>() + "\"",
+                cp["pinned"].get<uint64_t>());
+  }
+  std::fputs(out.c_str(), stdout);
+}
+
+void PrintStatsTable(const nlohmann::json& j) {
+  std::printf("%-5s %11s %11s %11s %10s %10s %10s %10s\n", "TIER", "CAPACITY", "USED", "PINNED", "HITS", "MISSES",
+              "FILLS", "EVICTIONS");
+  for (const auto& [tier, t] : j["tiers"].items()) {
+    std::printf("%-5s %11s %11s %11s %10llu %10llu %10llu %10llu\n", tier.c_str(),
+                FormatBytes(t["capacity"].get<uint64_t>()).c_str(), FormatBytes(t["used"].get<uint64_t>()).c_str(),
+                FormatBytes(t["pinned"].get<uint64_t>()).c_str(),
+                static_cast<unsigned long long>(t["hits"].get<uint64_t>()),
+                static_cast<unsigned long long>(t["misses"].get<uint64_t>()),
+                static_cast<unsigned long long>(t["fills"].get<uint64_t>()),
+                static_cast<unsigned long long>(t["evictions"].get<uint64_t>()));
+  }
+  std::printf("\nverification failures %llu   read-ahead fills %llu, hits %llu   preload fills %llu   source read %s"
+              "   served %s\n",
+              static_cast<unsigned long long>(j["verification_failures"].get<uint64_t>()),
+              static_cast<unsigned long long>(j["readahead_fills"].get<uint64_t>()),
+              static_cast<unsigned long long>(j["readahead_hits"].get<uint64_t>()),
+              static_cast<unsigned long long>(j["preload_fills"].get<uint64_t>()),
+              FormatBytes(j["source_bytes_read"].get<uint64_t>()).c_str(),
+              FormatBytes(j["bytes_served"].get<uint64_t>()).c_str());
+  std::printf("\n%-71s %11s %11s %11s  %s\n", "CHECKPOINT", "HOST", "GPU", "PINNED", "BY-NAME");
+  for (const auto& cp : j["checkpoints"]) {
+    std::string by_name;
+    for (const auto& p : cp["by_name"]) by_name += (by_name.empty() ? "" : ", ") + p.get<std::string>();
+    std::printf("%-71s %11s %11s %11s  %s\n", cp["name"].get<std::string>().c_str(),
+                FormatBytes(cp["host"].get<uint64_t>()).c_str(), FormatBytes(cp["gpu"].get<uint64_t>()).c_str(),
+                FormatBytes(cp["pinned"].get<uint64_t>()).c_str(), by_name.c_str());
+  }
+}
+
 }  // namespace
 
 int RunCacheCommand(const CacheArgs& args) {
@@ -57,85 +144,15 @@ int RunCacheCommand(const CacheArgs& args) {
 
 int RunStats(const StatsArgs& args) {
   nlohmann::json j;
-  if (auto done = QueryMount(args.mountpoint, "stats", args.json, &j)) return *done;
-  if (args.prometheus) {
-    // The text exposition format, for node_exporter's textfile collector.
-    std::string out;
-    const std::string mnt = "mountpoint=\"" + args.mountpoint + "\"";
-    struct Metric {
-      const char* key;
-      const char* name;
-      const char* type;
-      const char* help;
-    } metrics[] = {
-        {"capacity", "cache_capacity_bytes", "gauge", "Capacity of the cache tier."},
-        {"used", "cache_used_bytes", "gauge", "Bytes held by the cache tier."},
-        {"pinned", "cache_pinned_bytes", "gauge", "Bytes pinned in the cache tier."},
-        {"hits", "cache_hits_total", "counter", "Chunk lookups served by the tier."},
-        {"misses", "cache_misses_total", "counter", "Chunk lookups the tier could not serve."},
-        {"fills", "cache_fills_total", "counter", "Chunks put into the tier."},
-        {"evictions", "cache_evictions_total", "counter", "Chunks evicted from the tier."},
-    };
-    for (const auto& m : metrics) {
-      out += std::string("# HELP ckptfs_") + m.name + " " + m.help + "\n# TYPE ckptfs_" + m.name + " " + m.type + "\n";
-      for (const auto& [tier, t] : j["tiers"].items()) {
-        out += Prom(m.name, mnt + ",tier=\"" + tier + "\"", t[m.key].get<uint64_t>());
-      }
-    }
-    struct Counter {
-      const char* key;
-      const char* name;
-      const char* help;
-    } counters[] = {
-        {"verification_failures", "verification_failures_total", "Chunks that did not match the index."},
-        {"readahead_hits", "readahead_hits_total", "Chunks filled ahead of a reader and then read."},
-        {"source_bytes_read", "source_read_bytes_total", "Bytes read from source files."},
-        {"bytes_served", "served_bytes_total", "Bytes returned to readers."},
-        {"failed_reads", "failed_reads_total", "Read requests answered with an error."},
-    };
-    for (const auto& c : counters) {
-      out += std::string("# HELP ckptfs_") + c.name + " " + c.help + "\n# TYPE ckptfs_" + c.name + " counter\n";
-      out += Prom(c.name, mnt, j[c.key].get<uint64_t>());
-    }
-    out += "# HELP ckptfs_checkpoint_resident_bytes Bytes of a checkpoint held by a cache tier.\n"
-           "# TYPE ckptfs_checkpoint_resident_bytes gauge\n";
-    for (const auto& cp : j["checkpoints"]) {
-      const std::string l = mnt + ",checkpoint=\"" + cp["name"].get<std::string>() + "\"";
-      out += Prom("checkpoint_resident_bytes", l + ",tier=\"host\"", cp["host"].get<uint64_t>());
-      out += Prom("checkpoint_resident_bytes", l + ",tier=\"gpu\"", cp["gpu"].get<uint64_t>());
-    }
-    out += "# HELP ckptfs_checkpoint_pinned_bytes Bytes of a checkpoint pinned in the cache.\n"
-           "# TYPE ckptfs_checkpoint_pinned_bytes gauge\n";
-    for (const auto& cp : j["checkpoints"]) {
-      out += Prom("checkpoint_pinned_bytes", mnt + ",checkpoint=\"" + cp["name"].get<std::string>() + "\"",
-                  cp["pinned"].get<uint64_t>());
-    }
-    std::fputs(out.c_str(), stdout);
-    return kExitOk;
+  MountPath where;
+  if (auto done = QueryMount(args.path, "stats", &j, &where)) return *done;
+  if (Status s = KeepRowsUnder(j, where.rel); !s.ok()) {
+    PrintError(args.path + ": malformed reply: " + s.message());
+    return kExitFatal;
   }
-  std::printf("%-5s %11s %11s %11s %10s %10s %10s %10s\n", "TIER", "CAPACITY", "USED", "PINNED", "HITS", "MISSES",
-              "FILLS", "EVICTIONS");
-  for (const auto& [tier, t] : j["tiers"].items()) {
-    std::printf("%-5s %11s %11s %11s %10llu %10llu %10llu %10llu\n", tier.c_str(),
-                FormatBytes(t["capacity"].get<uint64_t>()).c_str(), FormatBytes(t["used"].get<uint64_t>()).c_str(),
-                FormatBytes(t["pinned"].get<uint64_t>()).c_str(),
-                static_cast<unsigned long long>(t["hits"].get<uint64_t>()),
-                static_cast<unsigned long long>(t["misses"].get<uint64_t>()),
-                static_cast<unsigned long long>(t["fills"].get<uint64_t>()),
-                static_cast<unsigned long long>(t["evictions"].get<uint64_t>()));
-  }
-  std::printf("\nverification failures %llu   read-ahead fills %llu, hits %llu   source read %s   served %s\n",
-              static_cast<unsigned long long>(j["verification_failures"].get<uint64_t>()),
-              static_cast<unsigned long long>(j["readahead_fills"].get<uint64_t>()),
-              static_cast<unsigned long long>(j["readahead_hits"].get<uint64_t>()),
-              FormatBytes(j["source_bytes_read"].get<uint64_t>()).c_str(),
-              FormatBytes(j["bytes_served"].get<uint64_t>()).c_str());
-  std::printf("\n%-71s %11s %11s %11s\n", "CHECKPOINT", "HOST", "GPU", "PINNED");
-  for (const auto& cp : j["checkpoints"]) {
-    std::printf("%-71s %11s %11s %11s\n", cp["name"].get<std::string>().c_str(),
-                FormatBytes(cp["host"].get<uint64_t>()).c_str(), FormatBytes(cp["gpu"].get<uint64_t>()).c_str(),
-                FormatBytes(cp["pinned"].get<uint64_t>()).c_str());
-  }
+  if (auto done = PrintJsonOrDecode(args.path, args.json, j, j)) return *done;
+  if (args.prometheus) PrintPrometheus(j, where.mountpoint);
+  else PrintStatsTable(j);
   return kExitOk;
 }
 

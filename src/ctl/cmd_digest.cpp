@@ -62,7 +62,7 @@ int RunDigest(const GlobalOptions& g, const DigestArgs& args) {
   IndexReport totals;
   for (const auto& dir : args.dirs) {
     CatalogScan scan;
-    if (!ScanOrReport(dir, g, &scan)) {
+    if (!ScanOrReport(dir, g, &scan) || (args.no_nested && !KeepOnlyTheDirItself(dir, &scan))) {
       exit_code = kExitFatal;
       continue;
     }
@@ -132,16 +132,11 @@ int RunDigestStamped(const GlobalOptions& g, const DigestArgs& args) {
       continue;
     }
     CatalogScan scan;
-    if (!ScanOrReport(dir, g, &scan)) {
+    if (!ScanOrReport(dir, g, &scan) || !KeepOnlyTheDirItself(dir, &scan)) {
       exit_code = kExitFailure;
       continue;
     }
-    CatalogScan own = scan;
-    own.checkpoints.clear();
-    for (auto& cp : scan.checkpoints) {
-      if (cp.rel_path.empty()) own.checkpoints.push_back(cp);
-    }
-    IndexReport report = IndexWithProgress(index.get(), own, g, false, "hashing");
+    IndexReport report = IndexWithProgress(index.get(), scan, g, false, "hashing");
     if (report.checkpoints.empty() || report.checkpoints[0].error) {
       PrintError("cannot digest " + dir + ": " +
                  (report.checkpoints.empty() ? std::string("not a checkpoint") : *report.checkpoints[0].error));

@@ -24,17 +24,19 @@ std::string When(int64_t t) {
 
 int RunStatus(const MountArgs& args) {
   nlohmann::json j;
-  if (auto done = QueryMount(args.mountpoint, "status", args.json, &j)) return *done;
+  if (auto done = QueryMount(args.path, "status", &j)) return *done;
+  if (auto done = PrintJsonOrDecode(args.path, args.json, j, j)) return *done;
   const auto& opt = j["options"];
   const auto& c = j["counts"];
   std::printf("source       %s\n", j["source"].get<std::string>().c_str());
   std::printf("mountpoint   %s (daemon pid %d)\n", j["mountpoint"].get<std::string>().c_str(), j["pid"].get<int>());
   std::printf("state        %s (index %s)\n", j["state_dir"].get<std::string>().c_str(),
               j["index"].get<std::string>().c_str());
-  std::printf("options      rescan=%g settle=%g symlinks=%s threads=%u readahead=%s%s log=%s\n",
+  std::printf("options      rescan=%g settle=%g symlinks=%s threads=%u readahead=%s%s log=%s log_file=%s\n",
               opt["rescan"].get<double>(), opt["settle"].get<double>(), opt["symlinks"].get<std::string>().c_str(),
               opt["threads"].get<unsigned>(), FormatBytes(opt["readahead"].get<uint64_t>()).c_str(),
-              opt["allow_other"].get<bool>() ? " allow_other" : "", opt["log"].get<std::string>().c_str());
+              opt["allow_other"].get<bool>() ? " allow_other" : "", opt["log"].get<std::string>().c_str(),
+              opt.value("log_file", std::string("?")).c_str());
   std::printf("checkpoints  %zu exposed, %zu indexing, %zu pending, %zu invalid\n", c["exposed"].get<size_t>(),
               c["indexing"].get<size_t>(), c["pending"].get<size_t>(), c["invalid"].get<size_t>());
   for (const auto& cp : j["checkpoints"]) {
@@ -52,21 +54,16 @@ int RunStatus(const MountArgs& args) {
 }
 
 int RunLs(const MountArgs& args) {
-  auto reply = CallMount(args.mountpoint, {{"cmd", "ls"}});
-  if (!reply.ok()) {
-    PrintError(reply.status().message());
+  nlohmann::json reply;
+  MountPath where;
+  if (auto done = QueryMount(args.path, "ls", &reply, &where)) return *done;
+  if (Status s = KeepRowsUnder(reply, where.rel); !s.ok()) {
+    PrintError(args.path + ": malformed reply: " + s.message());
     return kExitFatal;
   }
-  if (args.json) {
-    std::printf("%s\n", (*reply)["checkpoints"].dump(2).c_str());  // still encoded: valid JSON
-    return kExitOk;
-  }
-  if (Status s = DecodeJsonPaths(*reply); !s.ok()) {  // the exact bytes of paths, for printing
-    PrintError(args.mountpoint + ": malformed reply: " + s.message());
-    return kExitFatal;
-  }
+  if (auto done = PrintJsonOrDecode(args.path, args.json, reply, reply["checkpoints"])) return *done;
   std::printf("%-71s %6s %11s  %-16s  %s\n", "DIGEST", "FILES", "SIZE", "INDEXED", "BY-NAME");
-  for (const auto& row : (*reply)["checkpoints"]) {
+  for (const auto& row : reply["checkpoints"]) {
     std::string by_name;
     for (const auto& p : row["by_name"]) by_name += (by_name.empty() ? "" : ", ") + p.get<std::string>();
     std::printf("%-71s %6llu %11s  %-16s  %s\n", row["name"].get<std::string>().c_str(),
@@ -78,13 +75,18 @@ int RunLs(const MountArgs& args) {
 }
 
 int RunRescan(const MountArgs& args) {
-  auto reply = CallMount(args.mountpoint, {{"cmd", "rescan"}});
-  if (!reply.ok()) {
-    PrintError(reply.status().message());
+  auto where = LocateInMount(args.path);
+  if (!where.ok()) {
+    PrintError(where.status().message());
+    return kExitFatal;
+  }
+  auto r = CallMount(where->first, {{"cmd", "rescan"}});
+  if (!r.ok()) {
+    PrintError(args.path + ": " + r.status().message());
     return kExitFailure;
   }
-  if (args.json) std::printf("%s\n", reply->dump().c_str());
-  else std::printf("rescan of %s requested\n", args.mountpoint.c_str());
+  if (args.json) std::printf("%s\n", r->dump().c_str());
+  else std::printf("rescan of %s requested\n", where->first.c_str());
   return kExitOk;
 }
 

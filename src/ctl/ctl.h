@@ -38,6 +38,10 @@ std::unique_ptr<Index> OpenIndexOrReport(const GlobalOptions& g);
 // Scans `dir`; on failure prints why and returns false.
 bool ScanOrReport(const std::string& dir, const GlobalOptions& g, CatalogScan* scan);
 
+// Drops from `scan` every checkpoint but `dir` itself (those nested below
+// it); false, after saying so, when `dir` is not a checkpoint.
+bool KeepOnlyTheDirItself(const std::string& dir, CatalogScan* scan);
+
 // Runs the indexer with a progress bar when standard error is a terminal.
 IndexReport IndexWithProgress(Index* index, const CatalogScan& scan, const GlobalOptions& g, bool ignore_index,
                               const char* label);
@@ -48,6 +52,7 @@ struct DigestArgs {
   bool json = false;
   bool verbose = false;
   bool stamped = false;  // DIRs are *.safetensors files: print their stamped headers
+  bool no_nested = false;  // only the checkpoint each DIR is, not those below it
 };
 int RunDigest(const GlobalOptions& g, const DigestArgs& args);
 int RunDigestStamped(const GlobalOptions& g, const DigestArgs& args);
@@ -61,20 +66,47 @@ int RunVerify(const GlobalOptions& g, const VerifyArgs& args);
 // The mount point that holds PATH (after resolving links) and PATH's
 // canonical path below it.
 Result<std::pair<std::string, std::string>> LocateInMount(const std::string& path);
+// An extended attribute's value; the error keeps the errno (ENODATA: none).
+Result<std::string> ReadXattr(const std::string& path, const char* name);
 int RunResolve(const std::string& path);
 
 // Sends a request to the daemon serving `mountpoint`; fails unless it says
-// ok. Progress lines of long work go to `on_progress`.
+// ok. Progress lines of long work go to `on_progress`. The error is the
+// daemon's reason or what failed on the way, without the path the user gave
+// (the caller prefixes it).
 Result<nlohmann::json> CallMount(const std::string& mountpoint, const nlohmann::json& request,
                                  const std::function<void(const nlohmann::json&)>& on_progress = nullptr);
 
-// Asks the mount for `cmd`. Returns an exit code when that already settles
-// the command (the request failed, or --json printed the answer); otherwise
-// fills `reply` for the caller to print.
-std::optional<int> QueryMount(const std::string& mountpoint, const char* cmd, bool json, nlohmann::json* reply);
+// A path inside a mount: the mount point, and the path's canonical form
+// below it ("" for the mount point itself).
+struct MountPath {
+  std::string mountpoint;
+  std::string rel;
+};
+
+// Asks the mount that holds PATH (the mount point or any path inside it)
+// for `cmd`. Returns an exit code after printing why when the request
+// failed; otherwise fills `reply` (paths still encoded, json_path.h) and,
+// if given, `where`.
+std::optional<int> QueryMount(const std::string& path, const char* cmd, nlohmann::json* reply,
+                              MountPath* where = nullptr);
+
+// Prints `printed` (part of `reply`) as JSON, paths still encoded (valid
+// JSON, exact in the _b64 members), or decodes `reply`'s paths for printing
+// as bytes. Returns an exit code when that settles the command (JSON
+// printed, or a malformed reply, reported naming PATH).
+std::optional<int> PrintJsonOrDecode(const std::string& path, bool json, nlohmann::json& reply,
+                                     const nlohmann::json& printed);
+
+// Whether an `ls` or `stats` row (paths decoded) belongs to `rel`, a path
+// below the mount root: "" takes every row; a path in a digest directory
+// that digest's row; a by-name path the checkpoints at or below it.
+bool RowUnder(const nlohmann::json& row, const std::string& rel);
+// Keeps the rows of reply["checkpoints"] (paths still encoded) that belong to `rel`.
+Status KeepRowsUnder(nlohmann::json& reply, const std::string& rel);
 
 struct MountArgs {
-  std::string mountpoint;
+  std::string path;  // the mount point or any path inside the mount
   bool json = false;
 };
 int RunStatus(const MountArgs& args);
@@ -90,7 +122,7 @@ struct CacheArgs {
 int RunCacheCommand(const CacheArgs& args);
 
 struct StatsArgs {
-  std::string mountpoint;
+  std::string path;  // the mount point or any path inside the mount
   bool json = false;
   bool prometheus = false;
 };

@@ -42,6 +42,15 @@ bool ScanOrReport(const std::string& dir, const GlobalOptions& g, CatalogScan* s
   return true;
 }
 
+bool KeepOnlyTheDirItself(const std::string& dir, CatalogScan* scan) {
+  std::erase_if(scan->checkpoints, [](const CheckpointSource& cp) { return !cp.rel_path.empty(); });
+  if (scan->checkpoints.empty()) {
+    PrintError(dir + " is not itself a checkpoint (it holds no weight file directly)");
+    return false;
+  }
+  return true;
+}
+
 IndexReport IndexWithProgress(Index* index, const CatalogScan& scan, const GlobalOptions& g, bool ignore_index,
                               const char* label) {
   ProgressBar bar(label, !g.quiet && ::isatty(STDERR_FILENO) == 1);

@@ -46,6 +46,9 @@ int main(int argc, char** argv) {
       "'# NAME  PATH' line heads each block");
   cmd_digest->add_flag("--json", digest.json, "Print JSON: path, name, digest, size, files with size and sha256")
       ->excludes(manifest_flag);
+  cmd_digest->add_flag("--no-nested", digest.no_nested,
+                       "Only the checkpoint that each DIR is itself, not those nested below it, so that\n"
+                       "'digest --manifest --no-nested CHECKPOINT | sha256sum' is its digest");
   cmd_digest->add_flag("-v,--verbose", digest.verbose, "Report on stderr how many files were hashed or taken from the index");
   cmd_digest->add_flag("--stamped", digest.stamped,
                        "Arguments are *.safetensors files: print (JSON) the header each would be served with under\n"
@@ -62,19 +65,24 @@ int main(int argc, char** argv) {
 
   std::string resolve_path;
   auto* cmd_resolve = app.add_subcommand(
-      "resolve", "Print the digest path behind a by-name link (give engines this path: it changes with every byte)");
-  cmd_resolve->add_option("PATH", resolve_path, "A by-name link or any path inside a digest directory")->required();
+      "resolve", "Print the digest path of a checkpoint (give engines this path: it changes with every byte)");
+  cmd_resolve->add_option("PATH", resolve_path,
+                          "A by-name link, the by-name directory of a checkpoint that holds nested ones, or any\n"
+                          "path inside a digest directory")
+      ->required();
   MountArgs status_args, ls_args, rescan_args;
   auto* cmd_status = app.add_subcommand(
       "status", "Show a mount's checkpoints being indexed, pending or invalid (with the reason), its state directory\n"
                 "and options");
-  cmd_status->add_option("MOUNTPOINT", status_args.mountpoint, "A ckptfs mount point")->required();
+  cmd_status->add_option("PATH", status_args.path, "A ckptfs mount point or any path inside one")->required();
   cmd_status->add_flag("--json", status_args.json, "Print JSON");
-  auto* cmd_ls = app.add_subcommand("ls", "List a mount's digest directories: digest, files, size, indexed at, by-name paths");
-  cmd_ls->add_option("MOUNTPOINT", ls_args.mountpoint, "A ckptfs mount point")->required();
+  auto* cmd_ls = app.add_subcommand(
+      "ls", "List a mount's digest directories: digest, files, size, indexed at, by-name paths; given a path\n"
+            "inside the mount, only the checkpoints at or below it");
+  cmd_ls->add_option("PATH", ls_args.path, "A ckptfs mount point or any path inside one")->required();
   cmd_ls->add_flag("--json", ls_args.json, "Print JSON");
   auto* cmd_rescan = app.add_subcommand("rescan", "Ask a mount to rescan its source now (root or the mount's owner)");
-  cmd_rescan->add_option("MOUNTPOINT", rescan_args.mountpoint, "A ckptfs mount point")->required();
+  cmd_rescan->add_option("PATH", rescan_args.path, "A ckptfs mount point or any path inside one")->required();
   cmd_rescan->add_flag("--json", rescan_args.json, "Print JSON");
 
   CacheArgs preload_args, unpin_args, evict_args;
@@ -83,20 +91,22 @@ int main(int argc, char** argv) {
   evict_args.command = "evict";
   auto* cmd_preload = app.add_subcommand(
       "preload", "Read every chunk of PATH into the cache, verified, with a progress bar (root or the mount's owner).\n"
-                 "PATH: a digest directory, a by-name link or a file under a mount");
+                 "PATH: a digest directory, a by-name link, the by-name directory of a checkpoint or a file under\n"
+                 "a mount");
   cmd_preload->add_option("PATH", preload_args.path, "What to preload")->required();
   cmd_preload->add_option("--tier", preload_args.tier, "host (default) or gpu")
       ->check(CLI::IsMember({"host", "gpu"}));
   cmd_preload->add_flag("--pin", preload_args.pin, "Keep the chunks: eviction never touches them until unpin");
   auto* cmd_unpin = app.add_subcommand("unpin", "Let the cache evict PATH's chunks again");
-  cmd_unpin->add_option("PATH", unpin_args.path, "A digest directory, a by-name link or a file")->required();
+  cmd_unpin->add_option("PATH", unpin_args.path, "Like preload's PATH")->required();
   auto* cmd_evict = app.add_subcommand("evict", "Drop PATH's chunks from every tier now, pinned or not");
-  cmd_evict->add_option("PATH", evict_args.path, "A digest directory, a by-name link or a file")->required();
+  cmd_evict->add_option("PATH", evict_args.path, "Like preload's PATH")->required();
   StatsArgs stats_args;
   auto* cmd_stats = app.add_subcommand(
       "stats", "Cache numbers of a mount: per tier bytes used and capacity, hits, misses, fills, evictions;\n"
-               "verification failures, read-ahead hits; per checkpoint bytes resident and pinned");
-  cmd_stats->add_option("MOUNTPOINT", stats_args.mountpoint, "A ckptfs mount point")->required();
+               "verification failures, read-ahead and preload fills; per checkpoint (with its by-name paths)\n"
+               "bytes resident and pinned; given a path inside the mount, only the checkpoints at or below it");
+  cmd_stats->add_option("PATH", stats_args.path, "A ckptfs mount point or any path inside one")->required();
   auto* stats_json = cmd_stats->add_flag("--json", stats_args.json, "Print JSON");
   cmd_stats->add_flag("--prometheus", stats_args.prometheus,
                       "Print the Prometheus text format (for node_exporter's textfile collector)")

@@ -10,14 +10,19 @@ namespace {
 nlohmann::json Refuse(const std::string& why) { return {{"ok", false}, {"error", why}}; }
 
 // The files a request's "path" names: a digest directory, a directory in it,
-// or a file (the client resolves by-name links before asking).
+// a file, or a by-name directory that is itself a checkpoint (run7/ holding
+// checkpoint-500/), which stands for its own digest directory. The client
+// resolves by-name links before asking. Errors leave the path out: the
+// client says which path it asked about.
 Result<std::vector<View::NodePtr>> FilesOf(FsContext& ctx, const ControlServer::Request& r) {
   if (!r.body.contains("path") || !r.body["path"].is_string()) return Status::Error("missing \"path\"");
   const std::string path = r.body["path"];
   auto node = ctx.view->Resolve(path);
-  if (!node) return Status::Error("no such file or directory in the mount: " + path);
+  if (node && !node->own_digest.empty()) node = ctx.view->Resolve(node->own_digest);
+  if (!node) return Status::Error("no such file or directory in the mount");
   if (node->digest.empty()) {
-    return Status::Error(path + " is not inside a digest directory (give sha256-<hex>[/FILE] or a by-name link)");
+    return Status::Error("not a checkpoint nor inside a digest directory (give sha256-<hex>[/FILE], a by-name link "
+                         "or a by-name directory of a checkpoint)");
   }
   return ctx.view->FilesUnder(node);
 }
@@ -91,13 +96,14 @@ nlohmann::json HandleEvict(FsContext& ctx, const ControlServer::Request& r) {
   return ForEachFile(ctx, r, "evict", &ChunkCache::Evict);
 }
 
-nlohmann::json HandleStats(FsContext& ctx) {
+nlohmann::json HandleStats(FsContext& ctx, const std::map<std::string, std::vector<std::string>>& by_name) {
   CacheStats s = ctx.cache->Stats();
   nlohmann::json per = nlohmann::json::array();
   const auto resident = ctx.cache->ResidencyByFile();
   auto root = ctx.view->Get(FUSE_ROOT_ID);
   for (const auto& [name, ino] : root->children) {
-    if (name.rfind("sha256-", 0) != 0) continue;
+    const auto visible = by_name.find(name);
+    if (name.rfind("sha256-", 0) != 0 || visible == by_name.end()) continue;
     uint64_t host = 0, gpu = 0, pinned = 0;
     std::set<Sha256Digest> seen;
     for (const auto& f : ctx.view->FilesUnder(ctx.view->Get(ino))) {
@@ -109,7 +115,7 @@ nlohmann::json HandleStats(FsContext& ctx) {
       gpu += res.gpu;
       pinned += res.pinned;
     }
-    per.push_back({{"name", name}, {"host", host}, {"gpu", gpu}, {"pinned", pinned}});
+    per.push_back({{"name", name}, {"by_name", visible->second}, {"host", host}, {"gpu", gpu}, {"pinned", pinned}});
   }
   nlohmann::json tiers = {{"host", TierJson(s.host)}};
   if (s.gpu_enabled) tiers["gpu"] = TierJson(s.gpu);
@@ -118,6 +124,7 @@ nlohmann::json HandleStats(FsContext& ctx) {
           {"verification_failures", s.verification_failures},
           {"readahead_fills", s.readahead_fills},
           {"readahead_hits", s.readahead_hits},
+          {"preload_fills", s.preload_fills},
           {"uncached_reads", s.uncached_reads},
           {"source_bytes_read", ctx.reader->bytes_read()},
           {"source_chunks_read", ctx.reader->chunks_read()},

@@ -2,6 +2,10 @@
 // evict and stats.
 #pragma once
 
+#include <map>
+#include <string>
+#include <vector>
+
 #include <nlohmann/json.hpp>
 
 #include "ckptfs/control.h"
@@ -12,6 +16,8 @@ namespace ckptfs::daemon {
 nlohmann::json HandlePreload(FsContext& ctx, const ControlServer::Request& r);
 nlohmann::json HandleUnpin(FsContext& ctx, const ControlServer::Request& r);
 nlohmann::json HandleEvict(FsContext& ctx, const ControlServer::Request& r);
-nlohmann::json HandleStats(FsContext& ctx);
+// `by_name`: the digests the caller may see, with their by-name paths
+// (VisibleByName); only they get a per-checkpoint row.
+nlohmann::json HandleStats(FsContext& ctx, const std::map<std::string, std::vector<std::string>>& by_name);
 
 }  // namespace ckptfs::daemon

@@ -20,16 +20,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <set>
 #include <sstream>
 #include <thread>
 
-#include <spdlog/sinks/stdout_sinks.h>
-#include <spdlog/sinks/syslog_sink.h>
 #include <spdlog/spdlog.h>
 
 #include "ckptfs/build_info.h"
 #include "cache_commands.h"
+#include "daemon_log.h"
 #include "query_filter.h"
 #include "ckptfs/header_stamper.h"
 #include "ckptfs/catalog_watcher.h"
@@ -48,19 +46,6 @@ CatalogWatcher* g_watcher_for_sighup = nullptr;  // set once, read by the signal
 
 void OnSighup(int) {
   if (g_watcher_for_sighup) g_watcher_for_sighup->RequestRescan();  // an eventfd write: signal-safe
-}
-
-void SetupLogging(const MountOptions& o, bool to_syslog) {
-  std::shared_ptr<spdlog::logger> logger;
-  if (to_syslog) {
-    logger = spdlog::syslog_logger_mt("ckptfs", "ckptfs", LOG_PID, LOG_DAEMON);
-  } else {
-    logger = spdlog::stderr_logger_mt(to_syslog ? "ckptfs-syslog" : "ckptfs");
-    logger->set_pattern("ckptfs: %Y-%m-%d %H:%M:%S.%e %l: %v");
-  }
-  logger->set_level(spdlog::level::from_str(o.log_level));
-  logger->flush_on(spdlog::level::info);
-  spdlog::set_default_logger(logger);
 }
 
 // libfuse splits -o on commas and unescapes a backslash before any
@@ -128,7 +113,7 @@ void SetBdiReadahead(const std::string& mountpoint, uint64_t bytes) {
 
 nlohmann::json StatusJson(const std::vector<CheckpointState>& states, const CatalogWatcher& watcher,
                           const MountOptions& o, const std::string& state_dir, const std::string& index_path,
-                          const daemon::FsContext& ctx) {
+                          const std::string& log_destination, const daemon::FsContext& ctx) {
   nlohmann::json list = nlohmann::json::array();
   size_t counts[4] = {0, 0, 0, 0};
   for (const auto& s : states) {
@@ -160,7 +145,8 @@ nlohmann::json StatusJson(const std::vector<CheckpointState>& states, const Cata
             {"readahead", o.readahead},
             {"allow_other", o.allow_other},
             {"stamp_headers", o.stamp_headers},
-            {"log", o.log_level}}},
+            {"log", o.log_level},
+            {"log_file", log_destination}}},
           {"reads", {{"requests", ctx.reads.load()}, {"bytes", ctx.bytes_read.load()}, {"failed", ctx.failed_reads.load()}}},
           {"cache",
            {{"host", ctx.cache->Stats().host.capacity},
@@ -235,32 +221,16 @@ uint64_t HostCacheBytes(const MountOptions& o) {
 // One row per digest directory: its by-name paths and sources, from the
 // checkpoint states the caller may see.
 nlohmann::json LsJson(const std::vector<CheckpointState>& states, const View& view, const std::string& source) {
+  const auto by_name = daemon::VisibleByName(states, view, source);
   std::map<std::string, nlohmann::json> rows;
-  std::set<std::string> visible_sources;
-  for (const auto& s : states) {
-    if (s.phase == CheckpointState::Phase::kExposed) visible_sources.insert(s.path);
-  }
-  // The source a by-name path mirrors: SRC/<p>, or, when SRC is itself a
-  // checkpoint and by-name starts with its base name, SRC/<p minus it>.
-  const std::string base = source.substr(source.rfind('/') + 1);
-  auto mirrors_visible = [&](const std::string& by_name) {
-    const std::string p = by_name.substr(std::string("by-name/").size());
-    if (visible_sources.count(source + "/" + p)) return true;
-    if (p == base) return visible_sources.count(source) > 0;
-    return p.rfind(base + "/", 0) == 0 && visible_sources.count(source + p.substr(base.size())) > 0;
-  };
   for (const auto& s : states) {
     if (s.phase != CheckpointState::Phase::kExposed) continue;
     auto& row = rows[s.name];
     if (row.is_null()) {
       row = {{"name", s.name}, {"files", s.files}, {"size", s.size}, {"indexed_at", s.indexed_at},
-             {"sources", nlohmann::json::array()}, {"by_name", nlohmann::json::array()}};
+             {"sources", nlohmann::json::array()}, {"by_name", by_name.at(s.name)}};
     }
     row["sources"].push_back(s.path);
-  }
-  for (const auto& [path, digest] : view.ByNameLinks()) {
-    auto it = rows.find(digest);
-    if (it != rows.end() && mirrors_visible(path)) it->second["by_name"].push_back(path);
   }
   nlohmann::json list = nlohmann::json::array();
   for (auto& [name, row] : rows) list.push_back(std::move(row));
@@ -284,7 +254,11 @@ int main(int argc, char** argv) {
     std::printf("%s\n", BuildDescription().c_str());
     return 0;
   }
-  SetupLogging(o, /*to_syslog=*/false);
+  auto log = daemon::DaemonLog::Start(o);
+  if (!log.ok()) {
+    std::fprintf(stderr, "ckptfs: %s\n", log.status().message().c_str());
+    return 1;
+  }
   // Descriptors for every reader and control client: the soft limit of 1024
   // is a relic of select(), and running out would turn reads into EIO.
   if (auto limit = RaiseOpenFileLimit(); !limit.ok()) spdlog::warn("{}", limit.status().message());
@@ -405,16 +379,14 @@ int main(int argc, char** argv) {
     fuse_session_destroy(se);
     return 1;
   }
+  (*log)->BeforeDaemonize();
   if (fuse_daemonize(o.foreground) != 0) {
     spdlog::critical("cannot daemonize");
     fuse_session_unmount(se);
     fuse_session_destroy(se);
     return 1;
   }
-  if (!o.foreground) {
-    spdlog::drop_all();
-    SetupLogging(o, /*to_syslog=*/true);
-  }
+  (*log)->AfterMount();
   // Another path to our own mount (a bind mount inside SRC) is refused by
   // its device, known only now that it is mounted.
   if (unsigned major = 0, minor = 0; std::sscanf(MountDevice(real_mountpoint).c_str(), "%u:%u", &major, &minor) == 2) {
@@ -467,10 +439,14 @@ int main(int argc, char** argv) {
   ControlServer control(ControlSocketPath(real_mountpoint, state_dir), [&](const ControlServer::Request& r) {
     const std::string cmd = r.body["cmd"];
     if (cmd == "status") {
-      return StatusJson(daemon::VisibleStates(watcher.States(), r), watcher, o, state_dir, (*index)->path(), ctx);
+      return StatusJson(daemon::VisibleStates(watcher.States(), r), watcher, o, state_dir, (*index)->path(),
+                        (*log)->destination(), ctx);
     }
     if (cmd == "ls") return LsJson(daemon::VisibleStates(watcher.States(), r), view, real_source);
-    if (cmd == "stats") return daemon::HandleStats(ctx);
+    if (cmd == "stats") {
+      return daemon::HandleStats(ctx, daemon::VisibleByName(daemon::VisibleStates(watcher.States(), r), view,
+                                                             real_source));
+    }
     if (cmd == "preload") return daemon::HandlePreload(ctx, r);
     if (cmd == "unpin") return daemon::HandleUnpin(ctx, r);
     if (cmd == "evict") return daemon::HandleEvict(ctx, r);

@@ -85,6 +85,13 @@ Status ApplyOption(const std::string& opt, MountOptions& o) {
     for (const char* l : kLevels) ok = ok || value == l;
     if (!ok) return Status::Error("option log=" + value + ": expected trace, debug, info, warn, error or off");
     o.log_level = value;
+  } else if (key == "log_file") {
+    if (Status s = need_value(); !s.ok()) return s;
+    // fstab has no working directory to be relative to.
+    if (value != "stderr" && value != "syslog" && value[0] != '/') {
+      return Status::Error("option log_file=" + value + ": expected an absolute path, stderr or syslog");
+    }
+    o.log_file = value;
   } else if (key == "readahead") {
     if (Status s = need_value(); !s.ok()) return s;
     auto v = ParseSize(value);
@@ -216,11 +223,13 @@ std::string MountUsage() {
 
 Mounts the model checkpoints under SRC as a read-only, content-addressed view
 at MOUNTPOINT: one directory sha256-<hex> per distinct checkpoint (the SHA-256
-of its canonical manifest) and by-name/ links that mirror SRC. The mount is up
-at once; checkpoints appear as they are indexed.
+of its canonical manifest) and by-name/ links that mirror SRC. When mount
+returns, every checkpoint the index already knows is visible; the others
+appear as they are indexed.
 
   -f                   stay in the foreground and log to standard error
-                       (otherwise: daemonize and log to syslog/journald)
+                       (otherwise: daemonize and log to syslog/journald;
+                       log_file= chooses either way)
   -d                   also trace every FUSE request (implies -f)
   -h, --help           print this help
   -V, --version        print the version
@@ -236,6 +245,12 @@ ckptfs options (-o):
                        SRC (default); follow: follow every link
   threads=N            FUSE and hashing threads (default: one per CPU)
   log=LEVEL            trace, debug, info (default), warn, error or off
+  log_file=PATH|stderr|syslog
+                       where the log goes once mounted: append to PATH
+                       (absolute; for machines without journald or syslog),
+                       standard error (kept even when daemonized), or syslog
+                       (default: syslog, or stderr with -f); until the mount
+                       is up every line also goes to standard error
   readahead=SIZE       kernel read-ahead for the mount, e.g. 4M (default 4M)
   cache_size=SIZE|N%   host chunk cache in pinned memory, e.g. 32G or 40%
                        (default 25% of physical memory); taken as it fills
@@ -258,7 +273,9 @@ FUSE and mount options (-o), passed on:
   default_permissions  ignored: the daemon checks each request itself
   defaults, nofail, _netdev, auto, noauto, user, users, x-*   ignored
 
-fstab:  SRC  /models  fuse.ckptfs  ro,allow_other,nofail  0 0
+fstab: type ckptfs (through mount.ckptfs) or fuse.ckptfs (through mount.fuse3):
+  SRC  /models  ckptfs       ro,allow_other,nofail  0 0
+  SRC  /models  fuse.ckptfs  ro,allow_other,nofail  0 0
 
 Recovery after the daemon was killed ("Transport endpoint is not
 connected"): fusermount3 -u -z MOUNTPOINT (or umount -l MOUNTPOINT), then

@@ -1,5 +1,7 @@
 #include "query_filter.h"
 
+#include <set>
+
 namespace ckptfs::daemon {
 
 bool VisibleTo(const CheckpointState& state, const ControlServer::Request& r) {
@@ -17,6 +19,31 @@ std::vector<CheckpointState> VisibleStates(std::vector<CheckpointState> states, 
     if (!VisibleTo(s, r)) continue;
     if (!r.privileged && !s.reason_shown.empty()) s.reason = s.reason_shown;
     out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::map<std::string, std::vector<std::string>> VisibleByName(const std::vector<CheckpointState>& visible,
+                                                              const View& view, const std::string& source) {
+  std::map<std::string, std::vector<std::string>> out;
+  std::set<std::string> sources;
+  for (const auto& s : visible) {
+    if (s.phase != CheckpointState::Phase::kExposed) continue;
+    sources.insert(s.path);
+    out[s.name];
+  }
+  // The source a by-name path mirrors: SRC/<p>, or, when SRC is itself a
+  // checkpoint and by-name starts with its base name, SRC/<p minus it>.
+  const std::string base = source.substr(source.rfind('/') + 1);
+  auto mirrors_visible = [&](const std::string& by_name) {
+    const std::string p = by_name.substr(std::string("by-name/").size());
+    if (sources.count(source + "/" + p)) return true;
+    if (p == base) return sources.count(source) > 0;
+    return p.rfind(base + "/", 0) == 0 && sources.count(source + p.substr(base.size())) > 0;
+  };
+  for (const auto& [path, digest] : view.ByNameLinks()) {
+    auto it = out.find(digest);
+    if (it != out.end() && mirrors_visible(path)) it->second.push_back(path);
   }
   return out;
 }

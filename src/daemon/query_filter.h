@@ -4,11 +4,13 @@
 // what symlinks resolve to (resolving runs as the daemon).
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
 #include "ckptfs/catalog_watcher.h"
 #include "ckptfs/control.h"
+#include "ckptfs/view.h"
 
 namespace ckptfs::daemon {
 
@@ -20,5 +22,11 @@ bool VisibleTo(const CheckpointState& state, const ControlServer::Request& r);
 // The states the caller may see, with reasons redacted for unprivileged
 // callers.
 std::vector<CheckpointState> VisibleStates(std::vector<CheckpointState> states, const ControlServer::Request& r);
+
+// Every digest exposed among `visible` (the caller's VisibleStates), with
+// its by-name paths ("by-name/...") that mirror one of those sources: the
+// rows `ls` and `stats` may show this caller. `source` is the canonical SRC.
+std::map<std::string, std::vector<std::string>> VisibleByName(const std::vector<CheckpointState>& visible,
+                                                              const View& view, const std::string& source);
 
 }  // namespace ckptfs::daemon

@@ -179,7 +179,10 @@ void OpenDir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (!Allowed(req, *n, kWantRead)) return;
   auto h = std::make_unique<DirHandle>();
   h->entries.emplace_back(".", n);
-  h->entries.emplace_back("..", nullptr);
+  // ".." as the directory that lists this one; the mount root's parent lies
+  // outside the filesystem, so its ".." is itself, as in every FUSE root.
+  auto parent = ctx.view->Get(n->parent);
+  h->entries.emplace_back("..", parent ? parent : ctx.view->Get(kRootInode));
   // The root lists every digest; show each caller only those it may reach.
   // Other directories list like their source (reading one is enough).
   const bool filter = ino == kRootInode;
@@ -200,9 +203,7 @@ void ReadDir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info*
   size_t used = 0;
   for (size_t i = static_cast<size_t>(off); i < h->entries.size(); ++i) {
     const auto& [name, node] = h->entries[i];
-    struct stat st {};
-    if (node) st = ToStat(*node);
-    else st.st_mode = S_IFDIR;
+    const struct stat st = ToStat(*node);
     size_t need = fuse_add_direntry(req, buf.data() + used, size - used, name.c_str(), &st, static_cast<off_t>(i + 1));
     if (need > size - used) break;
     used += need;
@@ -297,9 +298,23 @@ Status AppendSourceRange(FsContext& ctx, const View::NodePtr& file, uint64_t beg
   return Status::Ok();
 }
 
+// A file the daemon holds itself (a hub ref): no source read, no cache.
+void ReadInMemory(fuse_req_t req, const std::string& content, size_t size, off_t off) {
+  if (off < 0 || static_cast<uint64_t>(off) >= content.size()) {
+    fuse_reply_buf(req, nullptr, 0);
+    return;
+  }
+  const size_t begin = static_cast<size_t>(off);
+  fuse_reply_buf(req, content.data() + begin, std::min(size, content.size() - begin));
+}
+
 void Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
   auto& ctx = Ctx(req);
   auto* f = reinterpret_cast<OpenFile*>(fi->fh);
+  if (f->node->content) {
+    ReadInMemory(req, *f->node->content, size, off);
+    return;
+  }
   // With stamp_headers a safetensors file is served as the stamped header
   // followed by the source's tensor bytes, shifted by the header's growth.
   std::optional<StampedFile> stamped;

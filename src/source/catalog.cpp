@@ -341,7 +341,26 @@ void CheckNames(const CheckpointSource& cp, std::vector<Problem>& problems) {
   }
 }
 
-void CutIntoCheckpoints(const DirNode& node, const std::string& root, CatalogScan& scan, bool inside_checkpoint) {
+std::string LastComponent(const std::string& rel) { return rel.substr(rel.rfind('/') + 1); }
+
+// The files of a directory under a hub repository's refs/, with their bytes.
+// A ref that cannot be read is left out with a warning; it never touches a
+// checkpoint.
+void CollectHubRefs(const DirNode& node, const std::string& hub_repo, CatalogScan& scan) {
+  for (const auto& f : node.files) {
+    auto content = ReadHubRef(scan.real_root, f.open_path);
+    if (!content.ok()) {
+      scan.warnings.push_back(content.status().message());
+      continue;
+    }
+    scan.hub_refs.push_back({f.rel, hub_repo, std::move(*content), f.stamp, f.owner, f.access});
+  }
+}
+
+// `hub_repo`: when `node` is a hub repository's refs/ directory or lies
+// below it, that repository directory (relative to the root); else empty.
+void CutIntoCheckpoints(const DirNode& node, const std::string& root, CatalogScan& scan, bool inside_checkpoint,
+                        const std::string& hub_repo) {
   scan.dirs[node.rel] = node.access;
   if (node.has_weight_file) {
     CheckpointSource cp;
@@ -368,7 +387,12 @@ void CutIntoCheckpoints(const DirNode& node, const std::string& root, CatalogSca
   } else if (!inside_checkpoint) {
     for (const auto& p : node.problems) scan.warnings.push_back(p.full);
   }
-  for (const auto& sub : node.subdirs) CutIntoCheckpoints(*sub, root, scan, inside_checkpoint);
+  if (!hub_repo.empty() && !inside_checkpoint) CollectHubRefs(node, hub_repo, scan);
+  const bool is_hub_repo = !node.rel.empty() && IsHubRepoDirName(LastComponent(node.rel));
+  for (const auto& sub : node.subdirs) {
+    const bool enters_refs = hub_repo.empty() && is_hub_repo && LastComponent(sub->rel) == "refs";
+    CutIntoCheckpoints(*sub, root, scan, inside_checkpoint, enters_refs ? node.rel : hub_repo);
+  }
 }
 
 }  // namespace
@@ -414,7 +438,7 @@ Result<CatalogScan> ScanSourceTree(const std::string& root, const CatalogOptions
   top.inside = ExtendChain(nullptr, top.access.self);
   std::set<std::pair<dev_t, ino_t>> ancestors{{st.st_dev, st.st_ino}};
   TreeWalker(*real_root, top.access.self, options).Walk(*real_root, top, ancestors);
-  CutIntoCheckpoints(top, scan.root, scan, /*inside_checkpoint=*/false);
+  CutIntoCheckpoints(top, scan.root, scan, /*inside_checkpoint=*/false, /*hub_repo=*/"");
   return scan;
 }
 

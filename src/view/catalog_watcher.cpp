@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <set>
@@ -34,6 +35,13 @@ int64_t WallNanos() {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+// "5s", "0.5s": as an operator writes the option, not std::to_string's "5.000000".
+std::string SecondsText(double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%gs", seconds);
+  return buf;
 }
 
 // A sub-scan holding only some of a scan's checkpoints.
@@ -153,7 +161,7 @@ void CatalogWatcher::Run() {
         }
       }
     }
-    if (!withdrawals.empty()) PublishExposed(last_dirs_);
+    if (!withdrawals.empty()) PublishExposed();
     if (rescan_requested_.exchange(false) || now >= next_periodic || now >= next_debounced ||
         (next_settle_deadline_ > 0 && now >= next_settle_deadline_)) {
       next_debounced = std::numeric_limits<double>::infinity();
@@ -231,13 +239,13 @@ std::vector<CheckpointState> CatalogWatcher::States() const {
   return out;
 }
 
-void CatalogWatcher::PublishExposed(const std::map<std::string, AccessPath>& dirs) {
+void CatalogWatcher::PublishExposed() {
   std::vector<ExposedCheckpoint> list;
   {
     std::lock_guard lock(mu_);
     for (const auto& [path, e] : exposed_) list.push_back(e);
   }
-  auto changes = view_->Publish(list, dirs);
+  auto changes = view_->Publish(list, last_dirs_, last_hub_refs_);
   if (!changes.empty() && on_change_) on_change_(changes);
 }
 
@@ -254,7 +262,9 @@ void CatalogWatcher::ScanOnce(bool index_unknown) {
       exposed_.clear();
       states_.clear();
     }
-    PublishExposed({});
+    last_dirs_.clear();
+    last_hub_refs_.clear();
+    PublishExposed();
     return;
   }
   if (!last_scan_error_.empty()) {
@@ -263,6 +273,7 @@ void CatalogWatcher::ScanOnce(bool index_unknown) {
   }
   const CatalogScan& scan = *result;
   last_dirs_ = scan.dirs;
+  last_hub_refs_ = scan.hub_refs;
   UpdateWatches(scan);
   for (const auto& w : scan.warnings) spdlog::debug("{}", w);
 
@@ -325,7 +336,7 @@ void CatalogWatcher::ScanOnce(bool index_unknown) {
       settle_wait_s = settle_wait_s == 0 ? wait : std::min(settle_wait_s, wait);
       st.phase = CheckpointState::Phase::kPending;
       st.reason = "changed " + std::to_string((now_ns - newest) / 1'000'000) + " ms ago; waiting for settle=" +
-                  std::to_string(options_.settle_s) + "s";
+                  SecondsText(options_.settle_s);
       std::lock_guard lock(mu_);
       if (exposed_.erase(cp.abs_path)) spdlog::info("checkpoint {} changed; withdrawn until re-indexed", cp.abs_path);
       states_[cp.abs_path] = st;
@@ -381,7 +392,7 @@ void CatalogWatcher::ScanOnce(bool index_unknown) {
     st.size = cp->TotalSize();
     SetState(st);
   }
-  PublishExposed(scan.dirs);
+  PublishExposed();
   if (!index_unknown) return;
 
   // The rest: hashed one checkpoint at a time, each shown when done. Many
@@ -439,12 +450,12 @@ void CatalogWatcher::ScanOnce(bool index_unknown) {
     SetState(st);
     unpublished = true;
     if (MonotonicSeconds() - last_publish >= kPublishEveryS) {
-      PublishExposed(scan.dirs);
+      PublishExposed();
       last_publish = MonotonicSeconds();
       unpublished = false;
     }
   }
-  if (unpublished) PublishExposed(scan.dirs);
+  if (unpublished) PublishExposed();
 }
 
 }  // namespace ckptfs

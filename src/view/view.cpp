@@ -45,17 +45,19 @@ Ownership ReadOnly(Ownership o) {
 class View::Builder {
  public:
   Builder(View& view, const std::vector<ExposedCheckpoint>& checkpoints,
-          const std::map<std::string, AccessPath>& source_dirs)
+          const std::map<std::string, AccessPath>& source_dirs, const std::vector<HubRef>& hub_refs)
       : view_(view), source_dirs_(source_dirs), now_(Now()) {
     for (const auto& cp : checkpoints) by_digest_[cp.name].push_back(&cp);
-    const std::string base = BaseName(view_.source_root_);
+    base_ = BaseName(view_.source_root_);
     root_is_checkpoint_ = std::any_of(checkpoints.begin(), checkpoints.end(),
                                       [](const ExposedCheckpoint& cp) { return cp.rel_path.empty(); });
-    for (const auto& cp : checkpoints) {
-      std::string p = cp.rel_path.empty() ? base : (root_is_checkpoint_ ? base + "/" + cp.rel_path : cp.rel_path);
-      by_name_[p] = cp.name;
+    for (const auto& cp : checkpoints) by_name_[ByNamePath(cp.rel_path)] = cp.name;
+    // A repository without a checkpoint below it is not in by-name, and its
+    // refs would lead nowhere: leave them out too.
+    for (const auto& ref : hub_refs) {
+      const std::string p = ByNamePath(ref.rel_path);
+      if (HasKeyBelow(by_name_, ByNamePath(ref.repo_rel_path)) && !by_name_.count(p)) refs_[p] = &ref;
     }
-    base_ = base;
   }
 
   void Build() {
@@ -65,6 +67,12 @@ class View::Builder {
     for (const auto& [name, copies] : by_digest_) root->children[name] = BuildDigest(name, copies);
     root->children["by-name"] = BuildByNameDir("", "", "", /*has_digest=*/false);
     Add(root, /*is_mutable=*/true);
+    root->parent = kRootInode;
+    for (const auto& [ino, n] : nodes) {
+      for (const auto& [name, child] : n->children) {
+        if (auto c = nodes.find(child); c != nodes.end()) c->second->parent = ino;
+      }
+    }
   }
 
   std::unordered_map<InodeId, std::shared_ptr<Node>> nodes;
@@ -72,6 +80,20 @@ class View::Builder {
   std::map<std::string, std::string> by_name_digest;  // "by-name/<p>" -> digest
 
  private:
+  // by-name/<this> for a path relative to the source root.
+  std::string ByNamePath(const std::string& rel) const {
+    return rel.empty() ? base_ : (root_is_checkpoint_ ? base_ + "/" + rel : rel);
+  }
+
+  // Some key of `m` lies strictly below by-name path `p` ("" is by-name/).
+  template <typename T>
+  static bool HasKeyBelow(const std::map<std::string, T>& m, const std::string& p) {
+    const std::string prefix = p.empty() ? "" : p + "/";
+    auto it = m.lower_bound(prefix);
+    if (p.empty()) return it != m.end();
+    return it != m.end() && it->first.compare(0, prefix.size(), prefix) == 0;
+  }
+
   static std::string BaseName(const std::string& path) {
     std::string p = path;
     while (p.size() > 1 && p.back() == '/') p.pop_back();
@@ -113,6 +135,7 @@ class View::Builder {
     dir->xattrs = {{"user.ckptfs.digest", name},
                    {"user.ckptfs.sources", sources},
                    {"user.ckptfs.size", std::to_string(first.total_size)}};
+    digest_xattrs_[name] = dir->xattrs;
 
     std::map<std::string, std::shared_ptr<Node>> subdirs{{"", dir}};
     auto subdir = [&](const std::string& rel, auto& self) -> std::shared_ptr<Node> {
@@ -165,12 +188,7 @@ class View::Builder {
     return dir->ino;
   }
 
-  bool HasCheckpointBelow(const std::string& p) const {
-    const std::string prefix = p.empty() ? "" : p + "/";
-    auto it = by_name_.lower_bound(prefix);
-    if (p.empty()) return it != by_name_.end();
-    return it != by_name_.end() && it->first.compare(0, prefix.size(), prefix) == 0;
-  }
+  bool HasCheckpointBelow(const std::string& p) const { return HasKeyBelow(by_name_, p); }
 
   // How the source directory that by-name/<p> mirrors is reached.
   AccessPath SourceDirAccess(const std::string& by_name_path) const {
@@ -188,15 +206,16 @@ class View::Builder {
     const AccessPath source = SourceDirAccess(p);
     auto dir = NewNode(view_.InoFor("N:" + p), Kind::kDir, ReadOnly(source.self));
     dir->access = {source};
+    if (has_digest && offset.empty() && by_name_.count(p)) {
+      // A checkpoint with nested ones: it answers for its own digest.
+      dir->own_digest = digest;
+      dir->xattrs = digest_xattrs_[digest];
+    }
     // What its entries need: search on every directory down to this one.
     const AccessPath inside{ExtendChain(source.dirs, source.self), {view_.root_owner_.uid, view_.root_owner_.gid, 0777}};
     std::set<std::string> names;
-    const std::string prefix = p.empty() ? "" : p + "/";
-    for (auto it = by_name_.lower_bound(prefix); it != by_name_.end(); ++it) {
-      if (it->first.compare(0, prefix.size(), prefix) != 0) break;
-      const std::string rest = it->first.substr(prefix.size());
-      names.insert(rest.substr(0, rest.find('/')));
-    }
+    NextComponents(by_name_, p, names);
+    NextComponents(refs_, p, names);
     if (has_digest) {
       if (auto d = entries_.find(digest); d != entries_.end()) {
         if (auto e = d->second.find(offset); e != d->second.end()) names.insert(e->second.begin(), e->second.end());
@@ -211,12 +230,41 @@ class View::Builder {
                                                  : Link(q, Dots(depth) + cp->second, inside);
       } else if (HasCheckpointBelow(q)) {
         dir->children[c] = BuildByNameDir(q, digest, Join(offset, c), has_digest);
+      } else if (auto ref = refs_.find(q); ref != refs_.end()) {
+        dir->children[c] = RefFile(q, *ref->second);
+      } else if (HasKeyBelow(refs_, q)) {
+        dir->children[c] = BuildByNameDir(q, digest, Join(offset, c), has_digest);
       } else {
         dir->children[c] = Link(q, Dots(depth) + digest + "/" + Join(offset, c), inside);
       }
     }
     Add(dir, true);
     return dir->ino;
+  }
+
+  // The next component of every key of `m` below by-name path `p`.
+  template <typename T>
+  static void NextComponents(const std::map<std::string, T>& m, const std::string& p, std::set<std::string>& out) {
+    const std::string prefix = p.empty() ? "" : p + "/";
+    for (auto it = m.lower_bound(prefix); it != m.end(); ++it) {
+      if (it->first.compare(0, prefix.size(), prefix) != 0) break;
+      const std::string rest = it->first.substr(prefix.size());
+      out.insert(rest.substr(0, rest.find('/')));
+    }
+  }
+
+  // A hub ref, served from memory. Reaching it takes what reaching its
+  // source file takes: search on every directory down to it, read on it.
+  InodeId RefFile(const std::string& by_name_path, const HubRef& ref) {
+    // The content is part of the key: a ref that moves to another commit is
+    // a new inode, so the kernel cannot keep serving the old one's pages.
+    auto n = NewNode(view_.InoFor("R:" + by_name_path + '\0' + ref.content), Kind::kFile, ReadOnly(ref.owner));
+    n->access = {ref.access};
+    n->size = ref.content.size();
+    n->mtime = FromNanos(ref.stamp.mtime_ns);
+    n->content = ref.content;
+    Add(n, false);
+    return n->ino;
   }
 
   InodeId Link(const std::string& by_name_path, const std::string& target, const AccessPath& access) {
@@ -236,16 +284,17 @@ class View::Builder {
   const struct timespec now_;
   std::map<std::string, std::vector<const ExposedCheckpoint*>> by_digest_;
   std::map<std::string, std::string> by_name_;  // by-name path (without "by-name/") -> digest
+  std::map<std::string, const HubRef*> refs_;   // by-name path (without "by-name/") -> hub ref
   bool root_is_checkpoint_ = false;
   std::string base_;
   // digest -> directory inside it -> entry names
   std::map<std::string, std::map<std::string, std::set<std::string>>> entries_;
+  std::map<std::string, std::vector<std::pair<std::string, std::string>>> digest_xattrs_;  // digest -> its xattrs
 };
 
 View::View(std::string source_root, Ownership root_owner)
     : source_root_(std::move(source_root)), root_owner_(root_owner), mount_time_(Now()) {
-  std::vector<ExposedCheckpoint> none;
-  Publish(none, {});
+  Publish({}, {}, {});
 }
 
 InodeId View::InoFor(const std::string& key) {
@@ -286,9 +335,10 @@ size_t View::NodeCount() const {
 }
 
 View::Changes View::Publish(const std::vector<ExposedCheckpoint>& checkpoints,
-                            const std::map<std::string, AccessPath>& source_dirs) {
+                            const std::map<std::string, AccessPath>& source_dirs,
+                            const std::vector<HubRef>& hub_refs) {
   std::unique_lock lock(mu_);
-  Builder b(*this, checkpoints, source_dirs);
+  Builder b(*this, checkpoints, source_dirs, hub_refs);
   b.Build();
 
   Changes changes;

@@ -547,10 +547,10 @@ TEST_F(MountTest, ResolvePrintsTheDigestPathBehindALink) {
   EXPECT_EQ(nested.out, mnt_ + "/" + CoreutilsDigest(src_ + "/run7/checkpoint-500") + "\n");
   CommandResult dir = RunCommand(kCtl + " resolve " + mnt_ + "/by-name", true);
   EXPECT_EQ(dir.exit_code, 1);
-  EXPECT_NE(dir.out.find("not inside a digest directory"), std::string::npos) << dir.out;
+  EXPECT_NE(dir.out.find("neither a checkpoint nor inside a digest directory"), std::string::npos) << dir.out;
   CommandResult outside = RunCommand(kCtl + " resolve " + src_ + "/base", true);
   EXPECT_EQ(outside.exit_code, 3);
-  EXPECT_NE(outside.out.find("is not inside a ckptfs mount"), std::string::npos) << outside.out;
+  EXPECT_NE(outside.out.find("is not a ckptfs mount nor inside one"), std::string::npos) << outside.out;
 }
 
 TEST(MountHelperTest, DropsMountBookkeepingOptions) {

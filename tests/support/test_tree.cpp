@@ -127,6 +127,23 @@ void WriteModel(const std::string& dir, const ModelSpec& spec) {
             nlohmann::ordered_json{{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}}.dump(2) + "\n");
 }
 
+void WriteHubSnapshot(const std::string& repo_dir, const std::string& commit,
+                      const std::vector<std::pair<std::string, std::string>>& files) {
+  for (const auto& [name, bytes] : files) {
+    const std::string tmp = repo_dir + "/blobs/.incoming";
+    WriteFile(tmp, bytes);
+    const std::string sha = RunCommand("sha256sum " + ShellQuote(tmp)).out.substr(0, 64);
+    fs::rename(tmp, repo_dir + "/blobs/" + sha);
+    std::string up = "../../";
+    for (char c : name) up += c == '/' ? "../" : "";
+    Symlink(up + "blobs/" + sha, repo_dir + "/snapshots/" + commit + "/" + name);
+  }
+}
+
+void WriteHubRef(const std::string& repo_dir, const std::string& revision, const std::string& commit) {
+  WriteFile(repo_dir + "/refs/" + revision, commit);
+}
+
 void ZeroTensor(const std::string& safetensors_path, size_t tensor_index) {
   std::string bytes = ReadFile(safetensors_path);
   std::string header = SafetensorsHeader(bytes);

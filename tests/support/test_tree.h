@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ckptfs::testing {
@@ -57,6 +58,16 @@ struct ModelSpec {
 // Writes a small model checkpoint into `dir`: config.json, tokenizer.json and
 // `shards` model-XXXXX-of-YYYYY.safetensors files.
 void WriteModel(const std::string& dir, const ModelSpec& spec);
+
+// One snapshot of a Hugging Face hub cache repository (repo_dir is
+// HUB/models--org--name), written the way huggingface_hub writes it: each
+// file's bytes in blobs/<its SHA-256>, and snapshots/<commit>/<name> a
+// relative link to ../../blobs/<sha> (more ../ for deeper names).
+void WriteHubSnapshot(const std::string& repo_dir, const std::string& commit,
+                      const std::vector<std::pair<std::string, std::string>>& files);
+// refs/<revision> holding `commit`, without a newline, as huggingface_hub
+// writes it.
+void WriteHubRef(const std::string& repo_dir, const std::string& revision, const std::string& commit);
 
 // Zeroes the bytes of tensor `tensor_index` in a safetensors file in place,
 // keeping the header (and so the file's size and names) unchanged.

@@ -160,5 +160,41 @@ TEST_F(CatalogTest, ExcludedPathIsNeverEntered) {
   EXPECT_EQ(scan->checkpoints[0].rel_path, "m");
 }
 
+// Hub caches: the refs/ files of a repository directory are read with the
+// walk (the view mirrors them); they belong to no checkpoint.
+TEST_F(CatalogTest, HubRefsAreReadAndAreNotMembers) {
+  const std::string repo = src_ / "hub/models--org--name";
+  WriteFile(repo + "/blobs/aaaa", "weights");
+  Symlink("../../blobs/aaaa", repo + "/snapshots/c0ffee/model.safetensors");
+  WriteFile(repo + "/refs/main", "c0ffee");
+  WriteFile(repo + "/refs/pr/1", "beef");
+  WriteFile(src_ / "hub/not-a-repo/refs/main", "ignored: not in a models--/datasets--/spaces-- directory");
+  WriteFile(src_ / "hub/datasets--org--big/refs/main", std::string(kMaxHubRefBytes + 1, 'x'));
+  auto scan = ScanOk(src_.path());
+  ASSERT_EQ(scan.checkpoints.size(), 1u);
+  EXPECT_EQ(MemberNames(scan.checkpoints[0]), std::vector<std::string>{"model.safetensors"});
+  ASSERT_EQ(scan.hub_refs.size(), 2u);
+  EXPECT_EQ(scan.hub_refs[0].rel_path, "hub/models--org--name/refs/main");
+  EXPECT_EQ(scan.hub_refs[0].repo_rel_path, "hub/models--org--name");
+  EXPECT_EQ(scan.hub_refs[0].content, "c0ffee");
+  EXPECT_EQ(scan.hub_refs[1].rel_path, "hub/models--org--name/refs/pr/1");
+  EXPECT_EQ(scan.hub_refs[1].content, "beef");
+  bool warned = false;
+  for (const auto& w : scan.warnings) warned = warned || w.find("datasets--org--big/refs/main") != std::string::npos;
+  EXPECT_TRUE(warned) << "an oversized ref is left out with a warning";
+}
+
+// A repository directory inside a checkpoint: its refs are members there
+// (mirrored as links into the digest), not hub refs of their own.
+TEST_F(CatalogTest, HubRefsInsideACheckpointStayMembers) {
+  WriteFile(src_ / "m/model.safetensors", "w");
+  WriteFile(src_ / "m/models--a--b/refs/main", "c0ffee");
+  auto scan = ScanOk(src_.path());
+  ASSERT_EQ(scan.checkpoints.size(), 1u);
+  EXPECT_EQ(MemberNames(scan.checkpoints[0]),
+            (std::vector<std::string>{"model.safetensors", "models--a--b/refs/main"}));
+  EXPECT_TRUE(scan.hub_refs.empty());
+}
+
 }  // namespace
 }  // namespace ckptfs::testing

@@ -77,6 +77,25 @@ TEST(ChunkCacheTest, ChunksInRepeatedUseSurviveALargeScan) {
   EXPECT_EQ(src.fills.load(), before + 1);
 }
 
+// ckptfsctl preload is not read-ahead: its fills are counted apart, and a
+// read of a preloaded chunk is a plain hit, not a read-ahead hit.
+TEST(ChunkCacheTest, PreloadFillsAreCountedApartFromReadAhead) {
+  ChunkCache cache({.host_capacity = 8 * kChunkSize});
+  Source src;
+  ASSERT_TRUE(cache.Load(Key(1, 0), kChunkSize, src.For(Key(1, 0)), Tier::kHost, /*pin=*/false).ok());
+  ASSERT_TRUE(cache.Get(Key(1, 1), kChunkSize, src.For(Key(1, 1)), /*readahead=*/true).ok());
+  CacheStats s = cache.Stats();
+  EXPECT_EQ(s.preload_fills, 1u);
+  EXPECT_EQ(s.readahead_fills, 1u);
+  EXPECT_EQ(s.host.hits + s.host.misses, 0u);  // neither was a reader's request
+  ASSERT_TRUE(cache.Get(Key(1, 0), kChunkSize, src.For(Key(1, 0))).ok());
+  ASSERT_TRUE(cache.Get(Key(1, 1), kChunkSize, src.For(Key(1, 1))).ok());
+  s = cache.Stats();
+  EXPECT_EQ(s.host.hits, 2u);
+  EXPECT_EQ(s.readahead_hits, 1u);  // only the chunk read-ahead filled
+  EXPECT_EQ(src.fills, 2);
+}
+
 TEST(ChunkCacheTest, ReferencedChunksAreNotEvicted) {
   ChunkCache cache({.host_capacity = 2 * kChunkSize});
   Source src;

@@ -1,0 +1,88 @@
+#include "daemon_log.h"
+
+#include <fcntl.h>
+#include <syslog.h>
+#include <unistd.h>
+
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/sinks/syslog_sink.h>
+#include <spdlog/spdlog.h>
+
+namespace ckptfs::daemon {
+
+namespace {
+
+spdlog::sink_ptr StderrSink() {
+  auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
+  sink->set_pattern("ckptfs: %Y-%m-%d %H:%M:%S.%e %l: %v");
+  return sink;
+}
+
+spdlog::sink_ptr SyslogSink() {
+  // The ident must outlive the sink; a literal does.
+  return std::make_shared<spdlog::sinks::syslog_sink_mt>("ckptfs", LOG_PID, LOG_DAEMON, false);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<DaemonLog>> DaemonLog::Start(const MountOptions& o) {
+  const std::string destination = !o.log_file.empty() ? o.log_file : (o.foreground ? "stderr" : "syslog");
+  spdlog::sink_ptr chosen;
+  if (destination == "syslog") {
+    chosen = SyslogSink();
+  } else if (destination != "stderr") {
+    // Opened here first for a plain errno (spdlog's message repeats the
+    // path) and so that a missing directory is an error, not made; created
+    // 0640, as the log names source paths.
+    UniqueFd probe(::open(destination.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640));
+    if (!probe.valid()) {
+      return Status::FromErrno("option log_file=" + destination + ": cannot open it for appending", errno);
+    }
+    try {
+      auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(destination, /*truncate=*/false);
+      // Several mounts may share one file: each line names its daemon.
+      file->set_pattern("%Y-%m-%d %H:%M:%S.%e ckptfs[%P] %l: %v");
+      chosen = std::move(file);
+    } catch (const spdlog::spdlog_ex& e) {
+      return Status::Error("option log_file=" + destination + ": " + e.what());
+    }
+  }
+  std::unique_ptr<DaemonLog> log(new DaemonLog(o, destination, chosen));
+  std::vector<spdlog::sink_ptr> sinks{StderrSink()};
+  // Until the mount is up, an explicit choice gets every line too; the
+  // default syslog does not (systemd already keeps a mount's stderr).
+  if (chosen && !o.log_file.empty()) sinks.push_back(chosen);
+  log->Install(std::move(sinks));
+  return log;
+}
+
+DaemonLog::DaemonLog(const MountOptions& o, std::string destination, spdlog::sink_ptr chosen)
+    : level_(o.log_level), foreground_(o.foreground), destination_(std::move(destination)), chosen_(std::move(chosen)) {}
+
+void DaemonLog::Install(std::vector<spdlog::sink_ptr> sinks) {
+  auto logger = std::make_shared<spdlog::logger>("ckptfs", sinks.begin(), sinks.end());
+  logger->set_level(spdlog::level::from_str(level_));
+  logger->flush_on(spdlog::level::info);
+  spdlog::set_default_logger(std::move(logger));
+}
+
+void DaemonLog::BeforeDaemonize() {
+  if (destination_ == "stderr" && !foreground_) saved_stderr_.reset(::fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3));
+}
+
+void DaemonLog::AfterMount() {
+  if (destination_ != "stderr") {
+    Install({chosen_});
+    return;
+  }
+  if (saved_stderr_.valid()) {
+    // Standard error back where the daemon was started; fuse_daemonize had
+    // pointed it at /dev/null.
+    ::dup2(saved_stderr_.get(), STDERR_FILENO);
+    saved_stderr_.reset();
+  }
+  Install({StderrSink()});
+}
+
+}  // namespace ckptfs::daemon

@@ -1,0 +1,40 @@
+#include "ckptfs/hub_refs.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "ckptfs/source_file.h"
+
+namespace ckptfs {
+
+bool IsHubRepoDirName(std::string_view name) {
+  for (std::string_view prefix : {"models--", "datasets--", "spaces--"}) {
+    if (name.size() > prefix.size() && name.substr(0, prefix.size()) == prefix) return true;
+  }
+  return false;
+}
+
+Result<std::string> ReadHubRef(const std::string& root, const std::string& path) {
+  auto opened = OpenSourceFile(root, path);
+  if (!opened.ok()) return opened.status();
+  if (static_cast<uint64_t>(opened->st.st_size) > kMaxHubRefBytes) {
+    return Status::Error("hub ref " + path + " is " + std::to_string(opened->st.st_size) +
+                         " bytes, more than a ref holds (" + std::to_string(kMaxHubRefBytes) + "); not mirrored");
+  }
+  // One byte more than allowed, to notice a file that grew since the fstat.
+  std::string out(kMaxHubRefBytes + 1, '\0');
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::pread(opened->fd.get(), out.data() + done, out.size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::FromErrno("cannot read hub ref " + path, errno);
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  if (done > kMaxHubRefBytes) return Status::Changed(path + ": grew while it was read");
+  out.resize(done);
+  return out;
+}
+
+}  // namespace ckptfs
