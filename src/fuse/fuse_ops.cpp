@@ -222,11 +222,6 @@ struct OpenFile {
   View::NodePtr node;
   std::atomic<uint64_t> next_offset{0};
   std::atomic<uint64_t> readahead_until{0};  // chunks below this were requested
-  // The chunk this reader is in, held so that other readers' fills cannot
-  // evict it half-read (the kernel reads a chunk in several requests; each
-  // eviction in between would read its 4 MiB from the source again).
-  std::mutex mu;
-  ChunkCache::Ref current;
 };
 
 void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
@@ -363,10 +358,6 @@ void Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi
   ++ctx.reads;
   ctx.bytes_read += end - begin;
   fuse_reply_iov(req, iov.data(), static_cast<int>(iov.size()));
-  if (!refs.empty()) {
-    std::lock_guard lock(f->mu);
-    f->current = std::move(refs.back());
-  }
 }
 
 void Release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {

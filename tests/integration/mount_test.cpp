@@ -428,6 +428,31 @@ TEST_F(MountTest, SourceFaultsAreLoggedAndNothingWrongIsServed) {
   EXPECT_TRUE(WaitFor([&] { return DigestDirs(mnt_).size() == 2; })) << m->Log();  // del and trunc, re-indexed
 }
 
+// DESIGN.md section 2, "ready means ready": with a warm index, `mount`
+// returns only once every indexed checkpoint is visible, so `mount && cat`
+// works the first time (the daemonized form, as mount(8) and fstab run it).
+TEST_F(MountTest, MountReturnsWithEveryIndexedCheckpointVisible) {
+  WriteModel(src_ + "/org/m", {});
+  {
+    auto m = Mount();  // indexes once
+    ASSERT_TRUE(WaitFor([&] { return fs::is_symlink(mnt_ + "/by-name/org/m"); })) << m->Log();
+  }
+  struct Unmounter {
+    std::string mnt;
+    ~Unmounter() {
+      if (IsMounted(mnt)) RunCommand("fusermount3 -u " + mnt);
+    }
+  } guard{mnt_};
+  for (int i = 0; i < 20; ++i) {
+    CommandResult r = RunCommand(kDaemon + " " + src_ + " " + mnt_ + " -o state=" + state_ + ",settle=0 && cat " + mnt_ +
+                                     "/by-name/org/m/config.json",
+                                 true);
+    EXPECT_EQ(r.exit_code, 0) << "remount " << i << ": " << r.out;
+    ASSERT_EQ(RunCommand("fusermount3 -u " + mnt_).exit_code, 0);
+    ASSERT_TRUE(WaitFor([&] { return !IsMounted(mnt_); }));
+  }
+}
+
 TEST_F(MountTest, MountPointInsideTheSourceIsNeverWalked) {
   WriteModel(src_ + "/m", {});
   mnt_ = src_ + "/models";
