@@ -1,0 +1,74 @@
+// SealedCopy: a whole file's bytes in a memfd, written once and then sealed
+// (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), so that nobody,
+// root included, can change them afterwards. The host tier keeps verified
+// files this way; the kernel may then be handed the memfd as a passthrough
+// backing file, because what it serves from it can no longer move.
+//
+// Life cycle: Create (an empty memfd of the final size, mapped writable),
+// fill through writable(), Seal (the writable mapping is dropped first: the
+// kernel refuses F_SEAL_WRITE while one exists; a read-only mapping takes
+// its place). Only a sealed copy is ever given out.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "ckptfs/status.h"
+#include "ckptfs/unique_fd.h"
+
+namespace ckptfs {
+
+// Something another layer ties to a copy for as long as the copy lives (the
+// FUSE layer's kernel backing id), released with it.
+class CopyAttachment {
+ public:
+  virtual ~CopyAttachment() = default;
+};
+
+class SealedCopy {
+ public:
+  // An unsealed memfd named `name` (shown in /proc/PID/fd) of `size` bytes,
+  // mapped writable, with huge pages requested for the mapping.
+  static Result<std::unique_ptr<SealedCopy>> Create(const std::string& name, uint64_t size);
+  ~SealedCopy();
+  SealedCopy(const SealedCopy&) = delete;
+  SealedCopy& operator=(const SealedCopy&) = delete;
+
+  // Before Seal only; null for an empty file.
+  uint8_t* writable() { return sealed_ ? nullptr : map_; }
+  // Seals the memfd and maps it read-only.
+  Status Seal();
+
+  bool sealed() const { return sealed_; }
+  const uint8_t* data() const { return sealed_ ? map_ : nullptr; }
+  uint64_t size() const { return size_; }
+  int fd() const { return fd_.get(); }
+  const std::string& name() const { return name_; }
+
+  // mlock of the mapping; the errno on refusal. Unlock undoes it.
+  int Lock() const;
+  void Unlock() const;
+
+  // The attachment made by `make` the first time one is asked for (made at
+  // most once, under a lock); null if `make` failed.
+  std::shared_ptr<CopyAttachment> Attachment(const std::function<std::shared_ptr<CopyAttachment>()>& make) const;
+
+ private:
+  SealedCopy(std::string name, UniqueFd fd, uint64_t size, uint8_t* map)
+      : name_(std::move(name)), fd_(std::move(fd)), size_(size), map_(map) {}
+  void Unmap();
+
+  const std::string name_;
+  UniqueFd fd_;
+  const uint64_t size_;
+  uint8_t* map_ = nullptr;
+  bool sealed_ = false;
+  mutable bool locked_ = false;
+  mutable std::mutex attach_mu_;
+  mutable std::shared_ptr<CopyAttachment> attachment_;
+};
+
+}  // namespace ckptfs
