@@ -1,0 +1,31 @@
+#include "ckptfs/open_modes.h"
+
+namespace ckptfs::daemon {
+
+OpenModes::Choice OpenModes::Open(uint64_t ino, const std::function<Choice()>& decide,
+                                  const std::function<FileCache::CopyPtr()>& resident) {
+  std::lock_guard lock(mu_);
+  Held& h = held_[ino];
+  if (h.opens++ == 0) {
+    h.choice = decide();
+    return h.choice;
+  }
+  if (h.choice.passthrough) return h.choice;
+  Choice joined;
+  joined.copy = resident();
+  joined.why = "the file is open through the chunk path by another reader";
+  return joined;
+}
+
+void OpenModes::Release(uint64_t ino) {
+  std::lock_guard lock(mu_);
+  auto it = held_.find(ino);
+  if (it != held_.end() && --it->second.opens == 0) held_.erase(it);
+}
+
+size_t OpenModes::inodes() const {
+  std::lock_guard lock(mu_);
+  return held_.size();
+}
+
+}  // namespace ckptfs::daemon
