@@ -1,5 +1,8 @@
-// The verified chunk cache under a real mount: preload, pins, stats,
-// corruption, the GPU tier (simulated device), and a stress test.
+// The verified chunk path under a real mount: preload, pins, stats,
+// corruption, the GPU tier (simulated device), and a stress test. Tests of
+// the chunk cache itself mount with fill=off, which keeps no whole files, so
+// that every read goes through it (tests/integration/passthrough_mount_test.cpp
+// covers the host tier of whole files and kernel passthrough).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sqlite3.h>
@@ -88,7 +91,7 @@ class CacheMountTest : public ::testing::Test {
 TEST_F(CacheMountTest, ReadAfterPreloadReadsNoSourceBytes) {
   WriteFile(src_ + "/m/model.safetensors", RandomBytes(40 * kMiB + 123, 1));
   WriteFile(src_ + "/m/config.json", "{}");
-  auto m = Mount("cache_size=128M");
+  auto m = Mount("cache_size=128M,fill=off");
   ASSERT_TRUE(WaitForLink("m")) << m->Log();
   EXPECT_NE(RunCommand(kCtl + " status --json " + mnt_).out.find("\"pinned_memory\": true"), std::string::npos);
   CommandResult pre = RunCommand(kCtl + " preload " + mnt_ + "/by-name/m --pin", true);
@@ -101,17 +104,17 @@ TEST_F(CacheMountTest, ReadAfterPreloadReadsNoSourceBytes) {
   EXPECT_TRUE(ReadDirect(mnt_ + "/by-name/m/model.safetensors") == ReadFile(src_ + "/m/model.safetensors"));
   const auto after = Stats(mnt_);
   EXPECT_EQ(after["source_bytes_read"], before["source_bytes_read"]);  // served from memory only
-  EXPECT_GT(after["tiers"]["host"]["hits"].get<uint64_t>(), before["tiers"]["host"]["hits"].get<uint64_t>());
-  EXPECT_EQ(after["tiers"]["host"]["pinned"].get<uint64_t>(), 12 * 4 * kMiB);  // 11 chunks + config.json's
+  EXPECT_GT(after["tiers"]["chunks"]["hits"].get<uint64_t>(), before["tiers"]["chunks"]["hits"].get<uint64_t>());
+  EXPECT_EQ(after["tiers"]["chunks"]["pinned"].get<uint64_t>(), 12 * 4 * kMiB);  // 11 chunks + config.json's
   // Per-checkpoint numbers add up to the tier's.
   uint64_t pinned = 0;
   for (const auto& cp : after["checkpoints"]) pinned += cp["pinned"].get<uint64_t>();
   EXPECT_EQ(pinned, 40 * kMiB + 123 + 2);
 
   EXPECT_EQ(RunCommand(kCtl + " unpin " + mnt_ + "/by-name/m").exit_code, 0);
-  EXPECT_EQ(Stats(mnt_)["tiers"]["host"]["pinned"], 0);
+  EXPECT_EQ(Stats(mnt_)["tiers"]["chunks"]["pinned"], 0);
   EXPECT_EQ(RunCommand(kCtl + " evict " + mnt_ + "/" + Digest("m") + "/model.safetensors").exit_code, 0);
-  EXPECT_EQ(Stats(mnt_)["tiers"]["host"]["used"], 4 * kMiB);  // only config.json's chunk is left
+  EXPECT_EQ(Stats(mnt_)["tiers"]["chunks"]["used"], 4 * kMiB);  // only config.json's chunk is left
 }
 
 TEST_F(CacheMountTest, PinsLargerThanTheCacheFailClearly) {
@@ -230,7 +233,7 @@ TEST_F(CacheMountTest, GpuTierTakesEvictedChunksAndServesThemBack) {
   auto s2 = Stats(mnt_);
   EXPECT_GT(s2["tiers"]["gpu"]["hits"].get<uint64_t>(), 0u);
   EXPECT_EQ(s2["source_bytes_read"].get<uint64_t>(), source_before);  // all from the two tiers
-  EXPECT_LE(s2["tiers"]["host"]["used"].get<uint64_t>(), 16 * kMiB);
+  EXPECT_LE(s2["tiers"]["chunks"]["used"].get<uint64_t>(), 16 * kMiB);
   EXPECT_LE(s2["tiers"]["gpu"]["used"].get<uint64_t>(), 64 * kMiB);
 
   CommandResult pre = RunCommand(kCtl + " preload --tier gpu --pin " + mnt_ + "/by-name/m", true);
@@ -279,7 +282,7 @@ TEST_F(CacheMountTest, StressManyReadersSmallCache) {
     contents.push_back(RandomBytes(20 * kMiB + static_cast<size_t>(i) * 12345, 100 + static_cast<uint64_t>(i)));
     WriteFile(src_ + "/m/shard-" + std::to_string(i) + ".safetensors", contents.back());
   }
-  auto m = Mount("cache_size=24M");
+  auto m = Mount("cache_size=24M,fill=off");
   ASSERT_TRUE(WaitForLink("m")) << m->Log();
   std::atomic<int> mismatches{0}, reads{0};
   std::vector<std::thread> readers;
@@ -306,8 +309,8 @@ TEST_F(CacheMountTest, StressManyReadersSmallCache) {
   EXPECT_EQ(mismatches.load(), 0);
   EXPECT_EQ(reads.load(), 8 + 8 * 40);
   auto s = Stats(mnt_);
-  EXPECT_LE(s["tiers"]["host"]["used"].get<uint64_t>(), 24 * kMiB);
-  EXPECT_GT(s["tiers"]["host"]["evictions"].get<uint64_t>(), 0u);
+  EXPECT_LE(s["tiers"]["chunks"]["used"].get<uint64_t>(), 24 * kMiB);
+  EXPECT_GT(s["tiers"]["chunks"]["evictions"].get<uint64_t>(), 0u);
   EXPECT_EQ(s["failed_reads"], 0);
 }
 
