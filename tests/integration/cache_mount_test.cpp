@@ -22,6 +22,7 @@
 
 #include "ckptfs/file_stamp.h"
 #include "ckptfs/index.h"
+#include "file_reads.h"
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
 
@@ -33,40 +34,7 @@ const std::string kDaemon = CKPTFS_PATH;
 const std::string kCtl = CKPTFSCTL_PATH;
 constexpr size_t kMiB = 1 << 20;
 
-nlohmann::json Stats(const std::string& mnt) {
-  CommandResult r = RunCommand(kCtl + " stats --json " + mnt);
-  auto j = nlohmann::json::parse(r.out, nullptr, false);
-  EXPECT_FALSE(j.is_discarded()) << r.out;
-  return j;
-}
-
-// Reads with O_DIRECT so every request reaches the daemon (the kernel's own
-// page cache would otherwise answer repeats).
-std::string ReadDirect(const std::string& path, uint64_t offset = 0, size_t len = SIZE_MAX) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
-  if (fd < 0) return "<open: " + std::string(std::strerror(errno)) + ">";
-  struct stat st;
-  ::fstat(fd, &st);
-  len = std::min<uint64_t>(len, static_cast<uint64_t>(st.st_size) - offset);
-  void* buf = nullptr;
-  const size_t cap = (len + 4095) / 4096 * 4096 + 4096;
-  if (::posix_memalign(&buf, 4096, cap) != 0) return "<memalign>";
-  std::string out;
-  size_t done = 0;
-  while (done < len) {
-    ssize_t n = ::pread(fd, static_cast<char*>(buf), std::min<size_t>(cap, 1 << 20), static_cast<off_t>(offset + done));
-    if (n < 0) {
-      out = "<read: " + std::string(std::strerror(errno)) + ">";
-      break;
-    }
-    if (n == 0) break;
-    out.append(static_cast<char*>(buf), std::min<size_t>(static_cast<size_t>(n), len - done));
-    done += static_cast<size_t>(n);
-  }
-  std::free(buf);
-  ::close(fd);
-  return out;
-}
+nlohmann::json Stats(const std::string& mnt) { return QueryMount(kCtl, "stats", mnt); }
 
 class CacheMountTest : public ::testing::Test {
  protected:
