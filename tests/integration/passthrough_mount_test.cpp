@@ -370,6 +370,39 @@ TEST_F(PassthroughMountTest, SixteenReadersOverAHostTierSmallerThanTheData) {
   EXPECT_TRUE(WaitFor([&] { return Stats(mnt_)["held_by_readers"] == 0; }));
 }
 
+// With stamp_headers a safetensors file is copied in its stamped form, one
+// copy per checkpoint (the stamp names it): passthrough serves exactly the
+// bytes the chunk path serves.
+TEST_F(PassthroughMountTest, StampedFilesArePassedThroughInTheirStampedForm) {
+  const std::string model = MakeSafetensors({{"w", "U8", {9 * kMiB + 3}, RandomBytes(9 * kMiB + 3, 7)},
+                                             {"b", "F32", {5}, RandomBytes(20, 8)}});
+  WriteFile(src_ + "/m/model.safetensors", model);
+  WriteFile(src_ + "/m2/model.safetensors", model);
+  WriteFile(src_ + "/m2/config.json", "{}");  // another checkpoint, so another stamp
+  auto m = MountWithPassthrough("cache_size=256M,fill=preload,stamp_headers");
+  SKIP_WITHOUT_PASSTHROUGH();
+  ASSERT_TRUE(WaitForLink("m2"));
+  std::map<std::string, std::string> chunk_path;
+  for (const std::string cp : {"m", "m2"}) {
+    chunk_path[cp] = ReadDirect(DigestDir(cp) + "/model.safetensors");  // not resident: the chunk path
+    ASSERT_NE(chunk_path[cp].find("ckptfs.checkpoint"), std::string::npos);
+  }
+  EXPECT_NE(chunk_path["m"], chunk_path["m2"]);
+  ASSERT_EQ(RunCommand(kCtl + " preload " + mnt_ + "/by-name/m").exit_code, 0);
+  ASSERT_EQ(RunCommand(kCtl + " preload " + mnt_ + "/by-name/m2").exit_code, 0);
+  EXPECT_EQ(Stats(mnt_)["tiers"]["host"]["files"], 3);  // two stamped forms of one file, and config.json
+  const uint64_t reads = Stats(mnt_)["read_requests"];
+  for (const std::string cp : {"m", "m2"}) {
+    const std::string path = DigestDir(cp) + "/model.safetensors";
+    EXPECT_TRUE(ReadBuffered(path) == chunk_path[cp]) << cp;
+    EXPECT_TRUE(ReadMapped(path) == chunk_path[cp]) << cp;
+    EXPECT_EQ(fs::file_size(path), chunk_path[cp].size());
+  }
+  const auto after = Stats(mnt_);
+  EXPECT_EQ(Opens(after, "passthrough"), 4u);
+  EXPECT_EQ(after["read_requests"], reads);
+}
+
 // A source on a filesystem that can fail on demand (tests/support/faulty_fs.cpp).
 class FaultySourceTest : public PassthroughMountTest {
  protected:
