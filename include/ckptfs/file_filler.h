@@ -67,7 +67,7 @@ class FileFiller {
  private:
   Status CopyChunks(const View::NodePtr& file, const ServedForm& form, SealedCopy& copy,
                     const std::function<bool(uint64_t)>& progress);
-  Status CopyChunk(const View::NodePtr& file, const ServedForm& form, uint64_t chunk, uint8_t* base);
+  Status CopyChunk(const View::NodePtr& file, const ServedForm& form, uint64_t chunk, uint8_t* buf, SealedCopy& copy);
   void Report(const View::NodePtr& file, const Status& s);
   void RunQueue();
 

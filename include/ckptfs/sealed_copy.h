@@ -4,10 +4,11 @@
 // files this way; the kernel may then be handed the memfd as a passthrough
 // backing file, because what it serves from it can no longer move.
 //
-// Life cycle: Create (an empty memfd of the final size, mapped writable),
-// fill through writable(), Seal (the writable mapping is dropped first: the
-// kernel refuses F_SEAL_WRITE while one exists; a read-only mapping takes
-// its place). Only a sealed copy is ever given out.
+// Life cycle: Create (an empty memfd of the final size), fill with Write
+// (pwrite: shmem allocates each page as it is written, without the zeroing
+// and the page fault per 4 KiB a writable mapping costs), Seal (then the
+// copy is mapped read-only for the daemon's own reads). Only a sealed copy
+// is ever given out.
 #pragma once
 
 #include <cstdint>
@@ -30,16 +31,16 @@ class CopyAttachment {
 
 class SealedCopy {
  public:
-  // An unsealed memfd named `name` (shown in /proc/PID/fd) of `size` bytes,
-  // mapped writable, with huge pages requested for the mapping.
+  // An unsealed memfd named `name` (shown in /proc/PID/fd) of `size` bytes.
   static Result<std::unique_ptr<SealedCopy>> Create(const std::string& name, uint64_t size);
   ~SealedCopy();
   SealedCopy(const SealedCopy&) = delete;
   SealedCopy& operator=(const SealedCopy&) = delete;
 
-  // Before Seal only; null for an empty file.
-  uint8_t* writable() { return sealed_ ? nullptr : map_; }
-  // Seals the memfd and maps it read-only.
+  // Before Seal only: `len` bytes at `offset`.
+  Status Write(uint64_t offset, const uint8_t* data, size_t len);
+  // Seals the memfd and maps it read-only (huge pages requested for the
+  // mapping, where the kernel's shmem_enabled allows them).
   Status Seal();
 
   bool sealed() const { return sealed_; }
@@ -57,9 +58,7 @@ class SealedCopy {
   std::shared_ptr<CopyAttachment> Attachment(const std::function<std::shared_ptr<CopyAttachment>()>& make) const;
 
  private:
-  SealedCopy(std::string name, UniqueFd fd, uint64_t size, uint8_t* map)
-      : name_(std::move(name)), fd_(std::move(fd)), size_(size), map_(map) {}
-  void Unmap();
+  SealedCopy(std::string name, UniqueFd fd, uint64_t size) : name_(std::move(name)), fd_(std::move(fd)), size_(size) {}
 
   const std::string name_;
   UniqueFd fd_;

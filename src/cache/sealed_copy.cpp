@@ -12,12 +12,6 @@ namespace {
 
 constexpr unsigned kAllSeals = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
-uint8_t* MapOrNull(int fd, uint64_t size, int prot) {
-  if (size == 0) return nullptr;
-  void* p = ::mmap(nullptr, static_cast<size_t>(size), prot, MAP_SHARED, fd, 0);
-  return p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
-}
-
 }  // namespace
 
 Result<std::unique_ptr<SealedCopy>> SealedCopy::Create(const std::string& name, uint64_t size) {
@@ -26,33 +20,38 @@ Result<std::unique_ptr<SealedCopy>> SealedCopy::Create(const std::string& name, 
   if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
     return Status::FromErrno("cannot size the memfd for " + name + " to " + std::to_string(size) + " bytes", errno);
   }
-  uint8_t* map = MapOrNull(fd.get(), size, PROT_READ | PROT_WRITE);
-  if (size > 0 && map == nullptr) return Status::FromErrno("cannot map the memfd for " + name, errno);
-  // Large pages where the kernel's shmem_enabled allows it ("advise" honours
-  // this; "never" ignores it): fewer page faults and TLB misses for readers.
-  if (map != nullptr) ::madvise(map, static_cast<size_t>(size), MADV_HUGEPAGE);
-  return std::unique_ptr<SealedCopy>(new SealedCopy(name, std::move(fd), size, map));
+  return std::unique_ptr<SealedCopy>(new SealedCopy(name, std::move(fd), size));
 }
 
-SealedCopy::~SealedCopy() { Unmap(); }
-
-void SealedCopy::Unmap() {
+SealedCopy::~SealedCopy() {
+  Unlock();
   if (map_ != nullptr) ::munmap(map_, static_cast<size_t>(size_));
-  map_ = nullptr;
+}
+
+Status SealedCopy::Write(uint64_t offset, const uint8_t* data, size_t len) {
+  if (sealed_) return Status::Error(name_ + " is sealed");
+  if (offset + len > size_) return Status::Error(name_ + ": write past its size");
+  for (size_t done = 0; done < len;) {
+    const ssize_t n = ::pwrite(fd_.get(), data + done, len - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Status::FromErrno("cannot write the memfd for " + name_, n < 0 ? errno : ENOSPC);
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
 }
 
 Status SealedCopy::Seal() {
   if (sealed_) return Status::Ok();
-  // The kernel refuses F_SEAL_WRITE while a writable shared mapping exists;
-  // the pages stay in the memfd.
-  Unmap();
   if (::fcntl(fd_.get(), F_ADD_SEALS, kAllSeals) != 0) return Status::FromErrno("cannot seal the memfd for " + name_, errno);
   if (static_cast<unsigned>(::fcntl(fd_.get(), F_GET_SEALS)) != kAllSeals) {
     return Status::Error("the memfd for " + name_ + " did not keep its seals");
   }
-  map_ = MapOrNull(fd_.get(), size_, PROT_READ);
-  if (size_ > 0 && map_ == nullptr) return Status::FromErrno("cannot map the sealed memfd for " + name_, errno);
-  if (map_ != nullptr) ::madvise(map_, static_cast<size_t>(size_), MADV_HUGEPAGE);
+  if (size_ > 0) {
+    void* p = ::mmap(nullptr, static_cast<size_t>(size_), PROT_READ, MAP_SHARED, fd_.get(), 0);
+    if (p == MAP_FAILED) return Status::FromErrno("cannot map the sealed memfd for " + name_, errno);
+    map_ = static_cast<uint8_t*>(p);
+    ::madvise(map_, static_cast<size_t>(size_), MADV_HUGEPAGE);
+  }
   sealed_ = true;
   return Status::Ok();
 }

@@ -43,22 +43,20 @@ void FileFiller::Stop() {
   if (worker_.joinable()) worker_.join();
 }
 
-// Source chunk `chunk` of `file`, verified, at its place in the copy: byte o
-// of the source lands at o + (prefix - source_prefix_len). A chunk that
-// holds (part of) a source header being replaced is read aside first.
-Status FileFiller::CopyChunk(const View::NodePtr& file, const ServedForm& form, uint64_t chunk, uint8_t* base) {
+// Source chunk `chunk` of `file`, verified (in `buf`, kChunkSize bytes), at
+// its place in the copy: byte o of the source lands at o + (prefix -
+// source_prefix_len); the bytes of a source header being replaced are not
+// copied.
+Status FileFiller::CopyChunk(const View::NodePtr& file, const ServedForm& form, uint64_t chunk, uint8_t* buf,
+                             SealedCopy& copy) {
   const uint64_t begin = chunk * kChunkSize;
   const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunkSize, file->size - begin));
-  const int64_t shift = form.prefix ? static_cast<int64_t>(form.prefix->size()) - static_cast<int64_t>(form.source_prefix_len) : 0;
-  auto read = [&](uint8_t* dst) {
-    return ctx_.reader->ReadChunk(file->source_path, file->stamp, *file->chunks, chunk, dst, len);
-  };
-  if (begin >= form.source_prefix_len) return read(base + static_cast<int64_t>(begin) + shift);
-  std::vector<uint8_t> aside(len);
-  if (Status s = read(aside.data()); !s.ok()) return s;
-  const uint64_t skip = form.source_prefix_len - begin;
-  if (skip < len) std::memcpy(base + form.prefix->size(), aside.data() + skip, len - skip);
-  return Status::Ok();
+  if (Status s = ctx_.reader->ReadChunk(file->source_path, file->stamp, *file->chunks, chunk, buf, len); !s.ok()) {
+    return s;
+  }
+  const size_t skip = static_cast<size_t>(std::min<uint64_t>(len, form.source_prefix_len - std::min(begin, form.source_prefix_len)));
+  const uint64_t prefix = form.prefix ? form.prefix->size() : 0;
+  return copy.Write(begin + skip - form.source_prefix_len + prefix, buf + skip, len - skip);
 }
 
 // Every chunk of `file` into `copy`, `depth` of them in flight; the first
@@ -71,8 +69,9 @@ Status FileFiller::CopyChunks(const View::NodePtr& file, const ServedForm& form,
   std::mutex error_mu;
   Status error;
   auto work = [&] {
+    std::vector<uint8_t> buf(kChunkSize);
     for (uint64_t c; !failed && !cancel_ && (c = next++) < chunks;) {
-      Status s = CopyChunk(file, form, c, copy.writable());
+      Status s = CopyChunk(file, form, c, buf.data(), copy);
       if (!s.ok()) {
         std::lock_guard lock(error_mu);
         if (!failed.exchange(true)) error = s;
@@ -94,8 +93,8 @@ Status FileFiller::CopyChunks(const View::NodePtr& file, const ServedForm& form,
     return error;
   }
   if (done_chunks.load() != chunks) return Status::Error(file->source_path + ": fill cancelled");
-  if (form.prefix) std::memcpy(copy.writable(), form.prefix->data(), form.prefix->size());
-  return Status::Ok();
+  if (!form.prefix) return Status::Ok();
+  return copy.Write(0, reinterpret_cast<const uint8_t*>(form.prefix->data()), form.prefix->size());
 }
 
 void FileFiller::Report(const View::NodePtr& file, const Status& s) {

@@ -25,7 +25,7 @@ FileKey Key(int n, const std::string& form = "") {
 std::unique_ptr<SealedCopy> SealedOf(uint64_t size, char fill) {
   auto copy = SealedCopy::Create("ckptfs:test", size);
   EXPECT_TRUE(copy.ok()) << copy.status().message();
-  if (size > 0) std::memset((*copy)->writable(), fill, size);
+  EXPECT_TRUE((*copy)->Write(0, reinterpret_cast<const uint8_t*>(std::string(size, fill).data()), size).ok());
   EXPECT_TRUE((*copy)->Seal().ok());
   return std::move(*copy);
 }
