@@ -17,6 +17,31 @@ std::string Prom(const std::string& name, const std::string& labels, uint64_t v)
   return "ckptfs_" + name + (labels.empty() ? "" : "{" + labels + "}") + " " + std::to_string(v) + "\n";
 }
 
+// The host tier of whole files: passthrough, how opens were served, fills,
+// memory held by readers after eviction, huge pages.
+void PrintHostTier(const nlohmann::json& j) {
+  std::printf("passthrough %s: %s\n", j["passthrough"]["mode"].get<std::string>().c_str(),
+              j["passthrough"]["reason"].get<std::string>().c_str());
+  std::string opens;
+  for (const auto& [how, n] : j["opens"].items()) {
+    opens += (opens.empty() ? "" : ", ") + how + " " + std::to_string(n.get<uint64_t>());
+  }
+  std::printf("opens       %s\n", opens.empty() ? "none yet" : opens.c_str());
+  const auto& f = j["fills"];
+  std::printf("fills       %llu (%s at %s/s), %llu abandoned, %llu skipped; fill=%s, depth %u\n",
+              static_cast<unsigned long long>(f["completed"].get<uint64_t>()),
+              FormatBytes(f["bytes"].get<uint64_t>()).c_str(), FormatBytes(f["bytes_per_second"].get<uint64_t>()).c_str(),
+              static_cast<unsigned long long>(f["abandoned"].get<uint64_t>()),
+              static_cast<unsigned long long>(f["skipped"].get<uint64_t>()), f["policy"].get<std::string>().c_str(),
+              f["depth"].get<unsigned>());
+  const auto& huge = j["memory"]["huge_pages"];
+  std::printf("memory      %s held by readers of evicted files; %s; huge pages: %s (shmem_enabled=%s, %s mapped)\n",
+              FormatBytes(j["held_by_readers"].get<uint64_t>()).c_str(),
+              j["memory"]["locked"].get<bool>() ? "pinned memory locked" : "pinned memory NOT locked",
+              huge["used"].get<std::string>().c_str(), huge["shmem_enabled"].get<std::string>().c_str(),
+              FormatBytes(huge["mapped_bytes"].get<uint64_t>()).c_str());
+}
+
 }  // namespace
 
 int RunCacheCommand(const CacheArgs& args) {
@@ -97,12 +122,20 @@ int RunStats(const StatsArgs& args) {
       out += std::string("# HELP ckptfs_") + c.name + " " + c.help + "\n# TYPE ckptfs_" + c.name + " counter\n";
       out += Prom(c.name, mnt, j[c.key].get<uint64_t>());
     }
+    out += "# HELP ckptfs_held_by_readers_bytes Evicted host-tier copies that open files still hold.\n"
+           "# TYPE ckptfs_held_by_readers_bytes gauge\n" +
+           Prom("held_by_readers_bytes", mnt, j["held_by_readers"].get<uint64_t>());
+    out += "# HELP ckptfs_fill_bytes_total Bytes copied into the host tier.\n# TYPE ckptfs_fill_bytes_total counter\n" +
+           Prom("fill_bytes_total", mnt, j["fills"]["bytes"].get<uint64_t>());
+    out += "# HELP ckptfs_opens_total Opens of files, by how they were served.\n# TYPE ckptfs_opens_total counter\n";
+    for (const auto& [how, n] : j["opens"].items()) out += Prom("opens_total", mnt + ",how=\"" + how + "\"", n.get<uint64_t>());
     out += "# HELP ckptfs_checkpoint_resident_bytes Bytes of a checkpoint held by a cache tier.\n"
            "# TYPE ckptfs_checkpoint_resident_bytes gauge\n";
     for (const auto& cp : j["checkpoints"]) {
       const std::string l = mnt + ",checkpoint=\"" + cp["name"].get<std::string>() + "\"";
-      out += Prom("checkpoint_resident_bytes", l + ",tier=\"host\"", cp["host"].get<uint64_t>());
-      out += Prom("checkpoint_resident_bytes", l + ",tier=\"gpu\"", cp["gpu"].get<uint64_t>());
+      for (const char* tier : {"host", "chunks", "gpu"}) {
+        out += Prom("checkpoint_resident_bytes", l + ",tier=\"" + tier + "\"", cp[tier].get<uint64_t>());
+      }
     }
     out += "# HELP ckptfs_checkpoint_pinned_bytes Bytes of a checkpoint pinned in the cache.\n"
            "# TYPE ckptfs_checkpoint_pinned_bytes gauge\n";
@@ -113,10 +146,10 @@ int RunStats(const StatsArgs& args) {
     std::fputs(out.c_str(), stdout);
     return kExitOk;
   }
-  std::printf("%-5s %11s %11s %11s %10s %10s %10s %10s\n", "TIER", "CAPACITY", "USED", "PINNED", "HITS", "MISSES",
+  std::printf("%-6s %11s %11s %11s %10s %10s %10s %10s\n", "TIER", "CAPACITY", "USED", "PINNED", "HITS", "MISSES",
               "FILLS", "EVICTIONS");
   for (const auto& [tier, t] : j["tiers"].items()) {
-    std::printf("%-5s %11s %11s %11s %10llu %10llu %10llu %10llu\n", tier.c_str(),
+    std::printf("%-6s %11s %11s %11s %10llu %10llu %10llu %10llu\n", tier.c_str(),
                 FormatBytes(t["capacity"].get<uint64_t>()).c_str(), FormatBytes(t["used"].get<uint64_t>()).c_str(),
                 FormatBytes(t["pinned"].get<uint64_t>()).c_str(),
                 static_cast<unsigned long long>(t["hits"].get<uint64_t>()),
@@ -130,11 +163,12 @@ int RunStats(const StatsArgs& args) {
               static_cast<unsigned long long>(j["readahead_hits"].get<uint64_t>()),
               FormatBytes(j["source_bytes_read"].get<uint64_t>()).c_str(),
               FormatBytes(j["bytes_served"].get<uint64_t>()).c_str());
-  std::printf("\n%-71s %11s %11s %11s\n", "CHECKPOINT", "HOST", "GPU", "PINNED");
+  PrintHostTier(j);
+  std::printf("\n%-71s %11s %11s %11s %11s\n", "CHECKPOINT", "HOST", "CHUNKS", "GPU", "PINNED");
   for (const auto& cp : j["checkpoints"]) {
-    std::printf("%-71s %11s %11s %11s\n", cp["name"].get<std::string>().c_str(),
-                FormatBytes(cp["host"].get<uint64_t>()).c_str(), FormatBytes(cp["gpu"].get<uint64_t>()).c_str(),
-                FormatBytes(cp["pinned"].get<uint64_t>()).c_str());
+    std::printf("%-71s %11s %11s %11s %11s\n", cp["name"].get<std::string>().c_str(),
+                FormatBytes(cp["host"].get<uint64_t>()).c_str(), FormatBytes(cp["chunks"].get<uint64_t>()).c_str(),
+                FormatBytes(cp["gpu"].get<uint64_t>()).c_str(), FormatBytes(cp["pinned"].get<uint64_t>()).c_str());
   }
   return kExitOk;
 }
