@@ -33,6 +33,7 @@ class KernelPassthrough;
 // When a file is copied into the host tier (mount option fill=).
 enum class FillPolicy {
   kOpen,     // at its first open (in the background; that open takes the chunk path)
+  kWait,     // at its first open, which waits for the copy and then passes through
   kPreload,  // only by ckptfsctl preload
   kOff,      // never: no host tier of whole files, every read takes the chunk path
 };

@@ -39,7 +39,7 @@ struct MountOptions {
   // passthrough=auto|off: answer opens of resident files with kernel
   // passthrough when the kernel and our privileges allow it.
   bool passthrough = true;
-  // fill=open|preload|off: when files are copied into the host tier.
+  // fill=open|wait|preload|off: when files are copied into the host tier.
   std::string fill = "open";
   unsigned fill_depth = 4;  // fill_depth=N: chunk reads in flight per fill
   bool allow_other = false;

@@ -188,7 +188,8 @@ nlohmann::json PerCheckpoint(FsContext& ctx) {
 
 nlohmann::json FillsJson(FsContext& ctx, const FileCache::Stats& f) {
   const double rate = f.fill_seconds > 0 ? static_cast<double>(f.fill_bytes) / f.fill_seconds : 0;
-  return {{"policy", ctx.fill == FillPolicy::kOpen ? "open" : ctx.fill == FillPolicy::kPreload ? "preload" : "off"},
+  static const char* kPolicies[] = {"open", "wait", "preload", "off"};
+  return {{"policy", kPolicies[static_cast<int>(ctx.fill)]},
           {"depth", ctx.filler != nullptr ? ctx.filler->depth() : 0},
           {"completed", f.fills},
           {"bytes", f.fill_bytes},

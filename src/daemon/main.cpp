@@ -469,7 +469,8 @@ int main(int argc, char** argv) {
   ThreadPool readahead_pool(EffectiveThreads(o.threads));
   ctx.cache = &cache;
   ctx.files = &files;
-  ctx.fill = o.fill == "open" ? daemon::FillPolicy::kOpen
+  ctx.fill = o.fill == "open"      ? daemon::FillPolicy::kOpen
+             : o.fill == "wait"    ? daemon::FillPolicy::kWait
              : o.fill == "preload" ? daemon::FillPolicy::kPreload
                                    : daemon::FillPolicy::kOff;
   ctx.reader = &reader;

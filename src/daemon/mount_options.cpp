@@ -121,8 +121,8 @@ Status ApplyOption(const std::string& opt, MountOptions& o) {
     if (value != "auto" && value != "off") return Status::Error("option passthrough=" + value + ": expected auto or off");
     o.passthrough = value == "auto";
   } else if (key == "fill") {
-    if (value != "open" && value != "preload" && value != "off") {
-      return Status::Error("option fill=" + value + ": expected open, preload or off");
+    if (value != "open" && value != "wait" && value != "preload" && value != "off") {
+      return Status::Error("option fill=" + value + ": expected open, wait, preload or off");
     }
     o.fill = value;
   } else if (key == "fsname") {
@@ -253,10 +253,12 @@ ckptfs options (-o):
                        host tier is handed to the kernel (FUSE passthrough,
                        Linux 6.9+, CAP_SYS_ADMIN), so reads and mmap run at
                        page-cache speed; off: every read comes to the daemon
-  fill=open|preload|off  when files are copied into the host tier: open
-                       (default): in the background at their first open,
-                       which the chunk path serves meanwhile; preload: only
-                       by ckptfsctl preload; off: never (chunks only)
+  fill=open|wait|preload|off  when files are copied into the host tier:
+                       open (default): in the background at their first
+                       open, which the chunk path serves meanwhile; wait: at
+                       their first open, which waits for the copy and then
+                       passes through; preload: only by ckptfsctl preload;
+                       off: never (chunks only)
   fill_depth=N         4 MiB source reads in flight per fill (default 4)
   gpu=INDEX|auto|sim   add a GPU tier on CUDA device INDEX; auto: the first
                        device if there is one (else a warning); sim: a

@@ -266,6 +266,12 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     fuse_reply_err(req, EIO);
     return;
   }
+  if (ctx.fill == FillPolicy::kWait && ctx.filler != nullptr && !ctx.files->Find(form->key, /*use=*/false)) {
+    // Failing that (no room, a bad source), the chunk path serves it below.
+    if (auto filled = ctx.filler->Fill(n, /*pin=*/false); !filled.ok()) {
+      spdlog::debug("{}: not copied at open: {}", n->source_path, filled.status().message());
+    }
+  }
   auto f = std::make_unique<OpenFile>();
   f->node = n;
   f->key = form->key;

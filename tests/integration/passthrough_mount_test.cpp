@@ -132,6 +132,18 @@ TEST_F(PassthroughMountTest, TheFirstOpenIsServedAtOnceAndFillsTheCopyForTheNext
   EXPECT_GT(after["fills"]["bytes_per_second"].get<uint64_t>(), 0u);
 }
 
+TEST_F(PassthroughMountTest, WithFillWaitTheFirstOpenWaitsForTheCopyAndPassesThrough) {
+  const std::string data = RandomBytes(24 * kMiB + 3, 5);
+  WriteFile(src_ + "/m/model.safetensors", data);
+  auto m = MountWithPassthrough("cache_size=256M,fill=wait");
+  SKIP_WITHOUT_PASSTHROUGH();
+  EXPECT_TRUE(ReadMapped(DigestDir("m") + "/model.safetensors") == data);
+  const auto s = Stats(mnt_);
+  EXPECT_EQ(Opens(s, "passthrough"), 1u) << s["opens"].dump();
+  EXPECT_EQ(s["read_requests"], 0);
+  EXPECT_EQ(s["fills"]["policy"], "wait");
+}
+
 TEST_F(PassthroughMountTest, EveryBackingMemfdIsSealed) {
   WriteAwkwardTree("m");
   auto m = MountWithPassthrough("cache_size=256M");
