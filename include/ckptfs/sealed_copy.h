@@ -4,11 +4,17 @@
 // files this way; the kernel may then be handed the memfd as a passthrough
 // backing file, because what it serves from it can no longer move.
 //
-// Life cycle: Create (an empty memfd of the final size), fill with Write
-// (pwrite: shmem allocates each page as it is written, without the zeroing
-// and the page fault per 4 KiB a writable mapping costs), Seal (then the
-// copy is mapped read-only for the daemon's own reads). Only a sealed copy
-// is ever given out.
+// Life cycle: Create (an empty memfd of the final size), fill with Write,
+// Seal (then the copy is mapped read-only for the daemon's own reads). Only
+// a sealed copy is ever given out.
+//
+// How Write fills it depends on the kernel's huge-page policy for shmem
+// (transparent_hugepage/shmem_enabled): under "advise" only a mapping with
+// MADV_HUGEPAGE gets huge pages, so the copy is written through such a
+// mapping (dropped before sealing: the kernel refuses F_SEAL_WRITE while a
+// writable mapping exists); otherwise with pwrite, which lets shmem allocate
+// each page as it is written, without the zeroing and the page fault per
+// 4 KiB a mapping costs (1 GiB: 0.40 s against 0.48 s, measured).
 #pragma once
 
 #include <cstdint>
@@ -31,8 +37,16 @@ class CopyAttachment {
 
 class SealedCopy {
  public:
+  enum class WriteBy { kPwrite, kHugePageMapping };
+  // The kernel's policy for 2 MiB pages in shmem: the per-size setting, or
+  // the global shmem_enabled it inherits ("always", "advise", "never", ...).
+  static std::string ShmemHugePages();
+  // What that policy asks for (read once).
+  static WriteBy PreferredWrite();
+
   // An unsealed memfd named `name` (shown in /proc/PID/fd) of `size` bytes.
-  static Result<std::unique_ptr<SealedCopy>> Create(const std::string& name, uint64_t size);
+  static Result<std::unique_ptr<SealedCopy>> Create(const std::string& name, uint64_t size,
+                                                    WriteBy how = PreferredWrite());
   ~SealedCopy();
   SealedCopy(const SealedCopy&) = delete;
   SealedCopy& operator=(const SealedCopy&) = delete;
@@ -59,11 +73,12 @@ class SealedCopy {
 
  private:
   SealedCopy(std::string name, UniqueFd fd, uint64_t size) : name_(std::move(name)), fd_(std::move(fd)), size_(size) {}
+  void Unmap();
 
   const std::string name_;
   UniqueFd fd_;
   const uint64_t size_;
-  uint8_t* map_ = nullptr;
+  uint8_t* map_ = nullptr;  // writable before Seal (kHugePageMapping), read-only after
   bool sealed_ = false;
   mutable bool locked_ = false;
   mutable std::mutex attach_mu_;

@@ -132,22 +132,18 @@ nlohmann::json ForEachFile(FsContext& ctx, const ControlServer::Request& r, cons
   return {{"ok", true}, {"bytes", bytes}};
 }
 
-// The kernel's setting for huge pages in shmem (memfds), and how much of the
+// The kernel's setting for 2 MiB pages in shmem (memfds), and how much of the
 // daemon's mappings of them use huge pages now.
 nlohmann::json HugePages() {
-  std::string setting = "unknown";
-  std::ifstream enabled("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
-  for (std::string word; enabled >> word;) {
-    if (word.front() == '[') setting = word.substr(1, word.size() - 2);
-  }
+  const std::string setting = SealedCopy::ShmemHugePages();
   uint64_t pmd_kib = 0;
   std::ifstream rollup("/proc/self/smaps_rollup");
   for (std::string line; std::getline(rollup, line);) {
     if (line.rfind("ShmemPmdMapped:", 0) == 0) pmd_kib = std::stoull(line.substr(15));
   }
   const char* use = setting == "never" || setting == "deny" ? "no: shmem_enabled forbids them"
-                    : setting == "advise"                   ? "yes: requested with MADV_HUGEPAGE"
-                                                            : "as shmem_enabled decides";
+                    : setting == "advise" ? "asked for: copies are written through a MADV_HUGEPAGE mapping"
+                                          : "as shmem_enabled decides";
   return {{"shmem_enabled", setting}, {"used", use}, {"mapped_bytes", pmd_kib * 1024}};
 }
 

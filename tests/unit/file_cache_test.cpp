@@ -22,8 +22,9 @@ FileKey Key(int n, const std::string& form = "") {
   return k;
 }
 
-std::unique_ptr<SealedCopy> SealedOf(uint64_t size, char fill) {
-  auto copy = SealedCopy::Create("ckptfs:test", size);
+std::unique_ptr<SealedCopy> SealedOf(uint64_t size, char fill,
+                                     SealedCopy::WriteBy how = SealedCopy::PreferredWrite()) {
+  auto copy = SealedCopy::Create("ckptfs:test", size, how);
   EXPECT_TRUE(copy.ok()) << copy.status().message();
   EXPECT_TRUE((*copy)->Write(0, reinterpret_cast<const uint8_t*>(std::string(size, fill).data()), size).ok());
   EXPECT_TRUE((*copy)->Seal().ok());
@@ -55,6 +56,24 @@ TEST(SealedCopyTest, NobodyCanChangeASealedCopy) {
   ::close(again);
   EXPECT_EQ(copy->Lock(), 0);
   copy->Unlock();
+}
+
+// Both ways of filling (pwrite, or a huge-page mapping under shmem_enabled
+// "advise") give the same sealed bytes.
+TEST(SealedCopyTest, EitherWayOfWritingGivesTheSameSealedCopy) {
+  for (auto how : {SealedCopy::WriteBy::kPwrite, SealedCopy::WriteBy::kHugePageMapping}) {
+    auto copy = SealedCopy::Create("ckptfs:test", 5 * kMiB + 3, how);
+    ASSERT_TRUE(copy.ok()) << copy.status().message();
+    std::string bytes(5 * kMiB + 3, '\0');
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7);
+    ASSERT_TRUE((*copy)->Write(0, reinterpret_cast<const uint8_t*>(bytes.data()), 3 * kMiB).ok());
+    ASSERT_TRUE((*copy)->Write(3 * kMiB, reinterpret_cast<const uint8_t*>(bytes.data()) + 3 * kMiB, 2 * kMiB + 3).ok());
+    EXPECT_FALSE((*copy)->Write(5 * kMiB, reinterpret_cast<const uint8_t*>(bytes.data()), 4).ok());  // past the end
+    ASSERT_TRUE((*copy)->Seal().ok());
+    EXPECT_EQ(::fcntl((*copy)->fd(), F_GET_SEALS), F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+    EXPECT_TRUE(std::string(reinterpret_cast<const char*>((*copy)->data()), bytes.size()) == bytes);
+    EXPECT_FALSE((*copy)->Write(0, reinterpret_cast<const uint8_t*>(bytes.data()), 1).ok());  // sealed
+  }
 }
 
 TEST(SealedCopyTest, EmptyFilesHaveACopyToo) {
