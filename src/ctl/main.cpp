@@ -82,20 +82,22 @@ int main(int argc, char** argv) {
   unpin_args.command = "unpin";
   evict_args.command = "evict";
   auto* cmd_preload = app.add_subcommand(
-      "preload", "Read every chunk of PATH into the cache, verified, with a progress bar (root or the mount's owner).\n"
-                 "PATH: a digest directory, a by-name link or a file under a mount");
+      "preload", "Copy every file of PATH into the host tier, verified, with a progress bar, so that opens pass\n"
+                 "through to the kernel (root or the mount's owner). PATH: a digest directory, a by-name link or\n"
+                 "a file under a mount");
   cmd_preload->add_option("PATH", preload_args.path, "What to preload")->required();
   cmd_preload->add_option("--tier", preload_args.tier, "host (default) or gpu")
       ->check(CLI::IsMember({"host", "gpu"}));
-  cmd_preload->add_flag("--pin", preload_args.pin, "Keep the chunks: eviction never touches them until unpin");
-  auto* cmd_unpin = app.add_subcommand("unpin", "Let the cache evict PATH's chunks again");
+  cmd_preload->add_flag("--pin", preload_args.pin, "Keep them, locked in memory: eviction never touches them until unpin");
+  auto* cmd_unpin = app.add_subcommand("unpin", "Let the cache evict PATH's files and chunks again");
   cmd_unpin->add_option("PATH", unpin_args.path, "A digest directory, a by-name link or a file")->required();
-  auto* cmd_evict = app.add_subcommand("evict", "Drop PATH's chunks from every tier now, pinned or not");
+  auto* cmd_evict = app.add_subcommand("evict", "Drop PATH's files and chunks from every tier now, pinned or not");
   cmd_evict->add_option("PATH", evict_args.path, "A digest directory, a by-name link or a file")->required();
   StatsArgs stats_args;
   auto* cmd_stats = app.add_subcommand(
-      "stats", "Cache numbers of a mount: per tier bytes used and capacity, hits, misses, fills, evictions;\n"
-               "verification failures, read-ahead hits; per checkpoint bytes resident and pinned");
+      "stats", "Cache numbers of a mount: passthrough mode, opens by how they were served; per tier bytes used\n"
+               "and capacity, hits, misses, fills, evictions; fill rate, bytes held by readers; verification\n"
+               "failures, read-ahead hits; per checkpoint bytes resident and pinned");
   cmd_stats->add_option("MOUNTPOINT", stats_args.mountpoint, "A ckptfs mount point")->required();
   auto* stats_json = cmd_stats->add_flag("--json", stats_args.json, "Print JSON");
   cmd_stats->add_flag("--prometheus", stats_args.prometheus,
