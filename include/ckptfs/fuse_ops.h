@@ -75,6 +75,10 @@ struct FsContext {
   // Set once the kernel's INIT has been answered; the BDI read-ahead can only
   // be raised after that (the kernel lowers it to the INIT reply's value).
   std::function<void()> on_init;
+  // Drops the kernel's page cache of inode `ino` (notify_inval_inode): a
+  // file read through the chunk path that is now resident will be opened
+  // with passthrough, and such an open would otherwise pay for dropping it.
+  std::function<void(InodeId ino)> drop_page_cache;
   std::atomic<uint64_t> reads{0};
   std::atomic<uint64_t> bytes_read{0};
   std::atomic<uint64_t> failed_reads{0};

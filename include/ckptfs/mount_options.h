@@ -41,7 +41,7 @@ struct MountOptions {
   bool passthrough = true;
   // fill=open|wait|preload|off: when files are copied into the host tier.
   std::string fill = "open";
-  unsigned fill_depth = 4;  // fill_depth=N: chunk reads in flight per fill
+  unsigned fill_depth = 0;  // fill_depth=N: chunk reads in flight per fill; 0 = one per CPU, at most 4
   bool allow_other = false;
   bool stamp_headers = false;  // stamp_headers: see HeaderStamper
   std::string fsname;         // fsname=, default: SRC

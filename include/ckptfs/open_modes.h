@@ -37,7 +37,9 @@ class OpenModes {
   // bring its own resident copy, from `resident`).
   Choice Open(uint64_t ino, const std::function<Choice()>& decide, const std::function<FileCache::CopyPtr()>& resident);
   // An open of `ino` ended (released, or its reply never reached the kernel).
-  void Release(uint64_t ino);
+  // True when that was the last open of an inode served by the chunk path
+  // (the kernel may hold page cache for it that passthrough will not use).
+  bool Release(uint64_t ino);
   size_t inodes() const;
 
  private:

@@ -127,6 +127,11 @@ void SetBdiReadahead(const std::string& mountpoint, uint64_t bytes) {
   spdlog::warn("read-ahead of {} did not stay at {} KiB", mountpoint, want);
 }
 
+// Reads in flight per fill. Fills are CPU-bound once the source is in memory
+// (read, XXH3, write): more than one per CPU only contends (measured with 2
+// CPUs: depth 2 2.7 GB/s, depth 4 1.6 to 2.5 GB/s).
+unsigned FillDepth(const MountOptions& o) { return o.fill_depth ? o.fill_depth : std::min(4u, EffectiveThreads(0)); }
+
 nlohmann::json StatusJson(const std::vector<CheckpointState>& states, const CatalogWatcher& watcher,
                           const MountOptions& o, const std::string& state_dir, const std::string& index_path,
                           const daemon::FsContext& ctx) {
@@ -163,7 +168,7 @@ nlohmann::json StatusJson(const std::vector<CheckpointState>& states, const Cata
             {"stamp_headers", o.stamp_headers},
             {"passthrough", o.passthrough ? "auto" : "off"},
             {"fill", o.fill},
-            {"fill_depth", o.fill_depth},
+            {"fill_depth", FillDepth(o)},
             {"log", o.log_level}}},
           {"passthrough", {{"mode", PassthroughState(ctx).first}, {"reason", PassthroughState(ctx).second}}},
           {"reads", {{"requests", ctx.reads.load()}, {"bytes", ctx.bytes_read.load()}, {"failed", ctx.failed_reads.load()}}},
@@ -477,10 +482,11 @@ int main(int argc, char** argv) {
   ctx.readahead_pool = &readahead_pool;
   daemon::HeaderStamper stamper;
   if (o.stamp_headers) ctx.stamper = &stamper;
-  daemon::FileFiller filler(ctx, o.fill_depth);
+  daemon::FileFiller filler(ctx, FillDepth(o));
   ctx.filler = &filler;
 
   ctx.on_source_changed = [&watcher] { watcher.RequestRescan(); };
+  ctx.drop_page_cache = [se](InodeId ino) { fuse_lowlevel_notify_inval_inode(se, ino, 0, 0); };
   ctx.on_corrupt_chunk = [&](const View::Node& file, const Status& why) {
     if (Status s = (*index)->ForgetFile(file.stamp.dev, file.stamp.ino); !s.ok()) spdlog::error("{}", s.message());
     watcher.Withdraw(file.digest, why.message());

@@ -259,7 +259,8 @@ ckptfs options (-o):
                        their first open, which waits for the copy and then
                        passes through; preload: only by ckptfsctl preload;
                        off: never (chunks only)
-  fill_depth=N         4 MiB source reads in flight per fill (default 4)
+  fill_depth=N         4 MiB source reads in flight per fill (default: one
+                       per CPU, at most 4)
   gpu=INDEX|auto|sim   add a GPU tier on CUDA device INDEX; auto: the first
                        device if there is one (else a warning); sim: a
                        simulated device in host memory (testing)

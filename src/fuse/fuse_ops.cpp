@@ -403,9 +403,18 @@ void Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi
 }
 
 void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  delete reinterpret_cast<OpenFile*>(fi->fh);
-  Ctx(req).open_modes.Release(ino);
+  auto& ctx = Ctx(req);
+  std::unique_ptr<OpenFile> f(reinterpret_cast<OpenFile*>(fi->fh));
   fuse_reply_err(req, 0);
+  // The last chunk-path reader of a file that is resident now: the next open
+  // passes through, and the kernel drops an inode's page cache at every open
+  // without keep_cache (passthrough forbids it), on the opener's time; do it
+  // now, off this thread (a notification from a request handler could wait
+  // on the kernel).
+  if (ctx.open_modes.Release(ino) && ctx.drop_page_cache && ctx.readahead_pool != nullptr && ctx.files != nullptr &&
+      ctx.files->Find(f->key, /*use=*/false)) {
+    ctx.readahead_pool->Submit([&ctx, ino] { ctx.drop_page_cache(ino); });
+  }
 }
 
 void GetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {

@@ -17,10 +17,13 @@ OpenModes::Choice OpenModes::Open(uint64_t ino, const std::function<Choice()>& d
   return joined;
 }
 
-void OpenModes::Release(uint64_t ino) {
+bool OpenModes::Release(uint64_t ino) {
   std::lock_guard lock(mu_);
   auto it = held_.find(ino);
-  if (it != held_.end() && --it->second.opens == 0) held_.erase(it);
+  if (it == held_.end() || --it->second.opens > 0) return false;
+  const bool chunk_path = !it->second.choice.passthrough;
+  held_.erase(it);
+  return chunk_path;
 }
 
 size_t OpenModes::inodes() const {

@@ -149,10 +149,11 @@ for policy in open wait; do
       mount_ckptfs "fill=$policy"
       dir=$(digest_dir qwen)
       f=$(time_load "$dir")
-      # fill=open: the next load waits for nothing, but the copies must be
-      # there for it to pass through; give the background fill its time.
+      # fill=open: the next load waits for nothing, but the copies of the two
+      # shards must be there for it to pass through; give the background
+      # fill its time.
       for _ in $(seq 1 600); do
-        [ "$(build/ckptfsctl stats --json "$ck" | python3 -c 'import json,sys; print(json.load(sys.stdin)["tiers"]["host"]["files"])')" -ge 3 ] && break
+        [ "$(build/ckptfsctl stats --json "$ck" | python3 -c 'import json,sys; print(json.load(sys.stdin)["tiers"]["host"]["files"])')" -ge 2 ] && break
         sleep 0.1
       done
       x=$(time_load "$dir")
