@@ -342,10 +342,18 @@ TEST_F(CacheMountTest, RefusedPinningGoesOnUnpinned) {
   ASSERT_EQ(r.exit_code, 0) << r.out << ReadFile(log);
   const bool shown = WaitForLink("m");
   const bool same = shown && ReadDirect(mnt_ + "/by-name/m/model.safetensors") == data;
+  // A pinned whole file: resident and never evicted, but not locked.
+  CommandResult pin = RunCommand(kCtl + " preload --pin " + mnt_ + "/by-name/m", true);
+  const bool pinned_same = ReadBuffered(mnt_ + "/by-name/m/model.safetensors") == data;
   CommandResult status = RunCommand(kCtl + " status --json " + mnt_);
+  const auto stats = Stats(mnt_);
   RunCommand("fusermount3 -u " + mnt_);
   EXPECT_TRUE(shown);
   EXPECT_TRUE(same);
+  EXPECT_EQ(pin.exit_code, 0) << pin.out;
+  EXPECT_TRUE(pinned_same);
+  EXPECT_EQ(stats["tiers"]["host"]["pinned"], 40 * kMiB) << stats.dump();
+  EXPECT_EQ(stats["memory"]["locked"], false) << stats.dump();
   auto j = nlohmann::json::parse(status.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << status.out;
   // The daemon was started in the background: its log went to syslog, so ask
