@@ -1,7 +1,10 @@
-// The FUSE low-level operations over a View. File reads are served from the
-// ChunkCache: a chunk is filled by the SourceReader, which checks the file's
-// stamp and the chunk's XXH3-128 before it is published, so a byte that does
-// not belong to a name is never served under it.
+// The FUSE low-level operations over a View. An open of a file that is
+// resident in the host tier (FileCache: a verified, sealed memfd) is answered
+// with kernel passthrough to that memfd, so reads and mmap never reach the
+// daemon; any other open is served by the verified chunk path: reads from the
+// ChunkCache, whose chunks the SourceReader fills only after checking the
+// file's stamp and the chunk's XXH3-128. Either way a byte that does not
+// belong to a name is never served under it.
 #pragma once
 
 #define FUSE_USE_VERSION 312
@@ -9,9 +12,15 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
 
 #include "ckptfs/chunk_cache.h"
 #include "ckptfs/refused_files.h"
+#include "ckptfs/file_cache.h"
+#include "ckptfs/open_modes.h"
 #include "ckptfs/source_reader.h"
 #include "ckptfs/thread_pool.h"
 #include "ckptfs/view.h"
@@ -19,10 +28,37 @@
 namespace ckptfs::daemon {
 
 class HeaderStamper;
+class FileFiller;
+class KernelPassthrough;
+
+// When a file is copied into the host tier (mount option fill=).
+enum class FillPolicy {
+  kOpen,     // at its first open (in the background; that open takes the chunk path)
+  kWait,     // at its first open, which waits for the copy and then passes through
+  kPreload,  // only by ckptfsctl preload
+  kOff,      // never: no host tier of whole files, every read takes the chunk path
+};
+
+// How opens were answered, for stats: passthrough, or the chunk path and why.
+class OpenCounts {
+ public:
+  void Count(const std::string& how);
+  std::map<std::string, uint64_t> Get() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, uint64_t> counts_;
+};
 
 struct FsContext {
   View* view = nullptr;
-  ChunkCache* cache = nullptr;
+  ChunkCache* cache = nullptr;  // the chunk path
+  FileCache* files = nullptr;   // the host tier of whole files
+  FileFiller* filler = nullptr;
+  FillPolicy fill = FillPolicy::kOpen;
+  std::shared_ptr<KernelPassthrough> passthrough;  // set by AttachPassthrough
+  OpenModes open_modes;
+  OpenCounts opens;
   SourceReader* reader = nullptr;
   ThreadPool* readahead_pool = nullptr;
   HeaderStamper* stamper = nullptr;  // set with stamp_headers
@@ -51,6 +87,10 @@ struct FsContext {
   // be raised after that (the kernel lowers it to the INIT reply's value).
   std::function<void()> on_init;
   RefusedFiles refused;  // files found changed or damaged: fail fast
+  // Drops the kernel's page cache of inode `ino` (notify_inval_inode): a
+  // file read through the chunk path that is now resident will be opened
+  // with passthrough, and such an open would otherwise pay for dropping it.
+  std::function<void(InodeId ino)> drop_page_cache;
   std::atomic<uint64_t> reads{0};
   std::atomic<uint64_t> bytes_read{0};
   std::atomic<uint64_t> failed_reads{0};
@@ -59,6 +99,13 @@ struct FsContext {
 // The verified chunk `index` of `file`, from the cache or filled from the
 // source; failures are reported to the context's callbacks.
 Result<ChunkCache::Ref> FetchChunk(FsContext& ctx, const View::NodePtr& file, uint64_t index, bool readahead);
+
+// Kernel passthrough for this session (after fuse_session_mount, before the
+// loop); `wanted` false with passthrough=off. The session's userdata must be
+// `ctx`.
+Status AttachPassthrough(FsContext& ctx, fuse_session* se, bool wanted);
+// "on", "off" or "pending" (before INIT), and why.
+std::pair<std::string, std::string> PassthroughState(const FsContext& ctx);
 
 // Called with every failed fill of `file`: the first failure of a file is
 // logged and reported (a damaged chunk withdraws the digest, a changed source

@@ -38,6 +38,12 @@ struct MountOptions {
   std::string gpu;
   uint64_t gpu_cache_size = 0;  // gpu_cache_size=SIZE or N% of device memory; 0 = 50%
   double gpu_cache_percent = 0;
+  // passthrough=auto|off: answer opens of resident files with kernel
+  // passthrough when the kernel and our privileges allow it.
+  bool passthrough = true;
+  // fill=open|wait|preload|off: when files are copied into the host tier.
+  std::string fill = "open";
+  unsigned fill_depth = 0;  // fill_depth=N: chunk reads in flight per fill; 0 = one per CPU, at most 4
   bool allow_other = false;
   bool stamp_headers = false;  // stamp_headers: see HeaderStamper
   std::string fsname;         // fsname=, default: SRC

@@ -30,10 +30,10 @@ void PrintPrometheus(const nlohmann::json& j, const std::string& mountpoint) {
       {"capacity", "cache_capacity_bytes", "gauge", "Capacity of the cache tier."},
       {"used", "cache_used_bytes", "gauge", "Bytes held by the cache tier."},
       {"pinned", "cache_pinned_bytes", "gauge", "Bytes pinned in the cache tier."},
-      {"hits", "cache_hits_total", "counter", "Chunk lookups served by the tier."},
-      {"misses", "cache_misses_total", "counter", "Chunk lookups the tier could not serve."},
-      {"fills", "cache_fills_total", "counter", "Chunks put into the tier."},
-      {"evictions", "cache_evictions_total", "counter", "Chunks evicted from the tier."},
+      {"hits", "cache_hits_total", "counter", "Lookups served by the tier."},
+      {"misses", "cache_misses_total", "counter", "Lookups the tier could not serve."},
+      {"fills", "cache_fills_total", "counter", "Files or chunks put into the tier."},
+      {"evictions", "cache_evictions_total", "counter", "Files or chunks evicted from the tier."},
   };
   for (const auto& m : metrics) {
     out += std::string("# HELP ckptfs_") + m.name + " " + m.help + "\n# TYPE ckptfs_" + m.name + " " + m.type + "\n";
@@ -58,12 +58,20 @@ void PrintPrometheus(const nlohmann::json& j, const std::string& mountpoint) {
     out += std::string("# HELP ckptfs_") + c.name + " " + c.help + "\n# TYPE ckptfs_" + c.name + " counter\n";
     out += Prom(c.name, mnt, j[c.key].get<uint64_t>());
   }
+  out += "# HELP ckptfs_held_by_readers_bytes Evicted host-tier copies that open files still hold.\n"
+         "# TYPE ckptfs_held_by_readers_bytes gauge\n" +
+         Prom("held_by_readers_bytes", mnt, j["held_by_readers"].get<uint64_t>());
+  out += "# HELP ckptfs_fill_bytes_total Bytes copied into the host tier.\n# TYPE ckptfs_fill_bytes_total counter\n" +
+         Prom("fill_bytes_total", mnt, j["fills"]["bytes"].get<uint64_t>());
+  out += "# HELP ckptfs_opens_total Opens of files, by how they were served.\n# TYPE ckptfs_opens_total counter\n";
+  for (const auto& [how, n] : j["opens"].items()) out += Prom("opens_total", mnt + ",how=\"" + how + "\"", n.get<uint64_t>());
   out += "# HELP ckptfs_checkpoint_resident_bytes Bytes of a checkpoint held by a cache tier.\n"
          "# TYPE ckptfs_checkpoint_resident_bytes gauge\n";
   for (const auto& cp : j["checkpoints"]) {
     const std::string l = mnt + ",checkpoint=\"" + cp["name"].get<std::string>() + "\"";
-    out += Prom("checkpoint_resident_bytes", l + ",tier=\"host\"", cp["host"].get<uint64_t>());
-    out += Prom("checkpoint_resident_bytes", l + ",tier=\"gpu\"", cp["gpu"].get<uint64_t>());
+    for (const char* tier : {"host", "chunks", "gpu"}) {
+      out += Prom("checkpoint_resident_bytes", l + ",tier=\"" + tier + "\"", cp[tier].get<uint64_t>());
+    }
   }
   out += "# HELP ckptfs_checkpoint_pinned_bytes Bytes of a checkpoint pinned in the cache.\n"
          "# TYPE ckptfs_checkpoint_pinned_bytes gauge\n";
@@ -74,11 +82,36 @@ void PrintPrometheus(const nlohmann::json& j, const std::string& mountpoint) {
   std::fputs(out.c_str(), stdout);
 }
 
+// The host tier of whole files: passthrough, how opens were served, fills,
+// memory held by readers after eviction, huge pages.
+void PrintHostTier(const nlohmann::json& j) {
+  std::printf("passthrough %s: %s\n", j["passthrough"]["mode"].get<std::string>().c_str(),
+              j["passthrough"]["reason"].get<std::string>().c_str());
+  std::string opens;
+  for (const auto& [how, n] : j["opens"].items()) {
+    opens += (opens.empty() ? "" : ", ") + how + " " + std::to_string(n.get<uint64_t>());
+  }
+  std::printf("opens       %s\n", opens.empty() ? "none yet" : opens.c_str());
+  const auto& f = j["fills"];
+  std::printf("fills       %llu (%s at %s/s), %llu abandoned, %llu skipped; fill=%s, depth %u\n",
+              static_cast<unsigned long long>(f["completed"].get<uint64_t>()),
+              FormatBytes(f["bytes"].get<uint64_t>()).c_str(), FormatBytes(f["bytes_per_second"].get<uint64_t>()).c_str(),
+              static_cast<unsigned long long>(f["abandoned"].get<uint64_t>()),
+              static_cast<unsigned long long>(f["skipped"].get<uint64_t>()), f["policy"].get<std::string>().c_str(),
+              f["depth"].get<unsigned>());
+  const auto& huge = j["memory"]["huge_pages"];
+  std::printf("memory      %s held by readers of evicted files; %s; huge pages: %s (shmem_enabled=%s, %s mapped)\n",
+              FormatBytes(j["held_by_readers"].get<uint64_t>()).c_str(),
+              j["memory"]["locked"].get<bool>() ? "pinned memory locked" : "pinned memory NOT locked",
+              huge["used"].get<std::string>().c_str(), huge["shmem_enabled"].get<std::string>().c_str(),
+              FormatBytes(huge["mapped_bytes"].get<uint64_t>()).c_str());
+}
+
 void PrintStatsTable(const nlohmann::json& j) {
-  std::printf("%-5s %11s %11s %11s %10s %10s %10s %10s\n", "TIER", "CAPACITY", "USED", "PINNED", "HITS", "MISSES",
+  std::printf("%-6s %11s %11s %11s %10s %10s %10s %10s\n", "TIER", "CAPACITY", "USED", "PINNED", "HITS", "MISSES",
               "FILLS", "EVICTIONS");
   for (const auto& [tier, t] : j["tiers"].items()) {
-    std::printf("%-5s %11s %11s %11s %10llu %10llu %10llu %10llu\n", tier.c_str(),
+    std::printf("%-6s %11s %11s %11s %10llu %10llu %10llu %10llu\n", tier.c_str(),
                 FormatBytes(t["capacity"].get<uint64_t>()).c_str(), FormatBytes(t["used"].get<uint64_t>()).c_str(),
                 FormatBytes(t["pinned"].get<uint64_t>()).c_str(),
                 static_cast<unsigned long long>(t["hits"].get<uint64_t>()),
@@ -94,13 +127,15 @@ void PrintStatsTable(const nlohmann::json& j) {
               static_cast<unsigned long long>(j["preload_fills"].get<uint64_t>()),
               FormatBytes(j["source_bytes_read"].get<uint64_t>()).c_str(),
               FormatBytes(j["bytes_served"].get<uint64_t>()).c_str());
-  std::printf("\n%-71s %11s %11s %11s  %s\n", "CHECKPOINT", "HOST", "GPU", "PINNED", "BY-NAME");
+  PrintHostTier(j);
+  std::printf("\n%-71s %11s %11s %11s %11s  %s\n", "CHECKPOINT", "HOST", "CHUNKS", "GPU", "PINNED", "BY-NAME");
   for (const auto& cp : j["checkpoints"]) {
     std::string by_name;
     for (const auto& p : cp["by_name"]) by_name += (by_name.empty() ? "" : ", ") + p.get<std::string>();
-    std::printf("%-71s %11s %11s %11s  %s\n", cp["name"].get<std::string>().c_str(),
-                FormatBytes(cp["host"].get<uint64_t>()).c_str(), FormatBytes(cp["gpu"].get<uint64_t>()).c_str(),
-                FormatBytes(cp["pinned"].get<uint64_t>()).c_str(), by_name.c_str());
+    std::printf("%-71s %11s %11s %11s %11s  %s\n", cp["name"].get<std::string>().c_str(),
+                FormatBytes(cp["host"].get<uint64_t>()).c_str(), FormatBytes(cp["chunks"].get<uint64_t>()).c_str(),
+                FormatBytes(cp["gpu"].get<uint64_t>()).c_str(), FormatBytes(cp["pinned"].get<uint64_t>()).c_str(),
+                by_name.c_str());
   }
 }
 

@@ -37,6 +37,13 @@ int RunStatus(const MountArgs& args) {
               opt["threads"].get<unsigned>(), FormatBytes(opt["readahead"].get<uint64_t>()).c_str(),
               opt["allow_other"].get<bool>() ? " allow_other" : "", opt["log"].get<std::string>().c_str(),
               opt.value("log_file", std::string("?")).c_str());
+  const auto& cache = j["cache"];
+  std::printf("cache        host %s (whole files) + %s (chunks), fill=%s, depth %u%s\n",
+              FormatBytes(cache["host"].get<uint64_t>()).c_str(), FormatBytes(cache["chunks"].get<uint64_t>()).c_str(),
+              opt["fill"].get<std::string>().c_str(), opt["fill_depth"].get<unsigned>(),
+              cache["pinned_memory"].get<bool>() ? "" : ", memory not locked");
+  std::printf("passthrough  %s: %s\n", j["passthrough"]["mode"].get<std::string>().c_str(),
+              j["passthrough"]["reason"].get<std::string>().c_str());
   std::printf("checkpoints  %zu exposed, %zu indexing, %zu pending, %zu invalid\n", c["exposed"].get<size_t>(),
               c["indexing"].get<size_t>(), c["pending"].get<size_t>(), c["invalid"].get<size_t>());
   for (const auto& cp : j["checkpoints"]) {

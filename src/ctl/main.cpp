@@ -90,22 +90,23 @@ int main(int argc, char** argv) {
   unpin_args.command = "unpin";
   evict_args.command = "evict";
   auto* cmd_preload = app.add_subcommand(
-      "preload", "Read every chunk of PATH into the cache, verified, with a progress bar (root or the mount's owner).\n"
-                 "PATH: a digest directory, a by-name link, the by-name directory of a checkpoint or a file under\n"
-                 "a mount");
+      "preload", "Copy every file of PATH into the host tier, verified, with a progress bar, so that opens pass\n"
+                 "through to the kernel (root or the mount's owner). PATH: a digest directory, a by-name link, the\n"
+                 "by-name directory of a checkpoint or a file under a mount");
   cmd_preload->add_option("PATH", preload_args.path, "What to preload")->required();
   cmd_preload->add_option("--tier", preload_args.tier, "host (default) or gpu")
       ->check(CLI::IsMember({"host", "gpu"}));
-  cmd_preload->add_flag("--pin", preload_args.pin, "Keep the chunks: eviction never touches them until unpin");
-  auto* cmd_unpin = app.add_subcommand("unpin", "Let the cache evict PATH's chunks again");
+  cmd_preload->add_flag("--pin", preload_args.pin, "Keep them, locked in memory: eviction never touches them until unpin");
+  auto* cmd_unpin = app.add_subcommand("unpin", "Let the cache evict PATH's files and chunks again");
   cmd_unpin->add_option("PATH", unpin_args.path, "Like preload's PATH")->required();
-  auto* cmd_evict = app.add_subcommand("evict", "Drop PATH's chunks from every tier now, pinned or not");
+  auto* cmd_evict = app.add_subcommand("evict", "Drop PATH's files and chunks from every tier now, pinned or not");
   cmd_evict->add_option("PATH", evict_args.path, "Like preload's PATH")->required();
   StatsArgs stats_args;
   auto* cmd_stats = app.add_subcommand(
-      "stats", "Cache numbers of a mount: per tier bytes used and capacity, hits, misses, fills, evictions;\n"
-               "verification failures, read-ahead and preload fills; per checkpoint (with its by-name paths)\n"
-               "bytes resident and pinned; given a path inside the mount, only the checkpoints at or below it");
+      "stats", "Cache numbers of a mount: passthrough mode, opens by how they were served; per tier bytes used\n"
+               "and capacity, hits, misses, fills, evictions; fill rate, bytes held by readers; verification\n"
+               "failures, read-ahead and preload fills; per checkpoint (with its by-name paths) bytes resident and\n"
+               "pinned; given a path inside the mount, only the checkpoints at or below it");
   cmd_stats->add_option("PATH", stats_args.path, "A ckptfs mount point or any path inside one")->required();
   auto* stats_json = cmd_stats->add_flag("--json", stats_args.json, "Print JSON");
   cmd_stats->add_flag("--prometheus", stats_args.prometheus,

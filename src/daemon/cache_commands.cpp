@@ -1,7 +1,11 @@
 #include "cache_commands.h"
 
 #include <chrono>
+#include <cstring>
+#include <fstream>
 #include <set>
+
+#include "ckptfs/file_filler.h"
 
 namespace ckptfs::daemon {
 
@@ -34,25 +38,29 @@ nlohmann::json TierJson(const TierStats& t) {
 
 }  // namespace
 
-nlohmann::json HandlePreload(FsContext& ctx, const ControlServer::Request& r) {
-  if (!r.privileged) return Refuse("preload is for root or the mount's owner");
-  auto files = FilesOf(ctx, r);
-  if (!files.ok()) return Refuse(files.status().message());
-  const std::string tier_name = r.body.value("tier", std::string("host"));
-  if (tier_name != "host" && tier_name != "gpu") return Refuse("tier must be host or gpu, not " + tier_name);
-  const Tier tier = tier_name == "gpu" ? Tier::kGpu : Tier::kHost;
-  const bool pin = r.body.value("pin", false);
+namespace {
 
-  uint64_t total = 0, done = 0;
-  for (const auto& f : *files) total += f->size;
+// The chunk-cache preload: every chunk of `files` into `tier` (the GPU tier,
+// or the host's chunk cache with fill=off). A chunk of a file resident in
+// the host tier is copied from there: those bytes were verified at fill.
+nlohmann::json PreloadChunks(FsContext& ctx, const ControlServer::Request& r, const std::vector<View::NodePtr>& files,
+                             Tier tier, bool pin, uint64_t total) {
+  uint64_t done = 0;
   auto last_progress = std::chrono::steady_clock::now();
-  for (const auto& f : *files) {
+  for (const auto& f : files) {
+    const FileCache::CopyPtr copy = ctx.files != nullptr ? ctx.files->Find(FileKey{f->sha256, ""}, false) : nullptr;
     for (uint64_t c = 0; c < ChunkCount(f->size); ++c) {
       if (r.stopping->load()) return Refuse("the daemon is stopping");
       const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunkSize, f->size - c * kChunkSize));
       Status s = ctx.cache->Load(
           {f->sha256, static_cast<uint32_t>(c)}, len,
-          [&](uint8_t* dst, size_t n) { return ctx.reader->ReadChunk(f->source_path, f->stamp, *f->chunks, c, dst, n); },
+          [&](uint8_t* dst, size_t n) {
+            if (copy) {
+              std::memcpy(dst, copy->data() + c * kChunkSize, n);
+              return Status::Ok();
+            }
+            return ctx.reader->ReadChunk(f->source_path, f->stamp, *f->chunks, c, dst, n);
+          },
           tier, pin);
       if (!s.ok()) {
         ReportSourceFailure(ctx, *f, s);
@@ -66,61 +74,167 @@ nlohmann::json HandlePreload(FsContext& ctx, const ControlServer::Request& r) {
       }
     }
   }
-  return {{"ok", true}, {"files", files->size()}, {"bytes", done}, {"tier", tier_name}, {"pinned", pin}};
+  return {{"ok", true}, {"bytes", done}};
+}
+
+// The host-tier preload: every file copied whole into a sealed memfd.
+nlohmann::json PreloadFiles(FsContext& ctx, const ControlServer::Request& r, const std::vector<View::NodePtr>& files,
+                            bool pin, uint64_t total) {
+  uint64_t done = 0;
+  for (const auto& f : files) {
+    auto filled = ctx.filler->Fill(f, pin, [&](uint64_t bytes) {
+      return !r.stopping->load() && r.progress({{"progress", done + bytes}, {"total", total}});
+    });
+    if (!filled.ok()) {
+      return Refuse("preload stopped after " + std::to_string(done) + " bytes: " + f->source_path + ": " +
+                    filled.status().message());
+    }
+    done += f->size;
+    if (!r.progress({{"progress", done}, {"total", total}})) return Refuse("client went away");
+  }
+  return {{"ok", true}, {"bytes", done}};
+}
+
+}  // namespace
+
+nlohmann::json HandlePreload(FsContext& ctx, const ControlServer::Request& r) {
+  if (!r.privileged) return Refuse("preload is for root or the mount's owner");
+  auto files = FilesOf(ctx, r);
+  if (!files.ok()) return Refuse(files.status().message());
+  const std::string tier_name = r.body.value("tier", std::string("host"));
+  if (tier_name != "host" && tier_name != "gpu") return Refuse("tier must be host or gpu, not " + tier_name);
+  const bool pin = r.body.value("pin", false);
+  uint64_t total = 0;
+  for (const auto& f : *files) total += f->size;
+  const bool whole_files = tier_name == "host" && ctx.fill != FillPolicy::kOff && ctx.filler != nullptr;
+  nlohmann::json out = whole_files ? PreloadFiles(ctx, r, *files, pin, total)
+                                   : PreloadChunks(ctx, r, *files, tier_name == "gpu" ? Tier::kGpu : Tier::kHost, pin, total);
+  if (out["ok"] != true) return out;
+  out["files"] = files->size();
+  out["tier"] = tier_name;
+  out["pinned"] = pin;
+  return out;
 }
 
 namespace {
 
-// Applies `drop` (Unpin or Evict) once to every distinct file under the
-// request's path; answers with the bytes it reports.
+// Applies `drop_files` and `drop_chunks` (Unpin or Evict of both caches)
+// once to every distinct file under the request's path; answers with the
+// bytes they report.
 nlohmann::json ForEachFile(FsContext& ctx, const ControlServer::Request& r, const char* what,
-                           uint64_t (ChunkCache::*drop)(const Sha256Digest&)) {
+                           uint64_t (FileCache::*drop_files)(const Sha256Digest&),
+                           uint64_t (ChunkCache::*drop_chunks)(const Sha256Digest&)) {
   if (!r.privileged) return Refuse(std::string(what) + " is for root or the mount's owner");
   auto files = FilesOf(ctx, r);
   if (!files.ok()) return Refuse(files.status().message());
   uint64_t bytes = 0;
   std::set<Sha256Digest> seen;
   for (const auto& f : *files) {
-    if (seen.insert(f->sha256).second) bytes += (ctx.cache->*drop)(f->sha256);
+    if (!seen.insert(f->sha256).second) continue;
+    if (ctx.files != nullptr) bytes += (ctx.files->*drop_files)(f->sha256);
+    bytes += (ctx.cache->*drop_chunks)(f->sha256);
   }
   return {{"ok", true}, {"bytes", bytes}};
+}
+
+// The kernel's setting for 2 MiB pages in shmem (memfds), and how much of the
+// daemon's mappings of them use huge pages now.
+nlohmann::json HugePages() {
+  const std::string setting = SealedCopy::ShmemHugePages();
+  uint64_t pmd_kib = 0;
+  std::ifstream rollup("/proc/self/smaps_rollup");
+  for (std::string line; std::getline(rollup, line);) {
+    if (line.rfind("ShmemPmdMapped:", 0) == 0) pmd_kib = std::stoull(line.substr(15));
+  }
+  const char* use = setting == "never" || setting == "deny" ? "no: shmem_enabled forbids them"
+                    : setting == "advise" ? "asked for: copies are written through a MADV_HUGEPAGE mapping"
+                                          : "as shmem_enabled decides";
+  return {{"shmem_enabled", setting}, {"used", use}, {"mapped_bytes", pmd_kib * 1024}};
+}
+
+nlohmann::json HostTierJson(const FileCache::Stats& f) {
+  return {{"capacity", f.capacity}, {"used", f.used},         {"pinned", f.pinned},
+          {"hits", f.hits},         {"misses", f.misses},     {"fills", f.fills},
+          {"evictions", f.evictions}, {"files", f.files},     {"filling", f.filling},
+          {"held_by_readers", f.held_by_readers}};
+}
+
+// Per digest directory: bytes of its distinct files held whole in the host
+// tier, as chunks, in the GPU tier, and pinned.
+// Only the digests in `by_name` (those the caller may see), with their
+// by-name paths.
+nlohmann::json PerCheckpoint(FsContext& ctx, const std::map<std::string, std::vector<std::string>>& by_name) {
+  nlohmann::json per = nlohmann::json::array();
+  const auto chunks = ctx.cache->ResidencyByFile();
+  const auto whole = ctx.files != nullptr ? ctx.files->ResidencyByFile() : std::map<Sha256Digest, FileCache::Residency>{};
+  auto root = ctx.view->Get(FUSE_ROOT_ID);
+  for (const auto& [name, ino] : root->children) {
+    const auto visible = by_name.find(name);
+    if (name.rfind("sha256-", 0) != 0 || visible == by_name.end()) continue;
+    uint64_t host = 0, in_chunks = 0, gpu = 0, pinned = 0;
+    std::set<Sha256Digest> seen;
+    for (const auto& f : ctx.view->FilesUnder(ctx.view->Get(ino))) {
+      if (!seen.insert(f->sha256).second) continue;
+      if (auto it = whole.find(f->sha256); it != whole.end()) {
+        host += it->second.bytes;
+        pinned += it->second.pinned;
+      }
+      if (auto it = chunks.find(f->sha256); it != chunks.end()) {
+        in_chunks += it->second.host;
+        gpu += it->second.gpu;
+        pinned += it->second.pinned;
+      }
+    }
+    per.push_back({{"name", name},
+                   {"by_name", visible->second},
+                   {"host", host},
+                   {"chunks", in_chunks},
+                   {"gpu", gpu},
+                   {"pinned", pinned}});
+  }
+  return per;
+}
+
+nlohmann::json FillsJson(FsContext& ctx, const FileCache::Stats& f) {
+  const double rate = f.fill_seconds > 0 ? static_cast<double>(f.fill_bytes) / f.fill_seconds : 0;
+  static const char* kPolicies[] = {"open", "wait", "preload", "off"};
+  return {{"policy", kPolicies[static_cast<int>(ctx.fill)]},
+          {"depth", ctx.filler != nullptr ? ctx.filler->depth() : 0},
+          {"completed", f.fills},
+          {"bytes", f.fill_bytes},
+          {"seconds", f.fill_seconds},
+          {"bytes_per_second", static_cast<uint64_t>(rate)},
+          {"abandoned", f.fills_abandoned},
+          {"failed", ctx.filler != nullptr ? ctx.filler->fills_failed() : 0},
+          {"skipped", ctx.filler != nullptr ? ctx.filler->fills_skipped() : 0}};
 }
 
 }  // namespace
 
 nlohmann::json HandleUnpin(FsContext& ctx, const ControlServer::Request& r) {
-  return ForEachFile(ctx, r, "unpin", &ChunkCache::Unpin);
+  return ForEachFile(ctx, r, "unpin", &FileCache::Unpin, &ChunkCache::Unpin);
 }
 
 nlohmann::json HandleEvict(FsContext& ctx, const ControlServer::Request& r) {
-  return ForEachFile(ctx, r, "evict", &ChunkCache::Evict);
+  return ForEachFile(ctx, r, "evict", &FileCache::Evict, &ChunkCache::Evict);
 }
 
 nlohmann::json HandleStats(FsContext& ctx, const std::map<std::string, std::vector<std::string>>& by_name) {
   CacheStats s = ctx.cache->Stats();
-  nlohmann::json per = nlohmann::json::array();
-  const auto resident = ctx.cache->ResidencyByFile();
-  auto root = ctx.view->Get(FUSE_ROOT_ID);
-  for (const auto& [name, ino] : root->children) {
-    const auto visible = by_name.find(name);
-    if (name.rfind("sha256-", 0) != 0 || visible == by_name.end()) continue;
-    uint64_t host = 0, gpu = 0, pinned = 0;
-    std::set<Sha256Digest> seen;
-    for (const auto& f : ctx.view->FilesUnder(ctx.view->Get(ino))) {
-      if (!seen.insert(f->sha256).second) continue;
-      auto it = resident.find(f->sha256);
-      if (it == resident.end()) continue;
-      const auto& res = it->second;
-      host += res.host;
-      gpu += res.gpu;
-      pinned += res.pinned;
-    }
-    per.push_back({{"name", name}, {"by_name", visible->second}, {"host", host}, {"gpu", gpu}, {"pinned", pinned}});
-  }
-  nlohmann::json tiers = {{"host", TierJson(s.host)}};
+  const FileCache::Stats f = ctx.files != nullptr ? ctx.files->GetStats() : FileCache::Stats{};
+  nlohmann::json tiers = {{"host", HostTierJson(f)}, {"chunks", TierJson(s.host)}};
   if (s.gpu_enabled) tiers["gpu"] = TierJson(s.gpu);
+  const auto [mode, reason] = PassthroughState(ctx);
+  nlohmann::json opens = nlohmann::json::object();
+  for (const auto& [how, n] : ctx.opens.Get()) opens[how] = n;
   return {{"ok", true},
+          {"passthrough", {{"mode", mode}, {"reason", reason}}},
+          {"opens", opens},
+          {"open_inodes", ctx.open_modes.inodes()},
           {"tiers", tiers},
+          {"held_by_readers", f.held_by_readers},
+          {"fills", FillsJson(ctx, f)},
+          {"memory", {{"locked", f.locked_memory && s.host_pinned_memory}, {"huge_pages", HugePages()}}},
           {"verification_failures", s.verification_failures},
           {"readahead_fills", s.readahead_fills},
           {"readahead_hits", s.readahead_hits},
@@ -131,7 +245,7 @@ nlohmann::json HandleStats(FsContext& ctx, const std::map<std::string, std::vect
           {"read_requests", ctx.reads.load()},
           {"bytes_served", ctx.bytes_read.load()},
           {"failed_reads", ctx.failed_reads.load()},
-          {"checkpoints", per}};
+          {"checkpoints", PerCheckpoint(ctx, by_name)}};
 }
 
 }  // namespace ckptfs::daemon

@@ -73,12 +73,15 @@ Status ApplyOption(const std::string& opt, MountOptions& o) {
     auto p = ParseSymlinkPolicy(value);
     if (!p) return Status::Error("option symlinks=" + value + ": expected contained or follow");
     o.symlinks = *p;
-  } else if (key == "threads") {
+  } else if (key == "threads" || key == "fill_depth") {
     if (Status s = need_value(); !s.ok()) return s;
+    const long max = key == "threads" ? 1024 : 64;
     char* end = nullptr;
     long n = std::strtol(value.c_str(), &end, 10);
-    if (*end != '\0' || n < 1 || n > 1024) return Status::Error("option threads=" + value + ": expected 1 to 1024");
-    o.threads = static_cast<unsigned>(n);
+    if (*end != '\0' || n < 1 || n > max) {
+      return Status::Error("option " + key + "=" + value + ": expected 1 to " + std::to_string(max));
+    }
+    (key == "threads" ? o.threads : o.fill_depth) = static_cast<unsigned>(n);
   } else if (key == "log") {
     static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "off"};
     bool ok = false;
@@ -124,6 +127,14 @@ Status ApplyOption(const std::string& opt, MountOptions& o) {
       return Status::Error("option gpu=" + value + ": expected a device index, auto or sim");
     }
     o.gpu = value;
+  } else if (key == "passthrough") {
+    if (value != "auto" && value != "off") return Status::Error("option passthrough=" + value + ": expected auto or off");
+    o.passthrough = value == "auto";
+  } else if (key == "fill") {
+    if (value != "open" && value != "wait" && value != "preload" && value != "off") {
+      return Status::Error("option fill=" + value + ": expected open, wait, preload or off");
+    }
+    o.fill = value;
   } else if (key == "fsname") {
     if (Status s = need_value(); !s.ok()) return s;
     o.fsname = value;
@@ -252,8 +263,22 @@ ckptfs options (-o):
                        (default: syslog, or stderr with -f); until the mount
                        is up every line also goes to standard error
   readahead=SIZE       kernel read-ahead for the mount, e.g. 4M (default 4M)
-  cache_size=SIZE|N%   host chunk cache in pinned memory, e.g. 32G or 40%
-                       (default 25% of physical memory); taken as it fills
+  cache_size=SIZE|N%   host cache, e.g. 32G or 40% (default 25% of physical
+                       memory), taken as it fills: whole verified files in
+                       sealed memfds, plus 1/8 (16M to 256M) for the chunk
+                       path's 4 MiB chunks (all of it with fill=off)
+  passthrough=auto|off auto (default): an open of a file resident in the
+                       host tier is handed to the kernel (FUSE passthrough,
+                       Linux 6.9+, CAP_SYS_ADMIN), so reads and mmap run at
+                       page-cache speed; off: every read comes to the daemon
+  fill=open|wait|preload|off  when files are copied into the host tier:
+                       open (default): in the background at their first
+                       open, which the chunk path serves meanwhile; wait: at
+                       their first open, which waits for the copy and then
+                       passes through; preload: only by ckptfsctl preload;
+                       off: never (chunks only)
+  fill_depth=N         4 MiB source reads in flight per fill (default: one
+                       per CPU, at most 4)
   gpu=INDEX|auto|sim   add a GPU tier on CUDA device INDEX; auto: the first
                        device if there is one (else a warning); sim: a
                        simulated device in host memory (testing)

@@ -15,8 +15,10 @@
 
 #include <spdlog/spdlog.h>
 
-#include "ckptfs/unique_fd.h"
+#include "ckptfs/file_filler.h"
 #include "ckptfs/header_stamper.h"
+#include "ckptfs/unique_fd.h"
+#include "passthrough_shim.h"
 #include "request_caller.h"
 
 namespace ckptfs::daemon {
@@ -106,6 +108,9 @@ void Init(void* userdata, fuse_conn_info* conn) {
   // Content never changes under a name, so the kernel may keep it cached.
   if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
   conn->want &= ~static_cast<unsigned>(FUSE_CAP_AUTO_INVAL_DATA);
+  // Passthrough excludes the writeback cache; a read-only view never wants it.
+  conn->want &= ~static_cast<unsigned>(FUSE_CAP_WRITEBACK_CACHE);
+  if (ctx.passthrough) ctx.passthrough->OnInit(conn);
   if (ctx.on_init) ctx.on_init();
 }
 
@@ -216,16 +221,48 @@ void ReleaseDir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   fuse_reply_err(req, 0);
 }
 
-// Per open file: where the last read ended, to spot a sequential reader, and
-// how far ahead chunks have been requested.
+// Per open file: how it is served (see Open) and, on the chunk path, where
+// the last read ended, to spot a sequential reader, and how far ahead chunks
+// have been requested.
 struct OpenFile {
   View::NodePtr node;
+  FileKey key;                // its host-tier key in the form it is served
+  FileCache::CopyPtr copy;    // a resident copy it reads from (or passthrough's backing)
   std::atomic<uint64_t> next_offset{0};
   std::atomic<uint64_t> readahead_until{0};  // chunks below this were requested
 };
 
+// The first open of an inode chooses: passthrough when the file is resident
+// and the kernel gives backing files, else the chunk path (see OpenModes).
+OpenModes::Choice ChooseMode(FsContext& ctx, fuse_req_t req, const FileKey& key) {
+  OpenModes::Choice c;
+  c.copy = ctx.files != nullptr ? ctx.files->Find(key) : nullptr;
+  if (!c.copy) {
+    c.why = "not resident";
+    return c;
+  }
+  if (!ctx.passthrough || ctx.passthrough->mode() == KernelPassthrough::Mode::kOff) {
+    c.why = "passthrough off";
+    return c;
+  }
+  // One backing id per copy, kept while the copy lives: every inode that
+  // holds the file shares it.
+  c.backing = c.copy->Attachment([&]() -> std::shared_ptr<CopyAttachment> {
+    auto b = ctx.passthrough->OpenBacking(req, c.copy->fd());
+    if (!b.ok()) spdlog::warn("{}: {}", c.copy->name(), b.status().message());
+    return b.ok() ? *b : nullptr;
+  });
+  if (!c.backing) {
+    c.why = "backing file refused";
+    return c;
+  }
+  c.passthrough = true;
+  return c;
+}
+
 void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  auto n = Ctx(req).view->Get(ino);
+  auto& ctx = Ctx(req);
+  auto n = ctx.view->Get(ino);
   if (!n) {
     fuse_reply_err(req, ENOENT);
     return;
@@ -239,13 +276,53 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     return;
   }
   if (!Allowed(req, *n, kWantRead)) return;
+  if (n->content) {  // a file the daemon holds itself (a hub ref): no source, no copy
+    auto f = std::make_unique<OpenFile>();
+    f->node = n;
+    ++ctx.open_files;
+    fi->fh = reinterpret_cast<uint64_t>(f.release());
+    fi->keep_cache = 1;
+    fi->noflush = 1;
+    fuse_reply_open(req, fi);
+    return;
+  }
+  auto form = ServedFormOf(ctx, n);
+  if (!form.ok()) {
+    fuse_reply_err(req, EIO);
+    return;
+  }
+  if (ctx.fill == FillPolicy::kWait && ctx.filler != nullptr && !ctx.files->Find(form->key, /*use=*/false)) {
+    // Failing that (no room, a bad source), the chunk path serves it below.
+    if (auto filled = ctx.filler->Fill(n, /*pin=*/false); !filled.ok()) {
+      spdlog::debug("{}: not copied at open: {}", n->source_path, filled.status().message());
+    }
+  }
   auto f = std::make_unique<OpenFile>();
   f->node = n;
-  ++Ctx(req).open_files;
-  fi->fh = reinterpret_cast<uint64_t>(f.release());
-  fi->keep_cache = 1;  // the bytes behind this name can never change
-  fi->noflush = 1;
-  fuse_reply_open(req, fi);
+  f->key = form->key;
+  ++ctx.open_files;
+  const OpenModes::Choice choice = ctx.open_modes.Open(
+      ino, [&] { return ChooseMode(ctx, req, form->key); },
+      [&] { return ctx.files != nullptr ? ctx.files->Find(form->key, /*use=*/false) : nullptr; });
+  f->copy = choice.copy;
+  fi->fh = reinterpret_cast<uint64_t>(f.get());
+  int sent;
+  if (choice.passthrough) {
+    ctx.opens.Count("passthrough");
+    sent = ctx.passthrough->ReplyOpen(req, fi, *choice.backing);
+  } else {
+    ctx.opens.Count(std::string("chunk path: ") + choice.why);
+    fi->keep_cache = 1;  // the bytes behind this name can never change
+    fi->noflush = 1;
+    sent = fuse_reply_open(req, fi);
+    if (!choice.copy && ctx.fill == FillPolicy::kOpen && ctx.filler != nullptr) ctx.filler->Enqueue(n, form->key);
+  }
+  if (sent == -ENOENT) {  // the open was interrupted: no release will come
+    ctx.open_modes.Release(ino);
+    --ctx.open_files;
+    return;
+  }
+  (void)f.release();
 }
 
 // Requests the chunks after `last_chunk` on the read-ahead pool, so the
@@ -303,11 +380,31 @@ void ReadInMemory(fuse_req_t req, const std::string& content, size_t size, off_t
   fuse_reply_buf(req, content.data() + begin, std::min(size, content.size() - begin));
 }
 
+// A read of a file resident in the host tier: straight from its copy, which
+// holds the file in the form it is served; `copy` stays referenced until
+// the reply has been written.
+void ReadFromCopy(FsContext& ctx, fuse_req_t req, const SealedCopy& copy, size_t size, off_t off) {
+  if (off < 0 || static_cast<uint64_t>(off) >= copy.size() || size == 0) {
+    fuse_reply_buf(req, nullptr, 0);
+    return;
+  }
+  const size_t n = static_cast<size_t>(std::min<uint64_t>(size, copy.size() - static_cast<uint64_t>(off)));
+  ++ctx.reads;
+  ctx.bytes_read += n;
+  fuse_reply_buf(req, reinterpret_cast<const char*>(copy.data() + off), n);
+}
+
 void Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
   auto& ctx = Ctx(req);
   auto* f = reinterpret_cast<OpenFile*>(fi->fh);
   if (f->node->content) {
     ReadInMemory(req, *f->node->content, size, off);
+    return;
+  }
+  // A copy made since the open serves the reads that follow.
+  const FileCache::CopyPtr copy = f->copy ? f->copy : ctx.files ? ctx.files->Find(f->key, /*use=*/false) : nullptr;
+  if (copy) {
+    ReadFromCopy(ctx, req, *copy, size, off);
     return;
   }
   // With stamp_headers a safetensors file is served as the stamped header
@@ -360,10 +457,20 @@ void Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi
   fuse_reply_iov(req, iov.data(), static_cast<int>(iov.size()));
 }
 
-void Release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
-  delete reinterpret_cast<OpenFile*>(fi->fh);
-  --Ctx(req).open_files;
+void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  auto& ctx = Ctx(req);
+  std::unique_ptr<OpenFile> f(reinterpret_cast<OpenFile*>(fi->fh));
+  --ctx.open_files;
   fuse_reply_err(req, 0);
+  // The last chunk-path reader of a file that is resident now: the next open
+  // passes through, and the kernel drops an inode's page cache at every open
+  // without keep_cache (passthrough forbids it), on the opener's time; do it
+  // now, off this thread (a notification from a request handler could wait
+  // on the kernel).
+  if (ctx.open_modes.Release(ino) && ctx.drop_page_cache && ctx.readahead_pool != nullptr && ctx.files != nullptr &&
+      ctx.files->Find(f->key, /*use=*/false)) {
+    ctx.readahead_pool->Submit([&ctx, ino] { ctx.drop_page_cache(ino); });
+  }
 }
 
 void GetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
@@ -474,6 +581,28 @@ Result<ChunkCache::Ref> FetchChunk(FsContext& ctx, const View::NodePtr& file, ui
       readahead);
   if (!ref.ok()) ReportSourceFailure(ctx, *file, ref.status());
   return ref;
+}
+
+
+void OpenCounts::Count(const std::string& how) {
+  std::lock_guard lock(mu_);
+  ++counts_[how];
+}
+
+std::map<std::string, uint64_t> OpenCounts::Get() const {
+  std::lock_guard lock(mu_);
+  return counts_;
+}
+
+Status AttachPassthrough(FsContext& ctx, fuse_session* se, bool wanted) {
+  ctx.passthrough = std::make_shared<KernelPassthrough>(wanted);
+  return ctx.passthrough->Attach(se);
+}
+
+std::pair<std::string, std::string> PassthroughState(const FsContext& ctx) {
+  if (!ctx.passthrough) return {"off", "not attached"};
+  static const char* kNames[] = {"pending", "on", "off"};
+  return {kNames[static_cast<int>(ctx.passthrough->mode())], ctx.passthrough->reason()};
 }
 
 fuse_lowlevel_ops MakeOperations() {

@@ -1,5 +1,8 @@
-// The verified chunk cache under a real mount: preload, pins, stats,
-// corruption, the GPU tier (simulated device), and a stress test.
+// The verified chunk path under a real mount: preload, pins, stats,
+// corruption, the GPU tier (simulated device), and a stress test. Tests of
+// the chunk cache itself mount with fill=off, which keeps no whole files, so
+// that every read goes through it (tests/integration/passthrough_mount_test.cpp
+// covers the host tier of whole files and kernel passthrough).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sqlite3.h>
@@ -19,6 +22,7 @@
 
 #include "ckptfs/file_stamp.h"
 #include "ckptfs/index.h"
+#include "file_reads.h"
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
 
@@ -30,40 +34,7 @@ const std::string kDaemon = CKPTFS_PATH;
 const std::string kCtl = CKPTFSCTL_PATH;
 constexpr size_t kMiB = 1 << 20;
 
-nlohmann::json Stats(const std::string& mnt) {
-  CommandResult r = RunCommand(kCtl + " stats --json " + mnt);
-  auto j = nlohmann::json::parse(r.out, nullptr, false);
-  EXPECT_FALSE(j.is_discarded()) << r.out;
-  return j;
-}
-
-// Reads with O_DIRECT so every request reaches the daemon (the kernel's own
-// page cache would otherwise answer repeats).
-std::string ReadDirect(const std::string& path, uint64_t offset = 0, size_t len = SIZE_MAX) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
-  if (fd < 0) return "<open: " + std::string(std::strerror(errno)) + ">";
-  struct stat st;
-  ::fstat(fd, &st);
-  len = std::min<uint64_t>(len, static_cast<uint64_t>(st.st_size) - offset);
-  void* buf = nullptr;
-  const size_t cap = (len + 4095) / 4096 * 4096 + 4096;
-  if (::posix_memalign(&buf, 4096, cap) != 0) return "<memalign>";
-  std::string out;
-  size_t done = 0;
-  while (done < len) {
-    ssize_t n = ::pread(fd, static_cast<char*>(buf), std::min<size_t>(cap, 1 << 20), static_cast<off_t>(offset + done));
-    if (n < 0) {
-      out = "<read: " + std::string(std::strerror(errno)) + ">";
-      break;
-    }
-    if (n == 0) break;
-    out.append(static_cast<char*>(buf), std::min<size_t>(static_cast<size_t>(n), len - done));
-    done += static_cast<size_t>(n);
-  }
-  std::free(buf);
-  ::close(fd);
-  return out;
-}
+nlohmann::json Stats(const std::string& mnt) { return QueryMount(kCtl, "stats", mnt); }
 
 class CacheMountTest : public ::testing::Test {
  protected:
@@ -88,7 +59,7 @@ class CacheMountTest : public ::testing::Test {
 TEST_F(CacheMountTest, ReadAfterPreloadReadsNoSourceBytes) {
   WriteFile(src_ + "/m/model.safetensors", RandomBytes(40 * kMiB + 123, 1));
   WriteFile(src_ + "/m/config.json", "{}");
-  auto m = Mount("cache_size=128M");
+  auto m = Mount("cache_size=128M,fill=off");
   ASSERT_TRUE(WaitForLink("m")) << m->Log();
   EXPECT_NE(RunCommand(kCtl + " status --json " + mnt_).out.find("\"pinned_memory\": true"), std::string::npos);
   CommandResult pre = RunCommand(kCtl + " preload " + mnt_ + "/by-name/m --pin", true);
@@ -101,17 +72,17 @@ TEST_F(CacheMountTest, ReadAfterPreloadReadsNoSourceBytes) {
   EXPECT_TRUE(ReadDirect(mnt_ + "/by-name/m/model.safetensors") == ReadFile(src_ + "/m/model.safetensors"));
   const auto after = Stats(mnt_);
   EXPECT_EQ(after["source_bytes_read"], before["source_bytes_read"]);  // served from memory only
-  EXPECT_GT(after["tiers"]["host"]["hits"].get<uint64_t>(), before["tiers"]["host"]["hits"].get<uint64_t>());
-  EXPECT_EQ(after["tiers"]["host"]["pinned"].get<uint64_t>(), 12 * 4 * kMiB);  // 11 chunks + config.json's
+  EXPECT_GT(after["tiers"]["chunks"]["hits"].get<uint64_t>(), before["tiers"]["chunks"]["hits"].get<uint64_t>());
+  EXPECT_EQ(after["tiers"]["chunks"]["pinned"].get<uint64_t>(), 12 * 4 * kMiB);  // 11 chunks + config.json's
   // Per-checkpoint numbers add up to the tier's.
   uint64_t pinned = 0;
   for (const auto& cp : after["checkpoints"]) pinned += cp["pinned"].get<uint64_t>();
   EXPECT_EQ(pinned, 40 * kMiB + 123 + 2);
 
   EXPECT_EQ(RunCommand(kCtl + " unpin " + mnt_ + "/by-name/m").exit_code, 0);
-  EXPECT_EQ(Stats(mnt_)["tiers"]["host"]["pinned"], 0);
+  EXPECT_EQ(Stats(mnt_)["tiers"]["chunks"]["pinned"], 0);
   EXPECT_EQ(RunCommand(kCtl + " evict " + mnt_ + "/" + Digest("m") + "/model.safetensors").exit_code, 0);
-  EXPECT_EQ(Stats(mnt_)["tiers"]["host"]["used"], 4 * kMiB);  // only config.json's chunk is left
+  EXPECT_EQ(Stats(mnt_)["tiers"]["chunks"]["used"], 4 * kMiB);  // only config.json's chunk is left
 }
 
 TEST_F(CacheMountTest, PinsLargerThanTheCacheFailClearly) {
@@ -230,7 +201,7 @@ TEST_F(CacheMountTest, GpuTierTakesEvictedChunksAndServesThemBack) {
   auto s2 = Stats(mnt_);
   EXPECT_GT(s2["tiers"]["gpu"]["hits"].get<uint64_t>(), 0u);
   EXPECT_EQ(s2["source_bytes_read"].get<uint64_t>(), source_before);  // all from the two tiers
-  EXPECT_LE(s2["tiers"]["host"]["used"].get<uint64_t>(), 16 * kMiB);
+  EXPECT_LE(s2["tiers"]["chunks"]["used"].get<uint64_t>(), 16 * kMiB);
   EXPECT_LE(s2["tiers"]["gpu"]["used"].get<uint64_t>(), 64 * kMiB);
 
   CommandResult pre = RunCommand(kCtl + " preload --tier gpu --pin " + mnt_ + "/by-name/m", true);
@@ -279,7 +250,7 @@ TEST_F(CacheMountTest, StressManyReadersSmallCache) {
     contents.push_back(RandomBytes(20 * kMiB + static_cast<size_t>(i) * 12345, 100 + static_cast<uint64_t>(i)));
     WriteFile(src_ + "/m/shard-" + std::to_string(i) + ".safetensors", contents.back());
   }
-  auto m = Mount("cache_size=24M");
+  auto m = Mount("cache_size=24M,fill=off");
   ASSERT_TRUE(WaitForLink("m")) << m->Log();
   std::atomic<int> mismatches{0}, reads{0};
   std::vector<std::thread> readers;
@@ -306,8 +277,8 @@ TEST_F(CacheMountTest, StressManyReadersSmallCache) {
   EXPECT_EQ(mismatches.load(), 0);
   EXPECT_EQ(reads.load(), 8 + 8 * 40);
   auto s = Stats(mnt_);
-  EXPECT_LE(s["tiers"]["host"]["used"].get<uint64_t>(), 24 * kMiB);
-  EXPECT_GT(s["tiers"]["host"]["evictions"].get<uint64_t>(), 0u);
+  EXPECT_LE(s["tiers"]["chunks"]["used"].get<uint64_t>(), 24 * kMiB);
+  EXPECT_GT(s["tiers"]["chunks"]["evictions"].get<uint64_t>(), 0u);
   EXPECT_EQ(s["failed_reads"], 0);
 }
 
@@ -371,10 +342,18 @@ TEST_F(CacheMountTest, RefusedPinningGoesOnUnpinned) {
   ASSERT_EQ(r.exit_code, 0) << r.out << ReadFile(log);
   const bool shown = WaitForLink("m");
   const bool same = shown && ReadDirect(mnt_ + "/by-name/m/model.safetensors") == data;
+  // A pinned whole file: resident and never evicted, but not locked.
+  CommandResult pin = RunCommand(kCtl + " preload --pin " + mnt_ + "/by-name/m", true);
+  const bool pinned_same = ReadBuffered(mnt_ + "/by-name/m/model.safetensors") == data;
   CommandResult status = RunCommand(kCtl + " status --json " + mnt_);
+  const auto stats = Stats(mnt_);
   RunCommand("fusermount3 -u " + mnt_);
   EXPECT_TRUE(shown);
   EXPECT_TRUE(same);
+  EXPECT_EQ(pin.exit_code, 0) << pin.out;
+  EXPECT_TRUE(pinned_same);
+  EXPECT_EQ(stats["tiers"]["host"]["pinned"], 40 * kMiB) << stats.dump();
+  EXPECT_EQ(stats["memory"]["locked"], false) << stats.dump();
   auto j = nlohmann::json::parse(status.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << status.out;
   // The daemon was started in the background: its log went to syslog, so ask

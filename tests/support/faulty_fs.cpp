@@ -2,7 +2,11 @@
 // Serves FILE as MOUNTPOINT/m/model.safetensors; once the path TRIGGER exists,
 // reads that touch bytes [8 MiB, 12 MiB) fail with EIO, as a disk with a bad
 // sector would. Used to test ckptfs over a source whose reads start failing
-// after it was indexed.
+// after it was indexed. If TRIGGER holds "change", the reads work but the
+// file's times move on, as if it had been rewritten in place; no inotify
+// event tells ckptfs (changes made by a FUSE server raise none), so only the
+// stamp checks of a read can notice. Attributes are never cached, so a stat
+// sees the change at once.
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 #include <unistd.h>
@@ -20,10 +24,20 @@ std::string g_trigger;
 constexpr fuse_ino_t kDir = 2, kFile = 3;
 constexpr uint64_t kBadBegin = 8 << 20, kBadEnd = 12 << 20;
 
+// What TRIGGER asks for now.
+enum class Fault { kNone, kBadSector, kChanged };
+Fault CurrentFault() {
+  std::ifstream t(g_trigger);
+  if (!t) return Fault::kNone;
+  std::string word;
+  t >> word;
+  return word == "change" ? Fault::kChanged : Fault::kBadSector;
+}
+
 void Attr(fuse_ino_t ino, struct stat* st) {
   std::memset(st, 0, sizeof *st);
   st->st_ino = ino;
-  st->st_mtim.tv_sec = st->st_ctim.tv_sec = 1700000000;
+  st->st_mtim.tv_sec = st->st_ctim.tv_sec = CurrentFault() == Fault::kChanged ? 1700000001 : 1700000000;
   if (ino == kFile) {
     st->st_mode = S_IFREG | 0444;
     st->st_nlink = 1;
@@ -42,7 +56,8 @@ void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     fuse_reply_err(req, ENOENT);
     return;
   }
-  e.attr_timeout = e.entry_timeout = 3600;
+  e.entry_timeout = 3600;
+  e.attr_timeout = 0;
   Attr(e.ino, &e.attr);
   fuse_reply_entry(req, &e);
 }
@@ -50,7 +65,7 @@ void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
 void GetAttr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   struct stat st;
   Attr(ino, &st);
-  fuse_reply_attr(req, &st, 3600);
+  fuse_reply_attr(req, &st, 0);
 }
 
 void ReadDir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
@@ -76,7 +91,7 @@ void Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info*) {
     return;
   }
   const uint64_t end = std::min<uint64_t>(g_data.size(), begin + size);
-  if (::access(g_trigger.c_str(), F_OK) == 0 && begin < kBadEnd && end > kBadBegin) {
+  if (CurrentFault() == Fault::kBadSector && begin < kBadEnd && end > kBadBegin) {
     fuse_reply_err(req, EIO);
     return;
   }

@@ -36,6 +36,13 @@ bool WaitFor(const std::function<bool()>& condition, std::chrono::milliseconds t
   return condition();
 }
 
+nlohmann::json QueryMount(const std::string& ctl, const std::string& command, const std::string& mountpoint) {
+  CommandResult r = RunCommand(ctl + " " + command + " --json " + ShellQuote(mountpoint));
+  auto j = nlohmann::json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return nlohmann::json{{"unparsed", r.out}};
+  return j;
+}
+
 MountedCkptfs::MountedCkptfs(const std::string& daemon, const std::string& src, const std::string& mnt,
                              const std::string& options, const std::string& log_path)
     : mnt_(mnt), log_path_(log_path) {

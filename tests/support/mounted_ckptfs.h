@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 
 namespace ckptfs::testing {
@@ -17,6 +18,10 @@ bool IsMounted(const std::string& path);
 // Polls `condition` every 20 ms until it holds or `timeout` passes.
 bool WaitFor(const std::function<bool()>& condition,
              std::chrono::milliseconds timeout = std::chrono::seconds(20));
+
+// `CTL COMMAND --json MOUNTPOINT` (status, stats, ls) parsed; an object
+// {"unparsed": OUTPUT} when the output is not JSON.
+nlohmann::json QueryMount(const std::string& ctl, const std::string& command, const std::string& mountpoint);
 
 class MountedCkptfs {
  public:

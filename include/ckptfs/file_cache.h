@@ -1,0 +1,141 @@
+// FileCache: the host tier. Whole verified files, each in a SealedCopy (a
+// sealed memfd), keyed by the file's SHA-256 and the form it is served in,
+// so every checkpoint and every name that holds a file shares one copy.
+//
+// Budget: `capacity` bounds the memory of the copies the tier holds plus the
+// fills in flight (each file counts its size rounded up to whole pages, so a
+// small config costs 4 KiB, not a 4 MiB chunk slot). A fill that needs room
+// evicts the least recently used unpinned copies; if that is not enough it
+// is refused, never squeezed in. Evicting a copy drops the tier's reference
+// only: readers that still hold it (an open file, a passthrough backing)
+// keep its pages until they let go, and those bytes are reported apart as
+// held by readers, outside the budget.
+//
+// Single flight: one fill per key at a time; others wait for it or, if they
+// only wanted to start one (a background fill), go away.
+#pragma once
+
+#include <chrono>
+#include <compare>
+#include <condition_variable>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ckptfs/hashes.h"
+#include "ckptfs/sealed_copy.h"
+#include "ckptfs/status.h"
+
+namespace ckptfs {
+
+struct FileKey {
+  Sha256Digest sha256{};
+  // "" for the source's bytes; "stamped:sha256-<checkpoint>" for a
+  // safetensors file served with a stamped header (it differs per checkpoint).
+  std::string form;
+  auto operator<=>(const FileKey&) const = default;
+};
+
+class FileCache {
+ public:
+  using CopyPtr = std::shared_ptr<const SealedCopy>;
+
+  explicit FileCache(uint64_t capacity);
+  FileCache(const FileCache&) = delete;
+  FileCache& operator=(const FileCache&) = delete;
+
+  // The resident copy of `key`, or null. `use` counts a hit or a miss and
+  // makes the copy the most recently used.
+  CopyPtr Find(const FileKey& key, bool use = true);
+
+  // Room for one fill, given back unless the fill is published.
+  class Reservation {
+   public:
+    ~Reservation();
+    Reservation(const Reservation&) = delete;
+    Reservation& operator=(const Reservation&) = delete;
+    const FileKey& key() const { return key_; }
+
+   private:
+    friend class FileCache;
+    Reservation(FileCache* cache, FileKey key, uint64_t bytes, bool pin)
+        : cache_(cache), key_(std::move(key)), bytes_(bytes), pin_(pin), start_(std::chrono::steady_clock::now()) {}
+    FileCache* cache_;
+    FileKey key_;
+    uint64_t bytes_;
+    bool pin_;
+    bool published_ = false;
+    std::chrono::steady_clock::time_point start_;
+  };
+  // What Claim found: the copy already resident, or room for this caller to
+  // fill it; both null when another fill of it is in flight and `wait` is
+  // false.
+  struct Claimed {
+    CopyPtr resident;
+    std::unique_ptr<Reservation> fill;
+  };
+  // kFull with the reason when the file cannot fit (or, with `pin`, when the
+  // pins would exceed the tier).
+  Result<Claimed> Claim(const FileKey& key, uint64_t size, bool pin, bool wait);
+  // Makes a sealed copy resident (pinned if the claim asked for it).
+  CopyPtr Publish(std::unique_ptr<Reservation> fill, std::unique_ptr<SealedCopy> copy);
+
+  // Pins the resident copy of `key` (mlock; see Stats::locked_memory).
+  Status Pin(const FileKey& key);
+  // Every form of file `sha256`: returns the bytes unpinned / evicted.
+  uint64_t Unpin(const Sha256Digest& sha256);
+  uint64_t Evict(const Sha256Digest& sha256);
+
+  struct Stats {
+    uint64_t capacity = 0;
+    uint64_t used = 0;      // resident copies, in whole pages
+    uint64_t filling = 0;   // reserved by fills in flight
+    uint64_t pinned = 0;
+    uint64_t held_by_readers = 0;  // evicted copies readers still hold
+    uint64_t files = 0;
+    uint64_t hits = 0, misses = 0, fills = 0, evictions = 0;
+    uint64_t fill_bytes = 0;
+    double fill_seconds = 0;
+    uint64_t fills_abandoned = 0;
+    bool locked_memory = true;  // false once the kernel refused to mlock a pinned copy
+  };
+  Stats GetStats() const;
+
+  struct Residency {
+    uint64_t bytes = 0, pinned = 0;  // file bytes (not pages), every form
+  };
+  std::map<Sha256Digest, Residency> ResidencyByFile() const;
+
+ private:
+  struct Entry {
+    std::shared_ptr<SealedCopy> copy;
+    bool pinned = false;
+    std::list<FileKey>::iterator lru;
+  };
+  void Abandon(Reservation& fill);
+  Status PinRefused() const;
+  bool MakeRoom(uint64_t bytes, const FileKey& keep);
+  void Drop(std::map<FileKey, Entry>::iterator it);
+  void PinLocked(Entry& e);
+
+  const uint64_t capacity_;
+  mutable std::mutex mu_;
+  std::condition_variable filled_;
+  std::map<FileKey, Entry> entries_;
+  std::list<FileKey> lru_;  // front: most recently used
+  std::set<FileKey> filling_;
+  uint64_t used_ = 0, reserved_ = 0, pinned_ = 0;
+  mutable std::vector<std::weak_ptr<const SealedCopy>> evicted_;
+  Stats counters_;
+  bool lock_warned_ = false;
+};
+
+// Memory a copy of `size` bytes takes: whole pages.
+uint64_t PageBytes(uint64_t size);
+
+}  // namespace ckptfs

@@ -1,0 +1,54 @@
+// OpenModes: which way each inode with open files is being served.
+//
+// The kernel allows one I/O mode per FUSE inode at a time (fs/fuse/iomode.c):
+// while a file of an inode is open through passthrough, every other open of
+// it must be passthrough to the same backing file, and while one is open
+// through the page cache (the chunk path), a passthrough open fails; an open
+// that breaks the rule fails with EIO. So the daemon decides once, at the
+// first open of an inode, and answers every open that joins it alike until
+// the last of them is released; then the inode is forgotten (nothing here
+// grows with files that come and go). The kernel ends an open's mode before
+// it sends RELEASE, so this record never lags behind the kernel's.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "ckptfs/file_cache.h"
+#include "ckptfs/sealed_copy.h"
+
+namespace ckptfs::daemon {
+
+class OpenModes {
+ public:
+  struct Choice {
+    bool passthrough = false;
+    FileCache::CopyPtr copy;                   // passthrough: the backing copy; else a resident copy to read from, if any
+    std::shared_ptr<CopyAttachment> backing;   // passthrough: the kernel's backing id
+    const char* why = "";                      // the chunk path: why
+  };
+
+  // Registers an open of `ino`. For the first open `decide` chooses; a
+  // later one joins the choice in force (for the chunk path it may still
+  // bring its own resident copy, from `resident`).
+  Choice Open(uint64_t ino, const std::function<Choice()>& decide, const std::function<FileCache::CopyPtr()>& resident);
+  // An open of `ino` ended (released, or its reply never reached the kernel).
+  // True when that was the last open of an inode served by the chunk path
+  // (the kernel may hold page cache for it that passthrough will not use).
+  bool Release(uint64_t ino);
+  size_t inodes() const;
+
+ private:
+  struct Held {
+    uint64_t opens = 0;
+    Choice choice;
+  };
+  mutable std::mutex mu_;
+  std::unordered_map<uint64_t, Held> held_;
+};
+
+}  // namespace ckptfs::daemon

@@ -1,0 +1,160 @@
+#include "ckptfs/file_filler.h"
+
+#include <cstring>
+#include <future>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "ckptfs/header_stamper.h"
+
+namespace ckptfs::daemon {
+
+Result<ServedForm> ServedFormOf(FsContext& ctx, const View::NodePtr& file) {
+  ServedForm form;
+  form.key.sha256 = file->sha256;
+  form.size = file->size;
+  if (ctx.stamper == nullptr || !file->safetensors) return form;
+  auto stamped = ctx.stamper->For(ctx, file);
+  if (!stamped.ok()) return stamped.status();
+  if (!*stamped) return form;  // served unstamped (a header that breaks the format)
+  form.key.form = "stamped:" + file->digest;
+  form.size = (*stamped)->size;
+  form.prefix = (*stamped)->prefix;
+  form.source_prefix_len = (*stamped)->source_prefix_len;
+  return form;
+}
+
+FileFiller::FileFiller(FsContext& ctx, unsigned depth) : ctx_(ctx), reads_(std::max(1u, depth)) {
+  worker_ = std::thread([this] { RunQueue(); });
+}
+
+FileFiller::~FileFiller() { Stop(); }
+
+void FileFiller::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    queue_.clear();
+    queued_.clear();
+  }
+  cancel_ = true;
+  wake_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+// Source chunk `chunk` of `file`, verified (in `buf`, kChunkSize bytes), at
+// its place in the copy: byte o of the source lands at o + (prefix -
+// source_prefix_len); the bytes of a source header being replaced are not
+// copied.
+Status FileFiller::CopyChunk(const View::NodePtr& file, const ServedForm& form, uint64_t chunk, uint8_t* buf,
+                             SealedCopy& copy) {
+  const uint64_t begin = chunk * kChunkSize;
+  const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunkSize, file->size - begin));
+  if (Status s = ctx_.reader->ReadChunk(file->source_path, file->stamp, *file->chunks, chunk, buf, len); !s.ok()) {
+    return s;
+  }
+  const size_t skip = static_cast<size_t>(std::min<uint64_t>(len, form.source_prefix_len - std::min(begin, form.source_prefix_len)));
+  const uint64_t prefix = form.prefix ? form.prefix->size() : 0;
+  return copy.Write(begin + skip - form.source_prefix_len + prefix, buf + skip, len - skip);
+}
+
+// Every chunk of `file` into `copy`, `depth` of them in flight; the first
+// failure stops the others at their next chunk.
+Status FileFiller::CopyChunks(const View::NodePtr& file, const ServedForm& form, SealedCopy& copy,
+                              const std::function<bool(uint64_t)>& progress) {
+  const uint64_t chunks = ChunkCount(file->size);
+  std::atomic<uint64_t> next{0}, done_chunks{0}, done_bytes{0};
+  std::atomic<bool> failed{false};
+  std::mutex error_mu;
+  Status error;
+  auto work = [&] {
+    std::vector<uint8_t> buf(kChunkSize);
+    for (uint64_t c; !failed && !cancel_ && (c = next++) < chunks;) {
+      Status s = CopyChunk(file, form, c, buf.data(), copy);
+      if (!s.ok()) {
+        std::lock_guard lock(error_mu);
+        if (!failed.exchange(true)) error = s;
+        return;
+      }
+      ++done_chunks;
+      done_bytes += std::min<uint64_t>(kChunkSize, file->size - c * kChunkSize);
+    }
+  };
+  std::vector<std::future<void>> running;
+  for (uint64_t i = 0; i < std::min<uint64_t>(reads_.size(), chunks); ++i) running.push_back(reads_.Submit(work));
+  for (auto& f : running) {
+    while (f.wait_for(std::chrono::milliseconds(200)) != std::future_status::ready) {
+      if (progress && !progress(done_bytes.load())) failed = true;  // the others stop at their next chunk
+    }
+  }
+  if (!error.ok()) {
+    Report(file, error);
+    return error;
+  }
+  if (done_chunks.load() != chunks) return Status::Error(file->source_path + ": fill cancelled");
+  if (!form.prefix) return Status::Ok();
+  return copy.Write(0, reinterpret_cast<const uint8_t*>(form.prefix->data()), form.prefix->size());
+}
+
+void FileFiller::Report(const View::NodePtr& file, const Status& s) {
+  ++failed_;
+  ReportSourceFailure(ctx_, *file, s);
+  spdlog::warn("{}: the copy of {} for the host tier was abandoned; nothing of it is served", file->digest,
+               file->source_path);
+}
+
+Result<FileCache::CopyPtr> FileFiller::Fill(const View::NodePtr& file, bool pin,
+                                            const std::function<bool(uint64_t)>& progress) {
+  auto form = ServedFormOf(ctx_, file);
+  if (!form.ok()) return form.status();
+  auto claim = ctx_.files->Claim(form->key, form->size, pin, /*wait=*/true);
+  if (!claim.ok()) return claim.status();
+  if (claim->resident) {
+    if (pin) {
+      if (Status s = ctx_.files->Pin(form->key); !s.ok()) return s;
+    }
+    return claim->resident;
+  }
+  auto copy = SealedCopy::Create("ckptfs:" + ToHex(file->sha256).substr(0, 16) + ":" + file->digest.substr(7, 12),
+                                 form->size);
+  if (!copy.ok()) return copy.status();  // the reservation is given back
+  if (Status s = CopyChunks(file, *form, **copy, progress); !s.ok()) return s;
+  if (Status s = (*copy)->Seal(); !s.ok()) return s;
+  return ctx_.files->Publish(std::move(claim->fill), std::move(*copy));
+}
+
+void FileFiller::Enqueue(const View::NodePtr& file, const FileKey& key) {
+  constexpr size_t kMaxQueued = 4096;  // an open storm must not grow memory without bound
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_ || queued_.count(key) || queue_.size() >= kMaxQueued) return;
+    queued_.insert(key);
+    queue_.emplace_back(file, key);
+  }
+  wake_.notify_one();
+}
+
+void FileFiller::RunQueue() {
+  for (;;) {
+    std::pair<View::NodePtr, FileKey> job;
+    {
+      std::unique_lock lock(mu_);
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    if (!ctx_.files->Find(job.second, /*use=*/false)) {
+      auto filled = Fill(job.first, /*pin=*/false);
+      if (!filled.ok() && filled.status().code() == Status::Code::kFull) {
+        ++skipped_;
+        spdlog::debug("{}: not copied into the host tier: {}", job.first->source_path, filled.status().message());
+      }
+    }
+    std::lock_guard lock(mu_);
+    queued_.erase(job.second);
+  }
+}
+
+}  // namespace ckptfs::daemon

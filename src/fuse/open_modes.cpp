@@ -1,0 +1,34 @@
+#include "ckptfs/open_modes.h"
+
+namespace ckptfs::daemon {
+
+OpenModes::Choice OpenModes::Open(uint64_t ino, const std::function<Choice()>& decide,
+                                  const std::function<FileCache::CopyPtr()>& resident) {
+  std::lock_guard lock(mu_);
+  Held& h = held_[ino];
+  if (h.opens++ == 0) {
+    h.choice = decide();
+    return h.choice;
+  }
+  if (h.choice.passthrough) return h.choice;
+  Choice joined;
+  joined.copy = resident();
+  joined.why = "the file is open through the chunk path by another reader";
+  return joined;
+}
+
+bool OpenModes::Release(uint64_t ino) {
+  std::lock_guard lock(mu_);
+  auto it = held_.find(ino);
+  if (it == held_.end() || --it->second.opens > 0) return false;
+  const bool chunk_path = !it->second.choice.passthrough;
+  held_.erase(it);
+  return chunk_path;
+}
+
+size_t OpenModes::inodes() const {
+  std::lock_guard lock(mu_);
+  return held_.size();
+}
+
+}  // namespace ckptfs::daemon

@@ -1,0 +1,491 @@
+// The host tier of whole files and kernel passthrough under a real mount:
+// every file byte for byte through read, mmap and O_DIRECT with no read
+// request reaching the daemon; seals on every backing memfd; a source
+// changed in place under an open reader; the chunk path forced (option, no
+// privilege) serving the same bytes; eviction under open readers; 16 readers
+// over a host tier smaller than the data; fills that meet a changed or
+// failing source.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "file_reads.h"
+#include "mounted_ckptfs.h"
+#include "test_tree.h"
+
+namespace ckptfs::testing {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kDaemon = CKPTFS_PATH;
+const std::string kCtl = CKPTFSCTL_PATH;
+constexpr size_t kMiB = 1 << 20;
+
+nlohmann::json Ctl(const std::string& command, const std::string& mnt) { return QueryMount(kCtl, command, mnt); }
+nlohmann::json Stats(const std::string& mnt) { return Ctl("stats", mnt); }
+uint64_t Opens(const nlohmann::json& stats, const std::string& how) { return stats["opens"].value(how, uint64_t{0}); }
+uint64_t PageBytes(uint64_t n) { return (n + 4095) / 4096 * 4096; }
+
+class PassthroughMountTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<MountedCkptfs> Mount(const std::string& extra) {
+    auto m = std::make_unique<MountedCkptfs>(kDaemon, src_, mnt_, "state=" + state_ + ",settle=0,rescan=0," + extra,
+                                             tmp_ / ("daemon-" + std::to_string(++mounts_) + ".log"));
+    EXPECT_TRUE(m->ok()) << m->Log();
+    return m;
+  }
+  // Mounts and waits for by-name/m; skips the test on a kernel that gives no
+  // passthrough (the fallback tests cover those).
+  std::unique_ptr<MountedCkptfs> MountWithPassthrough(const std::string& extra) {
+    auto m = Mount(extra);
+    EXPECT_TRUE(WaitForLink("m")) << m->Log();
+    const auto status = Ctl("status", mnt_);
+    if (status["passthrough"]["mode"] != "on") {
+      const std::string why = status["passthrough"]["reason"];
+      EXPECT_EQ(why.find("CAP_SYS_ADMIN"), std::string::npos) << "the tests run as root: " << why;
+      if (why.find("did not offer") != std::string::npos) skip_ = "this kernel has no FUSE passthrough: " + why;
+    }
+    return m;
+  }
+  bool WaitForLink(const std::string& name) {
+    return WaitFor([&] { return fs::is_symlink(mnt_ + "/by-name/" + name); });
+  }
+  std::string DigestDir(const std::string& by_name) {
+    return mnt_ + "/" + fs::read_symlink(mnt_ + "/by-name/" + by_name).filename().string();
+  }
+  // Files of awkward sizes: empty, one byte, one page less one, one chunk
+  // exactly, several chunks and a tail, and a nested config.
+  void WriteAwkwardTree(const std::string& cp) {
+    const size_t sizes[] = {0, 1, 4095, 4 * kMiB, 13 * kMiB + 7};
+    for (size_t i = 0; i < std::size(sizes); ++i) {
+      WriteFile(src_ + "/" + cp + "/shard-" + std::to_string(i) + ".safetensors", RandomBytes(sizes[i], 50 + i));
+    }
+    WriteFile(src_ + "/" + cp + "/tokenizer/config.json", R"({"model": "x"})");
+  }
+  // Every file of SRC/m, through the digest directory, by read, mmap and O_DIRECT.
+  void ExpectEveryFileEqual() {
+    size_t files = 0;
+    EXPECT_EQ(CompareTree(src_ + "/m", DigestDir("m"), &files), "");
+    EXPECT_EQ(files, 6u);
+    for (int i = 0; i < 5; ++i) {
+      const std::string rel = "/shard-" + std::to_string(i) + ".safetensors";
+      EXPECT_TRUE(ReadDirect(DigestDir("m") + rel) == ReadFile(src_ + "/m" + rel)) << rel;
+    }
+  }
+
+  TempDir tmp_{"ckptfs-pass"};
+  std::string src_ = tmp_ / "src";
+  std::string mnt_ = tmp_ / "mnt";
+  std::string state_ = tmp_ / "state";
+  std::string skip_;
+  int mounts_ = 0;
+};
+
+#define SKIP_WITHOUT_PASSTHROUGH() \
+  if (!skip_.empty()) GTEST_SKIP() << skip_
+
+TEST_F(PassthroughMountTest, EveryFileByteForByteWithNoReadReachingTheDaemon) {
+  WriteAwkwardTree("m");
+  auto m = MountWithPassthrough("cache_size=256M");
+  SKIP_WITHOUT_PASSTHROUGH();
+  CommandResult pre = RunCommand(kCtl + " preload " + mnt_ + "/by-name/m", true);
+  ASSERT_EQ(pre.exit_code, 0) << pre.out;
+  const auto before = Stats(mnt_);
+  EXPECT_EQ(before["passthrough"]["mode"], "on");
+  EXPECT_EQ(before["tiers"]["host"]["files"], 6);
+  ExpectEveryFileEqual();
+  const auto after = Stats(mnt_);
+  // 6 files by read and mmap, 5 by O_DIRECT: every open passthrough, and the
+  // daemon served not a single read.
+  EXPECT_EQ(Opens(after, "passthrough") - Opens(before, "passthrough"), 17u) << after.dump();
+  EXPECT_EQ(after["read_requests"], before["read_requests"]);
+  EXPECT_EQ(after["bytes_served"], before["bytes_served"]);
+  EXPECT_EQ(after["source_bytes_read"], before["source_bytes_read"]);
+}
+
+TEST_F(PassthroughMountTest, TheFirstOpenIsServedAtOnceAndFillsTheCopyForTheNext) {
+  const std::string data = RandomBytes(24 * kMiB + 3, 1);
+  WriteFile(src_ + "/m/model.safetensors", data);
+  auto m = MountWithPassthrough("cache_size=256M");  // fill=open is the default
+  SKIP_WITHOUT_PASSTHROUGH();
+  const std::string path = DigestDir("m") + "/model.safetensors";
+  EXPECT_TRUE(ReadBuffered(path) == data);
+  EXPECT_EQ(Opens(Stats(mnt_), "chunk path: not resident"), 1u);
+  ASSERT_TRUE(WaitFor([&] { return Stats(mnt_)["tiers"]["host"]["files"] == 1; })) << m->Log();
+  const auto before = Stats(mnt_);
+  EXPECT_TRUE(ReadMapped(path) == data);
+  const auto after = Stats(mnt_);
+  EXPECT_EQ(Opens(after, "passthrough"), 1u);
+  EXPECT_EQ(after["read_requests"], before["read_requests"]);
+  EXPECT_EQ(after["fills"]["bytes"], data.size());
+  EXPECT_GT(after["fills"]["bytes_per_second"].get<uint64_t>(), 0u);
+}
+
+TEST_F(PassthroughMountTest, WithFillWaitTheFirstOpenWaitsForTheCopyAndPassesThrough) {
+  const std::string data = RandomBytes(24 * kMiB + 3, 5);
+  WriteFile(src_ + "/m/model.safetensors", data);
+  auto m = MountWithPassthrough("cache_size=256M,fill=wait");
+  SKIP_WITHOUT_PASSTHROUGH();
+  EXPECT_TRUE(ReadMapped(DigestDir("m") + "/model.safetensors") == data);
+  const auto s = Stats(mnt_);
+  EXPECT_EQ(Opens(s, "passthrough"), 1u) << s["opens"].dump();
+  EXPECT_EQ(s["read_requests"], 0);
+  EXPECT_EQ(s["fills"]["policy"], "wait");
+}
+
+TEST_F(PassthroughMountTest, EveryBackingMemfdIsSealed) {
+  WriteAwkwardTree("m");
+  auto m = MountWithPassthrough("cache_size=256M");
+  SKIP_WITHOUT_PASSTHROUGH();
+  ASSERT_EQ(RunCommand(kCtl + " preload --pin " + mnt_ + "/by-name/m").exit_code, 0);
+  ExpectEveryFileEqual();  // every copy is a backing file now
+  const auto memfds = HostTierMemfds(m->pid());
+  EXPECT_EQ(memfds.size(), 6u);
+  for (const auto& fd_path : memfds) {
+    const int fd = ::open(fd_path.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0) << fd_path;
+    EXPECT_EQ(::fcntl(fd, F_GET_SEALS), F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) << fd_path;
+    EXPECT_EQ(::pwrite(fd, "x", 1, 0), -1) << fd_path;  // root included
+    EXPECT_EQ(errno, EPERM);
+    ::close(fd);
+  }
+  const auto stats = Stats(mnt_);
+  uint64_t pages = PageBytes(0) + PageBytes(1) + PageBytes(4095) + PageBytes(4 * kMiB) + PageBytes(13 * kMiB + 7) +
+                   PageBytes(14);
+  EXPECT_EQ(stats["tiers"]["host"]["pinned"], pages);
+  EXPECT_EQ(stats["tiers"]["host"]["used"], pages);
+}
+
+TEST_F(PassthroughMountTest, SourceChangedInPlaceNeverReachesTheOldName) {
+  const std::string shard = src_ + "/m/model.safetensors";
+  const std::string old_bytes = RandomBytes(16 * kMiB, 2);
+  std::string new_bytes = old_bytes;
+  for (size_t i = 0; i < new_bytes.size(); i += 4096) new_bytes[i] ^= 0x5a;
+  WriteFile(shard, old_bytes);
+  auto m = MountWithPassthrough("cache_size=256M");
+  SKIP_WITHOUT_PASSTHROUGH();
+  ASSERT_EQ(RunCommand(kCtl + " preload " + mnt_ + "/by-name/m").exit_code, 0);
+  const std::string old_dir = DigestDir("m");
+  const int dir_fd = ::open(old_dir.c_str(), O_RDONLY | O_DIRECTORY);
+  ASSERT_GE(dir_fd, 0);
+  const int fd = ::openat(dir_fd, "model.safetensors", O_RDONLY);
+  ASSERT_GE(fd, 0);
+  void* map = ::mmap(nullptr, old_bytes.size(), PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  ASSERT_EQ(Opens(Stats(mnt_), "passthrough"), 1u);
+
+  {  // in place: same inode, same size, new bytes
+    const int w = ::open(shard.c_str(), O_WRONLY);
+    ASSERT_EQ(::pwrite(w, new_bytes.data(), new_bytes.size(), 0), static_cast<ssize_t>(new_bytes.size()));
+    ::close(w);
+  }
+  ASSERT_TRUE(WaitFor([&] { return fs::is_symlink(mnt_ + "/by-name/m") && DigestDir("m") != old_dir; })) << m->Log();
+
+  std::string through_fd(old_bytes.size(), '\0');
+  EXPECT_EQ(::pread(fd, through_fd.data(), through_fd.size(), 0), static_cast<ssize_t>(old_bytes.size()));
+  EXPECT_TRUE(through_fd == old_bytes);
+  EXPECT_TRUE(std::string(static_cast<const char*>(map), old_bytes.size()) == old_bytes);
+  // A new open of the old digest: old bytes or an error, never new bytes.
+  for (const std::string& again : {ReadBuffered(old_dir + "/model.safetensors"), ReadMapped(old_dir + "/model.safetensors")}) {
+    EXPECT_TRUE(again == old_bytes || again.rfind("<", 0) == 0) << again.substr(0, 40);
+  }
+  const int fd2 = ::openat(dir_fd, "model.safetensors", O_RDONLY);
+  if (fd2 >= 0) {
+    std::string second(old_bytes.size(), '\0');
+    const ssize_t n = ::pread(fd2, second.data(), second.size(), 0);
+    EXPECT_TRUE(n < 0 || second.substr(0, static_cast<size_t>(n)) == old_bytes.substr(0, static_cast<size_t>(n)));
+    ::close(fd2);
+  }
+  // The new digest serves the new bytes.
+  EXPECT_TRUE(ReadBuffered(DigestDir("m") + "/model.safetensors") == new_bytes);
+  EXPECT_TRUE(ReadMapped(DigestDir("m") + "/model.safetensors") == new_bytes);
+  ::munmap(map, old_bytes.size());
+  ::close(fd);
+  ::close(dir_fd);
+}
+
+TEST_F(PassthroughMountTest, PassthroughOffServesTheSameBytesThroughTheDaemon) {
+  WriteAwkwardTree("m");
+  auto m = Mount("cache_size=256M,passthrough=off");
+  ASSERT_TRUE(WaitForLink("m")) << m->Log();
+  const auto status = Ctl("status", mnt_);
+  EXPECT_EQ(status["passthrough"]["mode"], "off");
+  EXPECT_EQ(status["passthrough"]["reason"], "passthrough=off");
+  ExpectEveryFileEqual();  // not resident yet: the chunk path
+  ASSERT_EQ(RunCommand(kCtl + " preload " + mnt_ + "/by-name/m").exit_code, 0);
+  const auto before = Stats(mnt_);
+  ExpectEveryFileEqual();  // resident: served by the daemon from its copies (O_DIRECT reads always reach it)
+  const auto after = Stats(mnt_);
+  EXPECT_EQ(Opens(after, "passthrough"), 0u);
+  EXPECT_GT(Opens(after, "chunk path: passthrough off"), 0u);
+  EXPECT_GT(after["read_requests"].get<uint64_t>(), before["read_requests"].get<uint64_t>());
+  EXPECT_EQ(after["source_bytes_read"], before["source_bytes_read"]);  // from the copies, not the source
+}
+
+// Root in a user namespace has no CAP_SYS_ADMIN in the initial namespace, as
+// an unprivileged mount: the kernel refuses backing files, and the daemon
+// says so and serves the chunk path.
+TEST_F(PassthroughMountTest, WithoutPrivilegeTheChunkPathServesTheSameBytes) {
+  WriteAwkwardTree("m");
+  MakeDirs(mnt_);
+  const std::string status_file = tmp_ / "status.json";
+  const std::string script =
+      kDaemon + " " + src_ + " " + mnt_ + " -o state=" + state_ + ",settle=0,rescan=0 || exit 10\n" +
+      "for i in $(seq 1 200); do [ -L " + mnt_ + "/by-name/m ] && break; sleep 0.05; done\n" +
+      kCtl + " status --json " + mnt_ + " > " + status_file + "\n" +
+      COMPARE_TREE_PATH " " + src_ + "/m " + mnt_ + "/by-name/m; a=$?\n" +
+      kCtl + " preload " + mnt_ + "/by-name/m >/dev/null || echo preload failed\n" +
+      COMPARE_TREE_PATH " " + src_ + "/m " + mnt_ + "/by-name/m; b=$?\n" +
+      "fusermount3 -u " + mnt_ + "\nexit $((a + b))\n";
+  WriteFile(tmp_ / "userns.sh", script);
+  CommandResult r = RunCommand("unshare --user --map-root-user --mount sh " + tmp_ / "userns.sh", true);
+  if (r.exit_code == 10) GTEST_SKIP() << "no FUSE mount in a user namespace here: " << r.out;
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("6 files equal"), std::string::npos) << r.out;
+  auto status = nlohmann::json::parse(ReadFile(status_file), nullptr, false);
+  ASSERT_FALSE(status.is_discarded()) << ReadFile(status_file);
+  EXPECT_EQ(status["passthrough"]["mode"], "off");
+  const std::string why = status["passthrough"]["reason"];
+  EXPECT_TRUE(why.find("CAP_SYS_ADMIN") != std::string::npos || why.find("did not offer") != std::string::npos) << why;
+}
+
+TEST_F(PassthroughMountTest, EvictionUnderOpenReadersKeepsTheirBytes) {
+  const std::string a = RandomBytes(16 * kMiB + 1, 3), b = RandomBytes(8 * kMiB, 4);
+  WriteFile(src_ + "/m/a.safetensors", a);
+  WriteFile(src_ + "/m/b.safetensors", b);
+  auto m = MountWithPassthrough("cache_size=256M");
+  SKIP_WITHOUT_PASSTHROUGH();
+  ASSERT_EQ(RunCommand(kCtl + " preload " + mnt_ + "/by-name/m").exit_code, 0);
+  const std::string dir = DigestDir("m");
+  const int fa = ::open((dir + "/a.safetensors").c_str(), O_RDONLY);
+  const int fb = ::open((dir + "/b.safetensors").c_str(), O_RDONLY);
+  ASSERT_TRUE(fa >= 0 && fb >= 0);
+  void* map = ::mmap(nullptr, a.size(), PROT_READ, MAP_SHARED, fa, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  ASSERT_EQ(RunCommand(kCtl + " evict " + mnt_ + "/by-name/m").exit_code, 0);
+
+  auto s = Stats(mnt_);
+  EXPECT_EQ(s["tiers"]["host"]["used"], 0);
+  EXPECT_EQ(s["tiers"]["host"]["files"], 0);
+  EXPECT_EQ(s["held_by_readers"], PageBytes(a.size()) + PageBytes(b.size()));
+  std::string got(a.size(), '\0');
+  EXPECT_EQ(::pread(fa, got.data(), got.size(), 0), static_cast<ssize_t>(a.size()));
+  EXPECT_TRUE(got == a);
+  EXPECT_TRUE(std::string(static_cast<const char*>(map), a.size()) == a);
+  // Another open of a while it is held joins its passthrough copy.
+  const uint64_t reads = s["read_requests"];
+  EXPECT_TRUE(ReadBuffered(dir + "/a.safetensors") == a);
+  EXPECT_EQ(Stats(mnt_)["read_requests"], reads);
+
+  ::close(fb);  // b's copy is let go: its backing id closed, its memfd gone
+  EXPECT_TRUE(WaitFor([&] { return Stats(mnt_)["held_by_readers"] == PageBytes(a.size()); }));
+  EXPECT_EQ(HostTierMemfds(m->pid()).size(), 1u);
+  ::munmap(map, a.size());
+  ::close(fa);
+  EXPECT_TRUE(WaitFor([&] { return Stats(mnt_)["held_by_readers"] == 0 && Stats(mnt_)["open_inodes"] == 0; }));
+  EXPECT_TRUE(HostTierMemfds(m->pid()).empty());
+  // Not resident any more: the chunk path serves it (and fills it again).
+  EXPECT_TRUE(ReadBuffered(dir + "/b.safetensors") == b);
+  EXPECT_EQ(Opens(Stats(mnt_), "chunk path: not resident"), 1u);
+}
+
+// The kernel fails a passthrough open of an inode another reader holds open
+// through the page cache (and the reverse) with EIO: an open joins the mode
+// in force until the inode's last file is closed.
+TEST_F(PassthroughMountTest, AnOpenJoinsTheModeOfTheReadersBeforeIt) {
+  const std::string data = RandomBytes(12 * kMiB, 6);
+  WriteFile(src_ + "/m/model.safetensors", data);
+  auto m = MountWithPassthrough("cache_size=256M,fill=preload");
+  SKIP_WITHOUT_PASSTHROUGH();
+  const std::string path = DigestDir("m") + "/model.safetensors";
+  const int first = ::open(path.c_str(), O_RDONLY);  // not resident: the chunk path
+  ASSERT_GE(first, 0);
+  char byte;
+  ASSERT_EQ(::pread(first, &byte, 1, 0), 1);
+  ASSERT_EQ(RunCommand(kCtl + " preload " + mnt_ + "/by-name/m").exit_code, 0);
+  EXPECT_TRUE(ReadBuffered(path) == data);  // resident now, but joins the chunk path
+  EXPECT_TRUE(ReadMapped(path) == data);
+  EXPECT_EQ(Opens(Stats(mnt_), "chunk path: the file is open through the chunk path by another reader"), 2u);
+  ::close(first);
+  ASSERT_TRUE(WaitFor([&] { return Stats(mnt_)["open_inodes"] == 0; }));
+  EXPECT_TRUE(ReadMapped(path) == data);
+  EXPECT_EQ(Opens(Stats(mnt_), "passthrough"), 1u);
+}
+
+TEST_F(PassthroughMountTest, OpensAndClosesDoNotAccumulateBackingIdsOrInodes) {
+  WriteAwkwardTree("m");
+  auto m = MountWithPassthrough("cache_size=256M");
+  SKIP_WITHOUT_PASSTHROUGH();
+  ASSERT_EQ(RunCommand(kCtl + " preload " + mnt_ + "/by-name/m").exit_code, 0);
+  for (int round = 0; round < 20; ++round) ExpectEveryFileEqual();
+  EXPECT_TRUE(WaitFor([&] { return Stats(mnt_)["open_inodes"] == 0; }));
+  EXPECT_EQ(HostTierMemfds(m->pid()).size(), 6u);  // one per copy, however often opened
+  EXPECT_EQ(Opens(Stats(mnt_), "passthrough"), 20u * 17);
+}
+
+// 16 readers, by read and mmap, over 4 files whose total is 2.5 times the
+// host tier, while preloads keep evicting one file for another: every byte
+// compared, the budget never exceeded by more than what readers hold.
+TEST_F(PassthroughMountTest, SixteenReadersOverAHostTierSmallerThanTheData) {
+  std::vector<std::string> contents;
+  for (int i = 0; i < 4; ++i) {
+    contents.push_back(RandomBytes(20 * kMiB + static_cast<size_t>(i) * 12345, 200 + static_cast<uint64_t>(i)));
+    WriteFile(src_ + "/m/shard-" + std::to_string(i) + ".safetensors", contents.back());
+  }
+  auto m = MountWithPassthrough("cache_size=48M");  // 16M for chunks, 32M for whole files: one shard at a time
+  SKIP_WITHOUT_PASSTHROUGH();
+  const std::string dir = DigestDir("m");
+  std::atomic<int> mismatches{0}, reads{0};
+  std::atomic<bool> done{false};
+  uint64_t over_budget = 0;
+  std::thread churn([&] {
+    for (int i = 0; !done; i = (i + 1) % 4) {
+      RunCommand(kCtl + " preload " + dir + "/shard-" + std::to_string(i) + ".safetensors");
+      const auto s = Stats(mnt_);
+      const auto& host = s["tiers"]["host"];
+      if (host["used"].get<uint64_t>() + host["filling"].get<uint64_t>() > host["capacity"].get<uint64_t>()) ++over_budget;
+    }
+  });
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 16; ++t) {
+    readers.emplace_back([&, t] {
+      std::mt19937_64 rng(static_cast<uint64_t>(t));
+      for (int round = 0; round < 6; ++round) {
+        const size_t file = rng() % 4;
+        const std::string path = dir + "/shard-" + std::to_string(file) + ".safetensors";
+        const std::string got = (t + round) % 2 ? ReadMapped(path) : ReadBuffered(path);
+        ++reads;
+        if (got != contents[file]) ++mismatches;
+      }
+    });
+  }
+  for (auto& r : readers) r.join();
+  done = true;
+  churn.join();
+  EXPECT_EQ(mismatches.load(), 0);
+  EXPECT_EQ(reads.load(), 96);
+  EXPECT_EQ(over_budget, 0u);
+  const auto s = Stats(mnt_);
+  EXPECT_GT(s["tiers"]["host"]["evictions"].get<uint64_t>(), 0u);
+  EXPECT_EQ(s["failed_reads"], 0);
+  EXPECT_TRUE(WaitFor([&] { return Stats(mnt_)["held_by_readers"] == 0; }));
+}
+
+// With stamp_headers a safetensors file is copied in its stamped form, one
+// copy per checkpoint (the stamp names it): passthrough serves exactly the
+// bytes the chunk path serves.
+TEST_F(PassthroughMountTest, StampedFilesArePassedThroughInTheirStampedForm) {
+  const std::string model = MakeSafetensors({{"w", "U8", {9 * kMiB + 3}, RandomBytes(9 * kMiB + 3, 7)},
+                                             {"b", "F32", {5}, RandomBytes(20, 8)}});
+  WriteFile(src_ + "/m/model.safetensors", model);
+  WriteFile(src_ + "/m2/model.safetensors", model);
+  WriteFile(src_ + "/m2/config.json", "{}");  // another checkpoint, so another stamp
+  auto m = MountWithPassthrough("cache_size=256M,fill=preload,stamp_headers");
+  SKIP_WITHOUT_PASSTHROUGH();
+  ASSERT_TRUE(WaitForLink("m2"));
+  std::map<std::string, std::string> chunk_path;
+  for (const std::string cp : {"m", "m2"}) {
+    chunk_path[cp] = ReadDirect(DigestDir(cp) + "/model.safetensors");  // not resident: the chunk path
+    ASSERT_NE(chunk_path[cp].find("ckptfs.checkpoint"), std::string::npos);
+  }
+  EXPECT_NE(chunk_path["m"], chunk_path["m2"]);
+  ASSERT_EQ(RunCommand(kCtl + " preload " + mnt_ + "/by-name/m").exit_code, 0);
+  ASSERT_EQ(RunCommand(kCtl + " preload " + mnt_ + "/by-name/m2").exit_code, 0);
+  EXPECT_EQ(Stats(mnt_)["tiers"]["host"]["files"], 3);  // two stamped forms of one file, and config.json
+  const uint64_t reads = Stats(mnt_)["read_requests"];
+  for (const std::string cp : {"m", "m2"}) {
+    const std::string path = DigestDir(cp) + "/model.safetensors";
+    EXPECT_TRUE(ReadBuffered(path) == chunk_path[cp]) << cp;
+    EXPECT_TRUE(ReadMapped(path) == chunk_path[cp]) << cp;
+    EXPECT_EQ(fs::file_size(path), chunk_path[cp].size());
+  }
+  const auto after = Stats(mnt_);
+  EXPECT_EQ(Opens(after, "passthrough"), 4u);
+  EXPECT_EQ(after["read_requests"], reads);
+}
+
+// A source on a filesystem that can fail on demand (tests/support/faulty_fs.cpp).
+class FaultySourceTest : public PassthroughMountTest {
+ protected:
+  void SetUp() override {
+    data_ = RandomBytes(16 * kMiB, 9);
+    WriteFile(tmp_ / "backing", data_);
+    MakeDirs(faulty_);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::execl(FAULTYFS_PATH, FAULTYFS_PATH, (tmp_ / "backing").c_str(), faulty_.c_str(), trigger_.c_str(),
+              static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    ASSERT_TRUE(WaitFor([&] { return IsMounted(faulty_); }));
+    src_ = faulty_;
+  }
+  void TearDown() override {
+    mount_.reset();
+    if (IsMounted(faulty_)) RunCommand("fusermount3 -u -z " + ShellQuote(faulty_));
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  std::string Through() { return mnt_ + "/by-name/m/model.safetensors"; }
+
+  std::string data_;
+  std::string faulty_ = tmp_ / "faulty";
+  std::string trigger_ = tmp_ / "fault";
+  pid_t pid_ = -1;
+  std::unique_ptr<MountedCkptfs> mount_;
+};
+
+TEST_F(FaultySourceTest, AReadFailureDuringAFillAbandonsIt) {
+  mount_ = MountWithPassthrough("cache_size=256M,fill=preload");
+  SKIP_WITHOUT_PASSTHROUGH();
+  WriteFile(trigger_, "");  // the disk goes bad at 8 MiB
+  CommandResult pre = RunCommand(kCtl + " preload " + mnt_ + "/by-name/m", true);
+  EXPECT_NE(pre.exit_code, 0);
+  EXPECT_NE(pre.out.find("Input/output error"), std::string::npos) << pre.out;
+  auto s = Stats(mnt_);
+  EXPECT_EQ(s["tiers"]["host"]["files"], 0);
+  EXPECT_EQ(s["tiers"]["host"]["filling"], 0);
+  EXPECT_GE(s["fills"]["abandoned"].get<uint64_t>(), 1u);
+  EXPECT_TRUE(HostTierMemfds(mount_->pid()).empty());  // nothing partial is kept, let alone handed over
+  EXPECT_TRUE(ReadDirect(Through(), 0, kMiB) == data_.substr(0, kMiB));  // the chunk path goes on
+  EXPECT_EQ(ReadDirect(Through(), 8 * kMiB, kMiB), "<read: Input/output error>");
+  ::unlink(trigger_.c_str());
+  ASSERT_EQ(RunCommand(kCtl + " preload " + mnt_ + "/by-name/m").exit_code, 0);
+  const uint64_t reads = Stats(mnt_)["read_requests"];
+  EXPECT_TRUE(ReadBuffered(Through()) == data_);
+  EXPECT_EQ(Stats(mnt_)["read_requests"], reads);  // passthrough now
+}
+
+TEST_F(FaultySourceTest, ASourceChangedUnderAFillAbandonsItAndIsIndexedAgain) {
+  mount_ = MountWithPassthrough("cache_size=256M,fill=preload");
+  SKIP_WITHOUT_PASSTHROUGH();
+  const std::string digest = fs::read_symlink(mnt_ + "/by-name/m").filename();
+  WriteFile(trigger_, "change");  // new times, no inotify event: only the fill's stamp check can tell
+  CommandResult pre = RunCommand(kCtl + " preload " + mnt_ + "/" + digest, true);
+  EXPECT_NE(pre.exit_code, 0);
+  EXPECT_NE(pre.out.find("source changed"), std::string::npos) << pre.out;
+  EXPECT_EQ(Stats(mnt_)["tiers"]["host"]["files"], 0);
+  EXPECT_TRUE(HostTierMemfds(mount_->pid()).empty());
+  // The fill asked for a rescan: the file is hashed again under its new
+  // stamp, and its (unchanged) content is served again.
+  ASSERT_TRUE(WaitFor([&] { return ReadDirect(Through(), 0, kMiB) == data_.substr(0, kMiB); })) << mount_->Log();
+  EXPECT_NE(mount_->Log().find("source changed since it was indexed"), std::string::npos) << mount_->Log();
+  ASSERT_EQ(RunCommand(kCtl + " preload " + mnt_ + "/by-name/m").exit_code, 0);
+  EXPECT_TRUE(ReadBuffered(Through()) == data_);
+}
+
+}  // namespace
+}  // namespace ckptfs::testing

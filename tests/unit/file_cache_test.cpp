@@ -1,0 +1,156 @@
+// The host tier's bookkeeping (FileCache) and its sealed memfds (SealedCopy).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "ckptfs/file_cache.h"
+#include "ckptfs/sealed_copy.h"
+
+namespace ckptfs {
+namespace {
+
+constexpr uint64_t kMiB = 1 << 20;
+
+FileKey Key(int n, const std::string& form = "") {
+  FileKey k;
+  k.sha256[0] = static_cast<uint8_t>(n);
+  k.form = form;
+  return k;
+}
+
+std::unique_ptr<SealedCopy> SealedOf(uint64_t size, char fill,
+                                     SealedCopy::WriteBy how = SealedCopy::PreferredWrite()) {
+  auto copy = SealedCopy::Create("ckptfs:test", size, how);
+  EXPECT_TRUE(copy.ok()) << copy.status().message();
+  EXPECT_TRUE((*copy)->Write(0, reinterpret_cast<const uint8_t*>(std::string(size, fill).data()), size).ok());
+  EXPECT_TRUE((*copy)->Seal().ok());
+  return std::move(*copy);
+}
+
+// Fills `key` with `size` bytes; the copy, or null when refused.
+FileCache::CopyPtr Fill(FileCache& cache, const FileKey& key, uint64_t size, bool pin = false) {
+  auto claim = cache.Claim(key, size, pin, /*wait=*/true);
+  if (!claim.ok()) return nullptr;
+  if (claim->resident) return claim->resident;
+  return cache.Publish(std::move(claim->fill), SealedOf(size, 'x'));
+}
+
+TEST(SealedCopyTest, NobodyCanChangeASealedCopy) {
+  auto copy = SealedOf(3 * kMiB + 5, 'a');
+  const int seals = ::fcntl(copy->fd(), F_GET_SEALS);
+  EXPECT_EQ(seals, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  EXPECT_EQ(copy->data()[3 * kMiB + 4], 'a');
+  EXPECT_EQ(::pwrite(copy->fd(), "b", 1, 0), -1);  // the memfd is open O_RDWR; the seal still refuses
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_NE(::ftruncate(copy->fd(), 1), 0);
+  EXPECT_EQ(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, copy->fd(), 0), MAP_FAILED);
+  EXPECT_NE(::fcntl(copy->fd(), F_ADD_SEALS, 0), 0);  // F_SEAL_SEAL: the seals are final
+  // Reopened through /proc, as another process could, it is still unwritable.
+  const int again = ::open(("/proc/self/fd/" + std::to_string(copy->fd())).c_str(), O_RDWR);
+  ASSERT_GE(again, 0);
+  EXPECT_EQ(::pwrite(again, "b", 1, 0), -1);
+  ::close(again);
+  EXPECT_EQ(copy->Lock(), 0);
+  copy->Unlock();
+}
+
+// Both ways of filling (pwrite, or a huge-page mapping under shmem_enabled
+// "advise") give the same sealed bytes.
+TEST(SealedCopyTest, EitherWayOfWritingGivesTheSameSealedCopy) {
+  for (auto how : {SealedCopy::WriteBy::kPwrite, SealedCopy::WriteBy::kHugePageMapping}) {
+    auto copy = SealedCopy::Create("ckptfs:test", 5 * kMiB + 3, how);
+    ASSERT_TRUE(copy.ok()) << copy.status().message();
+    std::string bytes(5 * kMiB + 3, '\0');
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7);
+    ASSERT_TRUE((*copy)->Write(0, reinterpret_cast<const uint8_t*>(bytes.data()), 3 * kMiB).ok());
+    ASSERT_TRUE((*copy)->Write(3 * kMiB, reinterpret_cast<const uint8_t*>(bytes.data()) + 3 * kMiB, 2 * kMiB + 3).ok());
+    EXPECT_FALSE((*copy)->Write(5 * kMiB, reinterpret_cast<const uint8_t*>(bytes.data()), 4).ok());  // past the end
+    ASSERT_TRUE((*copy)->Seal().ok());
+    EXPECT_EQ(::fcntl((*copy)->fd(), F_GET_SEALS), F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+    EXPECT_TRUE(std::string(reinterpret_cast<const char*>((*copy)->data()), bytes.size()) == bytes);
+    EXPECT_FALSE((*copy)->Write(0, reinterpret_cast<const uint8_t*>(bytes.data()), 1).ok());  // sealed
+  }
+}
+
+TEST(SealedCopyTest, EmptyFilesHaveACopyToo) {
+  auto copy = SealedOf(0, 'a');
+  EXPECT_EQ(copy->size(), 0u);
+  EXPECT_EQ(::fcntl(copy->fd(), F_GET_SEALS), F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+}
+
+TEST(FileCacheTest, SmallFilesCostAPageAndTheBudgetHolds) {
+  FileCache cache(4 * kMiB);
+  ASSERT_TRUE(Fill(cache, Key(1), 2));
+  EXPECT_EQ(cache.GetStats().used, PageBytes(2));
+  EXPECT_EQ(PageBytes(2), static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)));
+  ASSERT_TRUE(Fill(cache, Key(2), 3 * kMiB));
+  // A third file evicts the least recently used unpinned one.
+  EXPECT_TRUE(cache.Find(Key(1)));  // 1 is now newer than 2
+  ASSERT_TRUE(Fill(cache, Key(3), 2 * kMiB));
+  EXPECT_TRUE(cache.Find(Key(1)));
+  EXPECT_FALSE(cache.Find(Key(2)));
+  const auto s = cache.GetStats();
+  EXPECT_LE(s.used + s.filling, s.capacity);
+  EXPECT_EQ(s.evictions, 1u);
+  auto too_big = cache.Claim(Key(4), 5 * kMiB, false, true);
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_EQ(too_big.status().code(), Status::Code::kFull);
+}
+
+TEST(FileCacheTest, PinnedFilesStayAndPinsThatDoNotFitAreRefused) {
+  FileCache cache(4 * kMiB);
+  ASSERT_TRUE(Fill(cache, Key(1), 3 * kMiB, /*pin=*/true));
+  auto refused = cache.Claim(Key(2), 2 * kMiB, /*pin=*/true, true);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("pinning would exceed the host cache"), std::string::npos);
+  EXPECT_FALSE(Fill(cache, Key(2), 2 * kMiB));  // only room by evicting the pinned one: refused
+  EXPECT_TRUE(cache.Find(Key(1)));
+  EXPECT_EQ(cache.Unpin(Key(1).sha256), 3 * kMiB);
+  EXPECT_TRUE(Fill(cache, Key(2), 2 * kMiB));
+  EXPECT_FALSE(cache.Find(Key(1)));
+}
+
+TEST(FileCacheTest, EvictedCopiesHeldByReadersAreCountedApart) {
+  FileCache cache(8 * kMiB);
+  FileCache::CopyPtr reader = Fill(cache, Key(1), 3 * kMiB);
+  ASSERT_TRUE(Fill(cache, Key(1, "stamped:sha256-ab"), kMiB));  // another form of the same file
+  EXPECT_EQ(cache.Evict(Key(1).sha256), 4 * kMiB);
+  auto s = cache.GetStats();
+  EXPECT_EQ(s.used, 0u);
+  EXPECT_EQ(s.files, 0u);
+  EXPECT_EQ(s.held_by_readers, 3 * kMiB);  // the other form had no reader and is gone
+  EXPECT_EQ(reader->data()[0], 'x');        // the reader keeps its verified bytes
+  reader.reset();
+  EXPECT_EQ(cache.GetStats().held_by_readers, 0u);
+}
+
+TEST(FileCacheTest, OneFillAtATimePerKeyAndAnAbandonedFillLeavesNothing) {
+  FileCache cache(8 * kMiB);
+  auto first = cache.Claim(Key(1), kMiB, false, true);
+  ASSERT_TRUE(first.ok() && first->fill);
+  auto other = cache.Claim(Key(1), kMiB, false, /*wait=*/false);
+  ASSERT_TRUE(other.ok());
+  EXPECT_FALSE(other->fill);
+  EXPECT_FALSE(other->resident);
+  EXPECT_EQ(cache.GetStats().filling, kMiB);
+  std::thread waiter([&] {
+    auto w = cache.Claim(Key(1), kMiB, false, /*wait=*/true);
+    EXPECT_TRUE(w.ok() && w->resident);
+  });
+  cache.Publish(std::move(first->fill), SealedOf(kMiB, 'y'));
+  waiter.join();
+  auto abandoned = cache.Claim(Key(2), kMiB, false, true);
+  ASSERT_TRUE(abandoned.ok() && abandoned->fill);
+  abandoned->fill.reset();  // a failed fill gives its room back
+  const auto s = cache.GetStats();
+  EXPECT_EQ(s.filling, 0u);
+  EXPECT_EQ(s.fills_abandoned, 1u);
+  EXPECT_FALSE(cache.Find(Key(2)));
+}
+
+}  // namespace
+}  // namespace ckptfs
