@@ -82,8 +82,18 @@ const char* PhaseName(CheckpointState::Phase phase) {
   return "?";
 }
 
+// The descriptors exist from construction on: RequestRescan (from a control
+// command or SIGHUP) may come before Start(), and the first scan, run by
+// ShowIndexed() before mounting, already adds its inotify watches.
 CatalogWatcher::CatalogWatcher(Options options, Index* index, View* view, ChangeCallback on_change)
-    : options_(std::move(options)), index_(index), view_(view), on_change_(std::move(on_change)) {}
+    : options_(std::move(options)), index_(index), view_(view), on_change_(std::move(on_change)) {
+  inotify_.reset(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
+  if (!inotify_.valid()) {
+    spdlog::warn("inotify unavailable ({}); changes under {} are seen by the periodic rescan only",
+                 std::strerror(errno), options_.source);
+  }
+  wake_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+}
 
 CatalogWatcher::~CatalogWatcher() { Stop(); }
 
@@ -93,12 +103,6 @@ void CatalogWatcher::ShowIndexed() {
 }
 
 void CatalogWatcher::Start() {
-  inotify_.reset(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
-  if (!inotify_.valid()) {
-    spdlog::warn("inotify unavailable ({}); changes under {} are seen by the periodic rescan only",
-                 std::strerror(errno), options_.source);
-  }
-  wake_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   thread_ = std::thread([this] { Run(); });
 }
 
