@@ -8,6 +8,7 @@
 // the same stamp but a new digest (re-indexed after bit rot) is another key.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <deque>
 #include <mutex>
@@ -33,6 +34,9 @@ class RefusedFiles {
     bool operator()(const Key& a, const Key& b) const;
   };
   const size_t capacity_;
+  // Read on every chunk fetch: while nothing was ever refused (the usual
+  // case) Contains() takes no lock.
+  std::atomic<bool> any_{false};
   mutable std::mutex mu_;
   std::set<Key, Less> keys_;
   std::deque<Key> order_;  // oldest first, to stay within capacity

@@ -180,11 +180,7 @@ int RunCacheCommand(const CacheArgs& args) {
 int RunStats(const StatsArgs& args) {
   nlohmann::json j;
   MountPath where;
-  if (auto done = QueryMount(args.path, "stats", &j, &where)) return *done;
-  if (Status s = KeepRowsUnder(j, where.rel); !s.ok()) {
-    PrintError(args.path + ": malformed reply: " + s.message());
-    return kExitFatal;
-  }
+  if (auto done = QueryRowsUnder(args.path, "stats", &j, &where)) return *done;
   if (auto done = PrintJsonOrDecode(args.path, args.json, j, j)) return *done;
   if (args.prometheus) PrintPrometheus(j, where.mountpoint);
   else PrintStatsTable(j);

@@ -63,11 +63,7 @@ int RunStatus(const MountArgs& args) {
 int RunLs(const MountArgs& args) {
   nlohmann::json reply;
   MountPath where;
-  if (auto done = QueryMount(args.path, "ls", &reply, &where)) return *done;
-  if (Status s = KeepRowsUnder(reply, where.rel); !s.ok()) {
-    PrintError(args.path + ": malformed reply: " + s.message());
-    return kExitFatal;
-  }
+  if (auto done = QueryRowsUnder(args.path, "ls", &reply, &where)) return *done;
   if (auto done = PrintJsonOrDecode(args.path, args.json, reply, reply["checkpoints"])) return *done;
   std::printf("%-71s %6s %11s  %-16s  %s\n", "DIGEST", "FILES", "SIZE", "INDEXED", "BY-NAME");
   for (const auto& row : reply["checkpoints"]) {

@@ -104,6 +104,8 @@ std::optional<int> PrintJsonOrDecode(const std::string& path, bool json, nlohman
 bool RowUnder(const nlohmann::json& row, const std::string& rel);
 // Keeps the rows of reply["checkpoints"] (paths still encoded) that belong to `rel`.
 Status KeepRowsUnder(nlohmann::json& reply, const std::string& rel);
+// QueryMount, then KeepRowsUnder the path asked about (`ls`, `stats`).
+std::optional<int> QueryRowsUnder(const std::string& path, const char* cmd, nlohmann::json* reply, MountPath* where);
 
 struct MountArgs {
   std::string path;  // the mount point or any path inside the mount

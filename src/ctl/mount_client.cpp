@@ -124,6 +124,15 @@ Status KeepRowsUnder(nlohmann::json& reply, const std::string& rel) {
   return Status::Ok();
 }
 
+std::optional<int> QueryRowsUnder(const std::string& path, const char* cmd, nlohmann::json* reply, MountPath* where) {
+  if (auto done = QueryMount(path, cmd, reply, where)) return done;
+  if (Status s = KeepRowsUnder(*reply, where->rel); !s.ok()) {
+    PrintError(path + ": malformed reply: " + s.message());
+    return kExitFatal;
+  }
+  return std::nullopt;
+}
+
 int RunResolve(const std::string& path) {
   auto where = LocateInMount(path);
   if (!where.ok()) {

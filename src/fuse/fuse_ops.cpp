@@ -53,6 +53,14 @@ struct stat ToStat(const View::Node& n) {
   return st;
 }
 
+// The node `ino`, or null after replying ENOENT (the kernel asked about a
+// node this daemon no longer holds).
+View::NodePtr NodeOrReply(fuse_req_t req, fuse_ino_t ino) {
+  auto n = Ctx(req).view->Get(ino);
+  if (!n) fuse_reply_err(req, ENOENT);
+  return n;
+}
+
 int UseWant(const View::Node& n) { return n.kind == View::Kind::kDir ? kWantRead | kWantSearch : kWantRead; }
 
 // How long the kernel may keep an entry and its attributes. A node that not
@@ -130,11 +138,8 @@ void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
 }
 
 void GetAttr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
-  auto n = Ctx(req).view->Get(ino);
-  if (!n) {
-    fuse_reply_err(req, ENOENT);
-    return;
-  }
+  auto n = NodeOrReply(req, ino);
+  if (!n) return;
   if (!Allowed(req, *n, 0)) return;
   auto attr = AttrOf(Ctx(req), n);
   if (!attr.ok()) {
@@ -172,11 +177,8 @@ struct DirHandle {
 
 void OpenDir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   auto& ctx = Ctx(req);
-  auto n = ctx.view->Get(ino);
-  if (!n) {
-    fuse_reply_err(req, ENOENT);
-    return;
-  }
+  auto n = NodeOrReply(req, ino);
+  if (!n) return;
   if (n->kind != View::Kind::kDir) {
     fuse_reply_err(req, ENOTDIR);
     return;
@@ -262,11 +264,8 @@ OpenModes::Choice ChooseMode(FsContext& ctx, fuse_req_t req, const FileKey& key)
 
 void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   auto& ctx = Ctx(req);
-  auto n = ctx.view->Get(ino);
-  if (!n) {
-    fuse_reply_err(req, ENOENT);
-    return;
-  }
+  auto n = NodeOrReply(req, ino);
+  if (!n) return;
   if (n->kind != View::Kind::kFile) {
     fuse_reply_err(req, EISDIR);
     return;
@@ -474,11 +473,8 @@ void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 }
 
 void GetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
-  auto n = Ctx(req).view->Get(ino);
-  if (!n) {
-    fuse_reply_err(req, ENOENT);
-    return;
-  }
+  auto n = NodeOrReply(req, ino);
+  if (!n) return;
   if (!Allowed(req, *n, kWantRead)) return;
   for (const auto& [key, value] : n->xattrs) {
     if (key != name) continue;
@@ -491,11 +487,8 @@ void GetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
 }
 
 void ListXattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
-  auto n = Ctx(req).view->Get(ino);
-  if (!n) {
-    fuse_reply_err(req, ENOENT);
-    return;
-  }
+  auto n = NodeOrReply(req, ino);
+  if (!n) return;
   if (!Allowed(req, *n, kWantRead)) return;
   std::string names;
   for (const auto& [key, value] : n->xattrs) names += key + '\0';
@@ -507,11 +500,8 @@ void ListXattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 // access(2), chdir(2) and friends: without default_permissions the kernel
 // asks us.
 void Access(fuse_req_t req, fuse_ino_t ino, int mask) {
-  auto n = Ctx(req).view->Get(ino);
-  if (!n) {
-    fuse_reply_err(req, ENOENT);
-    return;
-  }
+  auto n = NodeOrReply(req, ino);
+  if (!n) return;
   if (mask & W_OK) {
     fuse_reply_err(req, EROFS);
     return;

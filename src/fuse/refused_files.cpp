@@ -14,6 +14,7 @@ bool RefusedFiles::Add(const Sha256Digest& sha256, const FileStamp& stamp) {
   std::lock_guard lock(mu_);
   Key key{sha256, stamp};
   if (!keys_.insert(key).second) return false;
+  any_ = true;
   order_.push_back(key);
   while (order_.size() > capacity_) {
     keys_.erase(order_.front());
@@ -23,6 +24,7 @@ bool RefusedFiles::Add(const Sha256Digest& sha256, const FileStamp& stamp) {
 }
 
 bool RefusedFiles::Contains(const Sha256Digest& sha256, const FileStamp& stamp) const {
+  if (!any_.load(std::memory_order_acquire)) return false;
   std::lock_guard lock(mu_);
   return keys_.count({sha256, stamp}) != 0;
 }
