@@ -103,6 +103,7 @@ class TreeWalker {
   }
 
   void Walk(const std::string& abs, DirNode& node, std::set<std::pair<dev_t, ino_t>>& ancestors) {
+    if (options_.cancel != nullptr && options_.cancel->load()) return;
     std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(abs.c_str()), ::closedir);
     if (!dir) {
       node.problems.push_back(Plain("cannot read directory " + Quote(abs) + ": " + std::strerror(errno)));
@@ -438,6 +439,9 @@ Result<CatalogScan> ScanSourceTree(const std::string& root, const CatalogOptions
   top.inside = ExtendChain(nullptr, top.access.self);
   std::set<std::pair<dev_t, ino_t>> ancestors{{st.st_dev, st.st_ino}};
   TreeWalker(*real_root, top.access.self, options).Walk(*real_root, top, ancestors);
+  if (options.cancel != nullptr && options.cancel->load()) {
+    return Status::Error("scan of " + Quote(root) + " cancelled (the daemon is stopping)");
+  }
   CutIntoCheckpoints(top, scan.root, scan, /*inside_checkpoint=*/false, /*hub_repo=*/"");
   return scan;
 }
