@@ -48,8 +48,15 @@ IndexReport Indexer::Run(const CatalogScan& scan) {
   uint64_t bytes_to_hash = 0;
   for (auto& [key, job] : jobs) {
     if (!options_.ignore_index && index_ != nullptr) {
-      if (auto h = index_->LookupFile(job.stamp)) {
-        job.hashes = std::move(*h);
+      auto h = index_->LookupFile(job.stamp);
+      if (!h.ok()) {
+        // An index that cannot be read is reported, not taken for empty:
+        // hashing everything again in silence would hide it.
+        job.error = job.open_path + ": " + h.status().message();
+        continue;
+      }
+      if (*h) {
+        job.hashes = std::move(**h);
         job.from_index = true;
         ++report.files_from_index;
         continue;
