@@ -4,25 +4,6 @@
 
 namespace ckptfs::daemon {
 
-std::string EscapeFuseOption(const std::string& value) {
-  std::string out;
-  for (char c : value) {
-    if (c == ',' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out;
-}
-
-// No default_permissions: the kernel would judge each inode by one owner and
-// one mode, which cannot express "any source copy grants it" (DESIGN.md
-// section 2); the FUSE operations check every request's caller instead.
-std::string FuseOptionString(const MountOptions& o) {
-  std::string fuse_opts = "ro,subtype=ckptfs,fsname=" + EscapeFuseOption(o.fsname);
-  if (o.allow_other) fuse_opts += ",allow_other";
-  for (const auto& f : o.fuse_options) fuse_opts += "," + f;
-  return fuse_opts;
-}
-
 Result<std::unique_ptr<FuseSession>> FuseSession::Create(const MountOptions& o, const char* argv0, FsContext* ctx) {
   const std::string fuse_opts = FuseOptionString(o);
   std::unique_ptr<FuseSession> s(new FuseSession());

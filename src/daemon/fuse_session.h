@@ -14,15 +14,6 @@
 
 namespace ckptfs::daemon {
 
-// libfuse splits -o on commas and unescapes a backslash before any
-// character, so a source path with a comma would otherwise inject options
-// (SRC=/srv/a,allow_other turning allow_other on).
-std::string EscapeFuseOption(const std::string& value);
-
-// The -o string handed to libfuse: ro, the subtype and fsname, allow_other
-// and the standard options passed through.
-std::string FuseOptionString(const MountOptions& o);
-
 class FuseSession {
  public:
   // `ctx` is the operations' userdata and must outlive the session.
