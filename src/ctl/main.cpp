@@ -61,7 +61,8 @@ int main(int argc, char** argv) {
   VerifyArgs verify;
   auto* cmd_verify = app.add_subcommand(
       "verify", "Re-read every file under each DIR, ignoring the index, and report files whose content no longer\n"
-                "matches the index (MISMATCH: changed with its stamp intact; CHANGED: modified since indexed)");
+                "matches the index (MISMATCH: changed with its stamp intact; CHANGED: modified since indexed;\n"
+                "NOT-INDEXED: never digested; INDEX-ERROR: the index could not be read)");
   cmd_verify->add_option("DIR", verify.dirs, "Source trees or checkpoint directories")->required();
   cmd_verify->add_flag("--json", verify.json, "Print JSON");
 
