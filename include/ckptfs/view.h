@@ -58,6 +58,7 @@ struct ExposedCheckpoint {
     FileStamp stamp;          // as hashed; reads check it
     Sha256Digest sha256{};
     std::shared_ptr<const std::vector<ChunkHash>> chunks;  // XXH3-128 per 4 MiB chunk
+    std::optional<uint64_t> stamped_size;  // *.safetensors: size as served under stamp_headers
     Ownership owner;
     AccessPath access;  // how this copy is reached in the source
   };
@@ -105,6 +106,9 @@ class View {
     Sha256Digest sha256{};                       // files
     std::shared_ptr<const std::vector<ChunkHash>> chunks;  // files
     bool safetensors = false;                    // files named *.safetensors
+    // Files named *.safetensors: their size as served under stamp_headers,
+    // stored at indexing so that stat reads nothing (unset: not known yet).
+    std::optional<uint64_t> stamped_size;
     std::string digest;                          // the sha256-<hex> this node belongs to, if any
     // A by-name directory that is itself a checkpoint holding nested ones
     // (by-name/run7 beside by-name/run7/checkpoint-500): its own sha256-<hex>,

@@ -212,6 +212,7 @@ void ViewBuilder::AddDigestFile(const std::string& name, size_t index,
   n->sha256 = f.sha256;
   n->chunks = f.chunks;
   n->safetensors = f.rel_path.size() > 12 && f.rel_path.compare(f.rel_path.size() - 12, 12, ".safetensors") == 0;
+  if (n->safetensors) n->stamped_size = f.stamped_size;
   n->xattrs = {{"user.ckptfs.sha256", ToHex(f.sha256)}};
   parent->children[LastComponent(f.rel_path)] = n->ino;
   Add(n, false);
