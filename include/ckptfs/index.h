@@ -72,7 +72,7 @@ class Index {
   // stamp_headers (its own size when its header is served unstamped), kept
   // so that stat never reads a header (one can be 100 MB). A property of
   // the bytes alone, so it is keyed by the file's SHA-256.
-  std::optional<uint64_t> LookupStampedSize(const Sha256Digest& file);
+  Result<std::optional<uint64_t>> LookupStampedSize(const Sha256Digest& file);
   Status PutStampedSize(const Sha256Digest& file, uint64_t size);
 
   Status PutCheckpoint(const std::string& name, const std::string& manifest, uint64_t total_size,

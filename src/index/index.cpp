@@ -350,19 +350,21 @@ Status Index::ForgetFile(uint64_t dev, uint64_t ino) {
   return Status::Ok();
 }
 
-std::optional<uint64_t> Index::LookupStampedSize(const Sha256Digest& file) {
+Result<std::optional<uint64_t>> Index::LookupStampedSize(const Sha256Digest& file) {
   std::lock_guard lock(mu_);
   Stmt s(db_, "SELECT size, row_sum FROM stamped_sizes WHERE sha256=?1");
-  if (!s.ok()) return std::nullopt;
+  if (!s.ok()) return SqlError("cannot look up a stamped size");
   s.BindBlob(1, file.data(), file.size());
-  if (s.Step() != SQLITE_ROW) return std::nullopt;
+  const int rc = s.Step();
+  if (rc == SQLITE_DONE) return std::optional<uint64_t>();
+  if (rc != SQLITE_ROW) return SqlError("cannot look up a stamped size");
   const uint64_t size = static_cast<uint64_t>(s.Int(0));
   const std::string sum = s.Blob(1);
   const Sha256Digest expect = StampedSizeRowSum(file, size);
   if (sum.size() != expect.size() || std::memcmp(sum.data(), expect.data(), expect.size()) != 0) {
-    return std::nullopt;  // damaged row: the header is read again and the row rewritten
+    return std::optional<uint64_t>();  // damaged row: the header is read again and the row rewritten
   }
-  return size;
+  return std::optional<uint64_t>(size);
 }
 
 Status Index::PutStampedSize(const Sha256Digest& file, uint64_t size) {

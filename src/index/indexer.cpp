@@ -48,7 +48,12 @@ void FindStampedSizes(Index* index, const IndexerOptions& options, const std::st
   SourceReader reader(real_root);
   for (auto& [key, job] : jobs) {
     if (!job.safetensors || !job.hashes) continue;
-    if ((job.stamped_size = index->LookupStampedSize(job.hashes->sha256))) continue;
+    auto stored = index->LookupStampedSize(job.hashes->sha256);
+    if (!stored.ok()) {
+      report.warnings.push_back(job.open_path + ": " + stored.status().message());
+      continue;  // stat reads the header itself, as without an index
+    }
+    if ((job.stamped_size = *stored)) continue;
     if (options.lookup_only || (options.cancel != nullptr && options.cancel->load())) continue;
     auto size = ServedStampedSize(reader, job.open_path, job.stamp, job.hashes->chunks);
     if (!size.ok()) {
