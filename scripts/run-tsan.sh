@@ -16,12 +16,17 @@ cmake --build build-tsan --parallel "$(nproc)" --target ckptfs ckptfsctl ckptfs_
   ckptfs_security_tests ckptfs-make-demo-tree ckptfs-test-faultyfs ckptfs-test-compare-tree
 rm -f /tmp/ckptfs-tsan.*
 export TSAN_OPTIONS="halt_on_error=0 report_signal_unsafe=0 log_path=/tmp/ckptfs-tsan"
-build-tsan/tests/ckptfs_unit_tests
+# Left out, to keep CI well under its 30 minutes on 2 cores (TSan runs code
+# 5 to 15 times slower): single-threaded scale tests of the header parser
+# (2 minutes and more under TSan, nothing shared), the 2,000-checkpoint mount
+# and the open/close count test (scale, not concurrency); and
+# RefusedPinningGoesOnUnpinned, because under TSan the runtime's own mappings
+# change what mlock reports.
+build-tsan/tests/ckptfs_unit_tests \
+  --gtest_filter='-SafetensorsHeaderTest.HundredsOfThousandsOfTensorsParseAndStamp:SafetensorsHeaderTest.ManyMetadataKeysParseAndStamp:SafetensorsHeaderTest.HeaderSizeLimit'
 build-tsan/tests/ckptfs_security_tests
-# RefusedPinningGoesOnUnpinned is left out: under TSan the runtime's own
-# mappings change what mlock reports.
 build-tsan/tests/ckptfs_integration_tests \
-  --gtest_filter='MountTest.*:CacheMountTest.*:Passthrough*:TeardownTest.*:-CacheMountTest.RefusedPinningGoesOnUnpinned'
+  --gtest_filter='MountTest.*:CacheMountTest.*:Passthrough*:TeardownTest.*:-CacheMountTest.RefusedPinningGoesOnUnpinned:MountTest.ThousandsOfCheckpoints:PassthroughMountTest.OpensAndClosesDoNotAccumulateBackingIdsOrInodes'
 if ls /tmp/ckptfs-tsan.* >/dev/null 2>&1; then
   echo "run-tsan.sh: ThreadSanitizer reports in $(ls /tmp/ckptfs-tsan.* | tr '\n' ' ')" >&2
   exit 1
