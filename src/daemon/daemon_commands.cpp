@@ -19,7 +19,7 @@ CommandTable Daemon::MakeCommands() {
       row(protocol::kStatus,
           [this, visible](const Request& r) {
             const MountFacts facts{&options_, state_dir_, index_->path(), log_->destination()};
-            return StatusJson(visible(r), watcher_->scans_completed(), facts, ctx_);
+            return StatusJson(visible(r), *watcher_, facts, ctx_);
           }),
       row(protocol::kLs, [this, visible](const Request& r) { return LsJson(visible(r), *view_, options_.source); }),
       row(protocol::kStats,

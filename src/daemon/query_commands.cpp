@@ -40,10 +40,19 @@ nlohmann::json OptionsJson(const MountOptions& o, const std::string& log_destina
           {"log_file", log_destination}};
 }
 
+nlohmann::json LastScanJson(const CatalogWatcher::ScanStats& s) {
+  return {{"seconds", s.seconds},
+          {"checkpoints", s.checkpoints},
+          {"checkpoints_kept", s.checkpoints_kept},
+          {"files_looked_up", s.files_looked_up},
+          {"nodes_built", s.nodes.built},
+          {"nodes_reused", s.nodes.reused}};
+}
+
 }  // namespace
 
-nlohmann::json StatusJson(const std::vector<CheckpointState>& visible, uint64_t scans, const MountFacts& mount,
-                          const FsContext& ctx) {
+nlohmann::json StatusJson(const std::vector<CheckpointState>& visible, const CatalogWatcher& watcher,
+                          const MountFacts& mount, const FsContext& ctx) {
   nlohmann::json list = nlohmann::json::array();
   size_t counts[4] = {0, 0, 0, 0};
   for (const auto& s : visible) {
@@ -58,7 +67,8 @@ nlohmann::json StatusJson(const std::vector<CheckpointState>& visible, uint64_t 
           {"state_dir", mount.state_dir},
           {"index", mount.index_path},
           {"pid", ::getpid()},
-          {"scans", scans},
+          {"scans", watcher.scans_completed()},
+          {"last_scan", LastScanJson(watcher.LastScan())},
           {"counts",
            {{"exposed", counts[0]}, {"indexing", counts[1]}, {"pending", counts[2]}, {"invalid", counts[3]}}},
           {"options", OptionsJson(o, mount.log_destination)},

@@ -24,8 +24,8 @@ struct MountFacts {
   std::string log_destination;
 };
 
-nlohmann::json StatusJson(const std::vector<CheckpointState>& visible, uint64_t scans, const MountFacts& mount,
-                          const FsContext& ctx);
+nlohmann::json StatusJson(const std::vector<CheckpointState>& visible, const CatalogWatcher& watcher,
+                          const MountFacts& mount, const FsContext& ctx);
 
 // One row per digest directory: its by-name paths and sources, from the
 // checkpoint states the caller may see.
