@@ -11,6 +11,7 @@
 // checkpoint that contains it invalid.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <optional>
@@ -45,6 +46,10 @@ struct CatalogOptions {
   // Devices the walk never enters (the daemon's own mount, should another
   // path such as a bind mount lead to it).
   std::vector<dev_t> excluded_devices;
+  // When set and true, the walk stops at the next directory and the scan
+  // fails: a daemon that is unmounted must not finish walking a large tree
+  // first.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 struct MemberFile {

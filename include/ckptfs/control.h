@@ -36,6 +36,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ckptfs/control_protocol.h"
 #include "ckptfs/status.h"
 #include "ckptfs/unique_fd.h"
 
@@ -70,7 +71,7 @@ struct ControlLimits {
   std::chrono::milliseconds send_timeout{10000};
   unsigned query_threads = 4;
   unsigned long_threads = 2;  // at most this many long commands run at once; more wait their turn
-  std::vector<std::string> long_commands{"preload"};
+  std::vector<std::string> long_commands{std::string(protocol::kPreload)};
 };
 
 class ControlServer {

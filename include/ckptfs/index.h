@@ -48,8 +48,14 @@ class Index {
 
   const std::string& path() const { return path_; }
 
+  // Lookups answer nullopt when nothing usable is stored (a damaged row
+  // counts as absent: its file is hashed again and the row rewritten), and
+  // fail, naming the index and SQLite's reason, when the index cannot be
+  // read: a broken index is an error to report, not a reason to re-hash
+  // every file in silence.
+
   // The stored hashes of the file with exactly this stamp, if any.
-  std::optional<FileHashes> LookupFile(const FileStamp& stamp);
+  Result<std::optional<FileHashes>> LookupFile(const FileStamp& stamp);
 
   struct StoredFile {
     FileStamp stamp;
@@ -57,7 +63,7 @@ class Index {
     std::string path;
   };
   // Whatever is stored for (dev, ino), whatever its stamp (used by verify).
-  std::optional<StoredFile> LookupInode(uint64_t dev, uint64_t ino);
+  Result<std::optional<StoredFile>> LookupInode(uint64_t dev, uint64_t ino);
 
   Status PutFile(const FileStamp& stamp, const std::string& path, const FileHashes& hashes);
   // Drops what is known of (dev, ino), so the next scan hashes it again.
@@ -66,7 +72,7 @@ class Index {
   // stamp_headers (its own size when its header is served unstamped), kept
   // so that stat never reads a header (one can be 100 MB). A property of
   // the bytes alone, so it is keyed by the file's SHA-256.
-  std::optional<uint64_t> LookupStampedSize(const Sha256Digest& file);
+  Result<std::optional<uint64_t>> LookupStampedSize(const Sha256Digest& file);
   Status PutStampedSize(const Sha256Digest& file, uint64_t size);
 
   Status PutCheckpoint(const std::string& name, const std::string& manifest, uint64_t total_size,
@@ -74,15 +80,17 @@ class Index {
   Status PutSource(const std::string& real_root, const std::string& rel_path, const std::string& name);
 
   // The name last recorded for a checkpoint path, if any.
-  std::optional<std::string> LookupSource(const std::string& real_root, const std::string& rel_path);
+  Result<std::optional<std::string>> LookupSource(const std::string& real_root, const std::string& rel_path);
   // The stored manifest of a checkpoint name, if any.
-  std::optional<std::string> LookupManifest(const std::string& name);
+  Result<std::optional<std::string>> LookupManifest(const std::string& name);
   // When a checkpoint name was first recorded (seconds since the epoch).
   std::optional<int64_t> CheckpointIndexedAt(const std::string& name);
 
  private:
   Index(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
   Status Exec(const char* sql);
+  // "index PATH: WHAT: SQLite's message" (call with mu_ held).
+  Status SqlError(const std::string& what) const;
 
   std::mutex mu_;  // one connection, used by many indexer threads
   sqlite3* db_;

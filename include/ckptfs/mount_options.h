@@ -58,6 +58,15 @@ Result<MountOptions> ParseMountOptions(int argc, const char* const* argv);
 // "4M" -> 4194304; accepts K, M, G, T (powers of 1024) and a plain byte count.
 Result<uint64_t> ParseSize(const std::string& text);
 
+// libfuse splits -o on commas and unescapes a backslash before any
+// character, so a source path with a comma would otherwise inject options
+// (SRC=/srv/a,allow_other turning allow_other on).
+std::string EscapeFuseOption(const std::string& value);
+
+// The -o string handed to libfuse: ro, the subtype and fsname (escaped),
+// allow_other and the standard options passed through.
+std::string FuseOptionString(const MountOptions& o);
+
 // The text of `ckptfs --help`.
 std::string MountUsage();
 

@@ -209,7 +209,11 @@ class View {
   static constexpr size_t kHeldStripes = 16;
   HeldStripe& StripeOf(InodeId ino) const { return held_[ino % kHeldStripes]; }
 
-  SnapshotPtr Current() const { return current_.load(std::memory_order_acquire); }
+  SnapshotPtr Current() const {
+    std::lock_guard lock(current_mu_);
+    return current_;
+  }
+  void SetCurrent(SnapshotPtr next);
   SnapshotPtr Build(const std::vector<ExposedCheckpoint>& checkpoints,
                     const std::map<std::string, AccessPath>& source_dirs,
                     const std::vector<HubRef>& hub_refs);
@@ -222,7 +226,12 @@ class View {
   // Serialises publishes (and the root xattrs they copy); readers never take it.
   std::mutex publish_mu_;
   std::vector<std::pair<std::string, std::string>> root_xattrs_;
-  std::atomic<SnapshotPtr> current_;
+  // The current snapshot, copied out under a short lock rather than held in
+  // std::atomic<shared_ptr>: GCC 12's load() releases its internal lock with
+  // memory_order_relaxed, so a publish's store races the last load in the
+  // memory model (ThreadSanitizer reports it on every mount).
+  mutable std::mutex current_mu_;
+  SnapshotPtr current_;
   std::atomic<uint64_t> last_built_{0}, last_reused_{0};
   mutable std::array<HeldStripe, kHeldStripes> held_;
 };

@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "ckptfs/control.h"
+#include "ckptfs/control_protocol.h"
 #include "ckptfs/progress.h"
 #include "ctl.h"
 
@@ -148,16 +149,14 @@ int RunCacheCommand(const CacheArgs& args) {
     return kExitFatal;
   }
   const auto& [mountpoint, rel] = *where;
-  nlohmann::json request{{"cmd", args.command}, {"path", rel}};
-  if (args.command == "preload") {
-    request["tier"] = args.tier;
-    request["pin"] = args.pin;
-  }
+  const nlohmann::json request = args.command == protocol::kPreload
+                                     ? protocol::PreloadRequest(rel, args.tier, args.pin)
+                                     : protocol::PathRequest(args.command, rel);
   uint64_t last = 0;
-  ProgressBar bar("preloading", args.command == "preload" && ::isatty(STDERR_FILENO) == 1);
+  ProgressBar bar("preloading", args.command == protocol::kPreload && ::isatty(STDERR_FILENO) == 1);
   auto reply = CallMount(mountpoint, request, [&](const nlohmann::json& p) {
-    const uint64_t done = p.value("progress", uint64_t{0});
-    bar.SetTotal(p.value("total", uint64_t{0}));
+    const uint64_t done = p.value(protocol::kProgress, uint64_t{0});
+    bar.SetTotal(p.value(protocol::kTotal, uint64_t{0}));
     bar.Add(done - last);
     last = done;
   });
@@ -166,12 +165,12 @@ int RunCacheCommand(const CacheArgs& args) {
     return kExitFailure;
   }
   const uint64_t bytes = reply->value("bytes", uint64_t{0});
-  if (args.command == "preload") {
+  if (args.command == protocol::kPreload) {
     std::printf("preloaded %s (%llu file(s), %s) into the %s tier%s\n", args.path.c_str(),
                 static_cast<unsigned long long>(reply->value("files", uint64_t{0})), FormatBytes(bytes).c_str(),
                 args.tier.c_str(), args.pin ? ", pinned" : "");
   } else {
-    std::printf("%s %s of %s\n", args.command == "unpin" ? "unpinned" : "evicted", FormatBytes(bytes).c_str(),
+    std::printf("%s %s of %s\n", args.command == protocol::kUnpin ? "unpinned" : "evicted", FormatBytes(bytes).c_str(),
                 args.path.c_str());
   }
   return kExitOk;
@@ -180,7 +179,7 @@ int RunCacheCommand(const CacheArgs& args) {
 int RunStats(const StatsArgs& args) {
   nlohmann::json j;
   MountPath where;
-  if (auto done = QueryRowsUnder(args.path, "stats", &j, &where)) return *done;
+  if (auto done = QueryRowsUnder(args.path, protocol::kStats, &j, &where)) return *done;
   if (auto done = PrintJsonOrDecode(args.path, args.json, j, j)) return *done;
   if (args.prometheus) PrintPrometheus(j, where.mountpoint);
   else PrintStatsTable(j);

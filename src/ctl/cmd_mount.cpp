@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <ctime>
 
+#include "ckptfs/control_protocol.h"
 #include "ckptfs/json_path.h"
 #include "ckptfs/progress.h"
 #include "ctl.h"
@@ -24,7 +25,7 @@ std::string When(int64_t t) {
 
 int RunStatus(const MountArgs& args) {
   nlohmann::json j;
-  if (auto done = QueryMount(args.path, "status", &j)) return *done;
+  if (auto done = QueryMount(args.path, protocol::kStatus, &j)) return *done;
   if (auto done = PrintJsonOrDecode(args.path, args.json, j, j)) return *done;
   const auto& opt = j["options"];
   const auto& c = j["counts"];
@@ -63,7 +64,7 @@ int RunStatus(const MountArgs& args) {
 int RunLs(const MountArgs& args) {
   nlohmann::json reply;
   MountPath where;
-  if (auto done = QueryRowsUnder(args.path, "ls", &reply, &where)) return *done;
+  if (auto done = QueryRowsUnder(args.path, protocol::kLs, &reply, &where)) return *done;
   if (auto done = PrintJsonOrDecode(args.path, args.json, reply, reply["checkpoints"])) return *done;
   std::printf("%-71s %6s %11s  %-16s  %s\n", "DIGEST", "FILES", "SIZE", "INDEXED", "BY-NAME");
   for (const auto& row : reply["checkpoints"]) {
@@ -83,7 +84,7 @@ int RunRescan(const MountArgs& args) {
     PrintError(where.status().message());
     return kExitFatal;
   }
-  auto r = CallMount(where->first, {{"cmd", "rescan"}});
+  auto r = CallMount(where->first, protocol::Request(protocol::kRescan));
   if (!r.ok()) {
     PrintError(args.path + ": " + r.status().message());
     return kExitFailure;

@@ -9,7 +9,7 @@ namespace ckptfs::ctl {
 
 namespace {
 
-enum class Verdict { kMatch, kChangedSameContent, kMismatch, kChangedSinceIndexed, kNotIndexed };
+enum class Verdict { kMatch, kChangedSameContent, kMismatch, kChangedSinceIndexed, kNotIndexed, kIndexError };
 
 const char* VerdictWord(Verdict v) {
   switch (v) {
@@ -18,6 +18,7 @@ const char* VerdictWord(Verdict v) {
     case Verdict::kMismatch: return "MISMATCH";
     case Verdict::kChangedSinceIndexed: return "CHANGED";
     case Verdict::kNotIndexed: return "NOT-INDEXED";
+    case Verdict::kIndexError: return "INDEX-ERROR";
   }
   return "?";
 }
@@ -29,7 +30,9 @@ struct FileVerdict {
 };
 
 FileVerdict Judge(Index& index, const std::string& display_path, const IndexedFile& f) {
-  auto stored = index.LookupInode(f.member.stamp.dev, f.member.stamp.ino);
+  auto found = index.LookupInode(f.member.stamp.dev, f.member.stamp.ino);
+  if (!found.ok()) return {display_path, Verdict::kIndexError, found.status().message()};
+  auto& stored = *found;
   if (!stored) return {display_path, Verdict::kNotIndexed, "not in the index; run ckptfsctl digest first"};
   const bool same_content = stored->hashes.sha256 == f.hashes.sha256 && stored->hashes.chunks == f.hashes.chunks;
   const bool same_stamp = stored->stamp == f.member.stamp;
@@ -70,7 +73,9 @@ int RunVerify(const GlobalOptions& g, const VerifyArgs& args) {
         continue;
       }
       jcp["name"] = cp.name;
-      auto recorded = index->LookupSource(scan.real_root, cp.rel_path);
+      auto looked_up = index->LookupSource(scan.real_root, cp.rel_path);
+      if (!looked_up.ok()) PrintError(looked_up.status().message());
+      const std::optional<std::string> recorded = looked_up.ok() ? *looked_up : std::nullopt;
       jcp["recorded_name"] = recorded ? nlohmann::json(*recorded) : nlohmann::json(nullptr);
       jcp["files"] = nlohmann::json::array();
       for (const auto& f : cp.files) {

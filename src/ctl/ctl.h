@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ckptfs/catalog.h"
@@ -88,7 +89,7 @@ struct MountPath {
 // for `cmd`. Returns an exit code after printing why when the request
 // failed; otherwise fills `reply` (paths still encoded, json_path.h) and,
 // if given, `where`.
-std::optional<int> QueryMount(const std::string& path, const char* cmd, nlohmann::json* reply,
+std::optional<int> QueryMount(const std::string& path, std::string_view cmd, nlohmann::json* reply,
                               MountPath* where = nullptr);
 
 // Prints `printed` (part of `reply`) as JSON, paths still encoded (valid
@@ -105,7 +106,7 @@ bool RowUnder(const nlohmann::json& row, const std::string& rel);
 // Keeps the rows of reply["checkpoints"] (paths still encoded) that belong to `rel`.
 Status KeepRowsUnder(nlohmann::json& reply, const std::string& rel);
 // QueryMount, then KeepRowsUnder the path asked about (`ls`, `stats`).
-std::optional<int> QueryRowsUnder(const std::string& path, const char* cmd, nlohmann::json* reply, MountPath* where);
+std::optional<int> QueryRowsUnder(const std::string& path, std::string_view cmd, nlohmann::json* reply, MountPath* where);
 
 struct MountArgs {
   std::string path;  // the mount point or any path inside the mount

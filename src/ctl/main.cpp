@@ -5,9 +5,11 @@
 
 #include "ckptfs/build_info.h"
 #include "ckptfs/catalog.h"
+#include "ckptfs/control_protocol.h"
 #include "ctl.h"
 
 using namespace ckptfs::ctl;
+namespace protocol = ckptfs::protocol;
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -59,7 +61,8 @@ int main(int argc, char** argv) {
   VerifyArgs verify;
   auto* cmd_verify = app.add_subcommand(
       "verify", "Re-read every file under each DIR, ignoring the index, and report files whose content no longer\n"
-                "matches the index (MISMATCH: changed with its stamp intact; CHANGED: modified since indexed)");
+                "matches the index (MISMATCH: changed with its stamp intact; CHANGED: modified since indexed;\n"
+                "NOT-INDEXED: never digested; INDEX-ERROR: the index could not be read)");
   cmd_verify->add_option("DIR", verify.dirs, "Source trees or checkpoint directories")->required();
   cmd_verify->add_flag("--json", verify.json, "Print JSON");
 
@@ -72,41 +75,48 @@ int main(int argc, char** argv) {
       ->required();
   MountArgs status_args, ls_args, rescan_args;
   auto* cmd_status = app.add_subcommand(
-      "status", "Show a mount's checkpoints being indexed, pending or invalid (with the reason), its state directory\n"
-                "and options");
+      std::string(protocol::kStatus),
+      "Show a mount's checkpoints being indexed, pending or invalid (with the reason), its state directory\n"
+      "and options");
   cmd_status->add_option("PATH", status_args.path, "A ckptfs mount point or any path inside one")->required();
   cmd_status->add_flag("--json", status_args.json, "Print JSON");
   auto* cmd_ls = app.add_subcommand(
-      "ls", "List a mount's digest directories: digest, files, size, indexed at, by-name paths; given a path\n"
-            "inside the mount, only the checkpoints at or below it");
+      std::string(protocol::kLs),
+      "List a mount's digest directories: digest, files, size, indexed at, by-name paths; given a path\n"
+      "inside the mount, only the checkpoints at or below it");
   cmd_ls->add_option("PATH", ls_args.path, "A ckptfs mount point or any path inside one")->required();
   cmd_ls->add_flag("--json", ls_args.json, "Print JSON");
-  auto* cmd_rescan = app.add_subcommand("rescan", "Ask a mount to rescan its source now (root or the mount's owner)");
+  auto* cmd_rescan = app.add_subcommand(std::string(protocol::kRescan),
+                                       "Ask a mount to rescan its source now (root or the mount's owner)");
   cmd_rescan->add_option("PATH", rescan_args.path, "A ckptfs mount point or any path inside one")->required();
   cmd_rescan->add_flag("--json", rescan_args.json, "Print JSON");
 
   CacheArgs preload_args, unpin_args, evict_args;
-  preload_args.command = "preload";
-  unpin_args.command = "unpin";
-  evict_args.command = "evict";
+  preload_args.command = protocol::kPreload;
+  unpin_args.command = protocol::kUnpin;
+  evict_args.command = protocol::kEvict;
   auto* cmd_preload = app.add_subcommand(
-      "preload", "Copy every file of PATH into the host tier, verified, with a progress bar, so that opens pass\n"
-                 "through to the kernel (root or the mount's owner). PATH: a digest directory, a by-name link, the\n"
-                 "by-name directory of a checkpoint or a file under a mount");
+      std::string(protocol::kPreload),
+      "Copy every file of PATH into the host tier, verified, with a progress bar, so that opens pass\n"
+      "through to the kernel (root or the mount's owner). PATH: a digest directory, a by-name link, the\n"
+      "by-name directory of a checkpoint or a file under a mount");
   cmd_preload->add_option("PATH", preload_args.path, "What to preload")->required();
   cmd_preload->add_option("--tier", preload_args.tier, "host (default) or gpu")
-      ->check(CLI::IsMember({"host", "gpu"}));
+      ->check(CLI::IsMember({protocol::kTierHost, protocol::kTierGpu}));
   cmd_preload->add_flag("--pin", preload_args.pin, "Keep them, locked in memory: eviction never touches them until unpin");
-  auto* cmd_unpin = app.add_subcommand("unpin", "Let the cache evict PATH's files and chunks again");
+  auto* cmd_unpin = app.add_subcommand(std::string(protocol::kUnpin),
+                                       "Let the cache evict PATH's files and chunks again");
   cmd_unpin->add_option("PATH", unpin_args.path, "Like preload's PATH")->required();
-  auto* cmd_evict = app.add_subcommand("evict", "Drop PATH's files and chunks from every tier now, pinned or not");
+  auto* cmd_evict = app.add_subcommand(std::string(protocol::kEvict),
+                                       "Drop PATH's files and chunks from every tier now, pinned or not");
   cmd_evict->add_option("PATH", evict_args.path, "Like preload's PATH")->required();
   StatsArgs stats_args;
   auto* cmd_stats = app.add_subcommand(
-      "stats", "Cache numbers of a mount: passthrough mode, opens by how they were served; per tier bytes used\n"
-               "and capacity, hits, misses, fills, evictions; fill rate, bytes held by readers; verification\n"
-               "failures, read-ahead and preload fills; per checkpoint (with its by-name paths) bytes resident and\n"
-               "pinned; given a path inside the mount, only the checkpoints at or below it");
+      std::string(protocol::kStats),
+      "Cache numbers of a mount: passthrough mode, opens by how they were served; per tier bytes used\n"
+      "and capacity, hits, misses, fills, evictions; fill rate, bytes held by readers; verification\n"
+      "failures, read-ahead and preload fills; per checkpoint (with its by-name paths) bytes resident and\n"
+      "pinned; given a path inside the mount, only the checkpoints at or below it");
   cmd_stats->add_option("PATH", stats_args.path, "A ckptfs mount point or any path inside one")->required();
   auto* stats_json = cmd_stats->add_flag("--json", stats_args.json, "Print JSON");
   cmd_stats->add_flag("--prometheus", stats_args.prometheus,

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "ckptfs/control.h"
+#include "ckptfs/control_protocol.h"
 #include "ckptfs/json_path.h"
 #include "ctl.h"
 
@@ -53,11 +54,13 @@ Result<nlohmann::json> CallMount(const std::string& mountpoint, const nlohmann::
   }
   auto reply = ControlCall(*socket, request, on_progress);
   if (!reply.ok()) return reply.status();
-  if (!reply->value("ok", false)) {
+  if (!reply->value(protocol::kOk, false)) {
     // The error may name a path: print its exact bytes (json_path.h).
     nlohmann::json exact = *reply;
     std::string why = "request refused";
-    if (DecodeJsonPaths(exact).ok() && exact.contains("error") && exact["error"].is_string()) why = exact["error"];
+    if (DecodeJsonPaths(exact).ok() && exact.contains(protocol::kError) && exact[protocol::kError].is_string()) {
+      why = exact[protocol::kError];
+    }
     return Status::Error(why);
   }
   return reply;
@@ -67,13 +70,13 @@ Result<nlohmann::json> CallMount(const std::string& mountpoint, const nlohmann::
 
 namespace ckptfs::ctl {
 
-std::optional<int> QueryMount(const std::string& path, const char* cmd, nlohmann::json* reply, MountPath* where_out) {
+std::optional<int> QueryMount(const std::string& path, std::string_view cmd, nlohmann::json* reply, MountPath* where_out) {
   auto where = LocateInMount(path);
   if (!where.ok()) {
     PrintError(where.status().message());
     return kExitFatal;
   }
-  auto r = CallMount(where->first, {{"cmd", cmd}});
+  auto r = CallMount(where->first, protocol::Request(cmd));
   if (!r.ok()) {
     PrintError(path + ": " + r.status().message());
     return kExitFatal;
@@ -124,7 +127,7 @@ Status KeepRowsUnder(nlohmann::json& reply, const std::string& rel) {
   return Status::Ok();
 }
 
-std::optional<int> QueryRowsUnder(const std::string& path, const char* cmd, nlohmann::json* reply, MountPath* where) {
+std::optional<int> QueryRowsUnder(const std::string& path, std::string_view cmd, nlohmann::json* reply, MountPath* where) {
   if (auto done = QueryMount(path, cmd, reply, where)) return done;
   if (Status s = KeepRowsUnder(*reply, where->rel); !s.ok()) {
     PrintError(path + ": malformed reply: " + s.message());

@@ -5,13 +5,14 @@
 #include <fstream>
 #include <set>
 
+#include "ckptfs/control_protocol.h"
 #include "ckptfs/file_filler.h"
 
 namespace ckptfs::daemon {
 
 namespace {
 
-nlohmann::json Refuse(const std::string& why) { return {{"ok", false}, {"error", why}}; }
+nlohmann::json Refuse(const std::string& why) { return protocol::ErrorReply(why); }
 
 // The files a request's "path" names: a digest directory, a directory in it,
 // a file, or a by-name directory that is itself a checkpoint (run7/ holding
@@ -19,8 +20,8 @@ nlohmann::json Refuse(const std::string& why) { return {{"ok", false}, {"error",
 // resolves by-name links before asking. Errors leave the path out: the
 // client says which path it asked about.
 Result<std::vector<View::NodePtr>> FilesOf(FsContext& ctx, const ControlServer::Request& r) {
-  if (!r.body.contains("path") || !r.body["path"].is_string()) return Status::Error("missing \"path\"");
-  const std::string path = r.body["path"];
+  if (!r.body.contains(protocol::kPath) || !r.body[protocol::kPath].is_string()) return Status::Error("missing \"path\"");
+  const std::string path = r.body[protocol::kPath];
   auto node = ctx.view->Resolve(path);
   if (node && !node->own_digest.empty()) node = ctx.view->Resolve(node->own_digest);
   if (!node) return Status::Error("no such file or directory in the mount");
@@ -70,7 +71,7 @@ nlohmann::json PreloadChunks(FsContext& ctx, const ControlServer::Request& r, co
       const auto now = std::chrono::steady_clock::now();
       if (now - last_progress > std::chrono::milliseconds(200)) {
         last_progress = now;
-        if (!r.progress({{"progress", done}, {"total", total}})) return Refuse("client went away");
+        if (!r.progress(protocol::ProgressLine(done, total))) return Refuse("client went away");
       }
     }
   }
@@ -83,14 +84,14 @@ nlohmann::json PreloadFiles(FsContext& ctx, const ControlServer::Request& r, con
   uint64_t done = 0;
   for (const auto& f : files) {
     auto filled = ctx.filler->Fill(f, pin, [&](uint64_t bytes) {
-      return !r.stopping->load() && r.progress({{"progress", done + bytes}, {"total", total}});
+      return !r.stopping->load() && r.progress(protocol::ProgressLine(done + bytes, total));
     });
     if (!filled.ok()) {
       return Refuse("preload stopped after " + std::to_string(done) + " bytes: " + f->source_path + ": " +
                     filled.status().message());
     }
     done += f->size;
-    if (!r.progress({{"progress", done}, {"total", total}})) return Refuse("client went away");
+    if (!r.progress(protocol::ProgressLine(done, total))) return Refuse("client went away");
   }
   return {{"ok", true}, {"bytes", done}};
 }
@@ -98,12 +99,11 @@ nlohmann::json PreloadFiles(FsContext& ctx, const ControlServer::Request& r, con
 }  // namespace
 
 nlohmann::json HandlePreload(FsContext& ctx, const ControlServer::Request& r) {
-  if (!r.privileged) return Refuse("preload is for root or the mount's owner");
   auto files = FilesOf(ctx, r);
   if (!files.ok()) return Refuse(files.status().message());
-  const std::string tier_name = r.body.value("tier", std::string("host"));
+  const std::string tier_name = r.body.value(protocol::kTier, std::string(protocol::kTierHost));
   if (tier_name != "host" && tier_name != "gpu") return Refuse("tier must be host or gpu, not " + tier_name);
-  const bool pin = r.body.value("pin", false);
+  const bool pin = r.body.value(protocol::kPin, false);
   uint64_t total = 0;
   for (const auto& f : *files) total += f->size;
   const bool whole_files = tier_name == "host" && ctx.fill != FillPolicy::kOff && ctx.filler != nullptr;
@@ -121,10 +121,9 @@ namespace {
 // Applies `drop_files` and `drop_chunks` (Unpin or Evict of both caches)
 // once to every distinct file under the request's path; answers with the
 // bytes they report.
-nlohmann::json ForEachFile(FsContext& ctx, const ControlServer::Request& r, const char* what,
+nlohmann::json ForEachFile(FsContext& ctx, const ControlServer::Request& r,
                            uint64_t (FileCache::*drop_files)(const Sha256Digest&),
                            uint64_t (ChunkCache::*drop_chunks)(const Sha256Digest&)) {
-  if (!r.privileged) return Refuse(std::string(what) + " is for root or the mount's owner");
   auto files = FilesOf(ctx, r);
   if (!files.ok()) return Refuse(files.status().message());
   uint64_t bytes = 0;
@@ -212,11 +211,11 @@ nlohmann::json FillsJson(FsContext& ctx, const FileCache::Stats& f) {
 }  // namespace
 
 nlohmann::json HandleUnpin(FsContext& ctx, const ControlServer::Request& r) {
-  return ForEachFile(ctx, r, "unpin", &FileCache::Unpin, &ChunkCache::Unpin);
+  return ForEachFile(ctx, r, &FileCache::Unpin, &ChunkCache::Unpin);
 }
 
 nlohmann::json HandleEvict(FsContext& ctx, const ControlServer::Request& r) {
-  return ForEachFile(ctx, r, "evict", &FileCache::Evict, &ChunkCache::Evict);
+  return ForEachFile(ctx, r, &FileCache::Evict, &ChunkCache::Evict);
 }
 
 nlohmann::json HandleStats(FsContext& ctx, const std::map<std::string, std::vector<std::string>>& by_name) {

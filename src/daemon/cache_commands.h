@@ -1,5 +1,6 @@
 // The control-socket commands that work on the chunk cache: preload, unpin,
-// evict and stats.
+// evict and stats. Whether the caller may ask is the command table's
+// business (daemon_commands.cpp): these handlers assume it was checked.
 #pragma once
 
 #include <map>

@@ -229,6 +229,25 @@ Result<MountOptions> ParseMountOptions(int argc, const char* const* argv) {
   return o;
 }
 
+std::string EscapeFuseOption(const std::string& value) {
+  std::string out;
+  for (char c : value) {
+    if (c == ',' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+// No default_permissions: the kernel would judge each inode by one owner and
+// one mode, which cannot express "any source copy grants it" (DESIGN.md
+// section 2); the FUSE operations check every request's caller instead.
+std::string FuseOptionString(const MountOptions& o) {
+  std::string fuse_opts = "ro,subtype=ckptfs,fsname=" + EscapeFuseOption(o.fsname);
+  if (o.allow_other) fuse_opts += ",allow_other";
+  for (const auto& f : o.fuse_options) fuse_opts += "," + f;
+  return fuse_opts;
+}
+
 std::string MountUsage() {
   return R"(usage: ckptfs SRC MOUNTPOINT [-o OPTION[,OPTION...]]... [-f] [-d]
 

@@ -73,6 +73,16 @@ class Stmt {
   int rc_;
 };
 
+// The first column of the statement's row as text; nullopt when there is no
+// row; `error()` when the step fails.
+template <typename Error>
+Result<std::optional<std::string>> TextOrAbsent(Stmt& s, Error error) {
+  const int rc = s.Step();
+  if (rc == SQLITE_DONE) return std::optional<std::string>();
+  if (rc != SQLITE_ROW) return error();
+  return std::optional<std::string>(s.Text(0));
+}
+
 int64_t Now() { return static_cast<int64_t>(std::time(nullptr)); }
 
 // The SHA-256 of every field a files row is trusted for, so that a row
@@ -270,32 +280,39 @@ Status Index::Exec(const char* sql) {
   return Status::Ok();
 }
 
-std::optional<FileHashes> Index::LookupFile(const FileStamp& stamp) {
-  auto stored = LookupInode(stamp.dev, stamp.ino);
-  if (!stored || stored->stamp != stamp) return std::nullopt;
-  return std::move(stored->hashes);
+Status Index::SqlError(const std::string& what) const {
+  return Status::Error("index " + path_ + ": " + what + ": " + sqlite3_errmsg(db_));
 }
 
-std::optional<Index::StoredFile> Index::LookupInode(uint64_t dev, uint64_t ino) {
+Result<std::optional<FileHashes>> Index::LookupFile(const FileStamp& stamp) {
+  auto stored = LookupInode(stamp.dev, stamp.ino);
+  if (!stored.ok()) return stored.status();
+  if (!*stored || (*stored)->stamp != stamp) return std::optional<FileHashes>();
+  return std::optional<FileHashes>(std::move((*stored)->hashes));
+}
+
+Result<std::optional<Index::StoredFile>> Index::LookupInode(uint64_t dev, uint64_t ino) {
   std::lock_guard lock(mu_);
   Stmt s(db_,
          "SELECT size, mtime_ns, ctime_ns, sha256, chunk_size, chunks, path, row_sum FROM files WHERE dev=?1 AND ino=?2");
-  if (!s.ok()) return std::nullopt;
+  if (!s.ok()) return SqlError("cannot look up a file");
   s.Bind(1, dev);
   s.Bind(2, ino);
-  if (s.Step() != SQLITE_ROW) return std::nullopt;
+  const int rc = s.Step();
+  if (rc == SQLITE_DONE) return std::optional<StoredFile>();
+  if (rc != SQLITE_ROW) return SqlError("cannot look up a file");
   StoredFile f;
   f.stamp = {dev, ino, static_cast<uint64_t>(s.Int(0)), s.Int(1), s.Int(2)};
   const std::string sha = s.Blob(3), chunks = s.Blob(5), path = s.Text(6), sum = s.Blob(7);
   const Sha256Digest expect = RowSum(f.stamp, sha, s.Int(4), chunks, path);
   if (sum.size() != expect.size() || std::memcmp(sum.data(), expect.data(), expect.size()) != 0) {
-    return std::nullopt;  // damaged row: treat as absent, the file is hashed again and the row rewritten
+    return std::optional<StoredFile>();  // damaged row: absent; the file is hashed again and the row rewritten
   }
   auto hashes = DecodeHashes(f.stamp.size, sha, s.Int(4), chunks);
-  if (!hashes) return std::nullopt;  // malformed row: treat as absent, it will be rewritten
+  if (!hashes) return std::optional<StoredFile>();  // malformed row: absent, it will be rewritten
   f.hashes = std::move(*hashes);
   f.path = s.Text(6);
-  return f;
+  return std::optional<StoredFile>(std::move(f));
 }
 
 Status Index::PutFile(const FileStamp& stamp, const std::string& path, const FileHashes& hashes) {
@@ -333,19 +350,21 @@ Status Index::ForgetFile(uint64_t dev, uint64_t ino) {
   return Status::Ok();
 }
 
-std::optional<uint64_t> Index::LookupStampedSize(const Sha256Digest& file) {
+Result<std::optional<uint64_t>> Index::LookupStampedSize(const Sha256Digest& file) {
   std::lock_guard lock(mu_);
   Stmt s(db_, "SELECT size, row_sum FROM stamped_sizes WHERE sha256=?1");
-  if (!s.ok()) return std::nullopt;
+  if (!s.ok()) return SqlError("cannot look up a stamped size");
   s.BindBlob(1, file.data(), file.size());
-  if (s.Step() != SQLITE_ROW) return std::nullopt;
+  const int rc = s.Step();
+  if (rc == SQLITE_DONE) return std::optional<uint64_t>();
+  if (rc != SQLITE_ROW) return SqlError("cannot look up a stamped size");
   const uint64_t size = static_cast<uint64_t>(s.Int(0));
   const std::string sum = s.Blob(1);
   const Sha256Digest expect = StampedSizeRowSum(file, size);
   if (sum.size() != expect.size() || std::memcmp(sum.data(), expect.data(), expect.size()) != 0) {
-    return std::nullopt;  // damaged row: the header is read again and the row rewritten
+    return std::optional<uint64_t>();  // damaged row: the header is read again and the row rewritten
   }
-  return size;
+  return std::optional<uint64_t>(size);
 }
 
 Status Index::PutStampedSize(const Sha256Digest& file, uint64_t size) {
@@ -388,23 +407,21 @@ Status Index::PutSource(const std::string& real_root, const std::string& rel_pat
   return Status::Ok();
 }
 
-std::optional<std::string> Index::LookupSource(const std::string& real_root, const std::string& rel_path) {
+Result<std::optional<std::string>> Index::LookupSource(const std::string& real_root, const std::string& rel_path) {
   std::lock_guard lock(mu_);
   Stmt s(db_, "SELECT name FROM sources WHERE root=?1 AND rel_path=?2");
-  if (!s.ok()) return std::nullopt;
+  if (!s.ok()) return SqlError("cannot look up a source");
   s.Bind(1, real_root);
   s.Bind(2, rel_path);
-  if (s.Step() != SQLITE_ROW) return std::nullopt;
-  return s.Text(0);
+  return TextOrAbsent(s, [&] { return SqlError("cannot look up a source"); });
 }
 
-std::optional<std::string> Index::LookupManifest(const std::string& name) {
+Result<std::optional<std::string>> Index::LookupManifest(const std::string& name) {
   std::lock_guard lock(mu_);
   Stmt s(db_, "SELECT manifest FROM checkpoints WHERE name=?1");
-  if (!s.ok()) return std::nullopt;
+  if (!s.ok()) return SqlError("cannot look up a manifest");
   s.Bind(1, name);
-  if (s.Step() != SQLITE_ROW) return std::nullopt;
-  return s.Text(0);
+  return TextOrAbsent(s, [&] { return SqlError("cannot look up a manifest"); });
 }
 
 std::optional<int64_t> Index::CheckpointIndexedAt(const std::string& name) {

@@ -48,7 +48,12 @@ void FindStampedSizes(Index* index, const IndexerOptions& options, const std::st
   SourceReader reader(real_root);
   for (auto& [key, job] : jobs) {
     if (!job.safetensors || !job.hashes) continue;
-    if ((job.stamped_size = index->LookupStampedSize(job.hashes->sha256))) continue;
+    auto stored = index->LookupStampedSize(job.hashes->sha256);
+    if (!stored.ok()) {
+      report.warnings.push_back(job.open_path + ": " + stored.status().message());
+      continue;  // stat reads the header itself, as without an index
+    }
+    if ((job.stamped_size = *stored)) continue;
     if (options.lookup_only || (options.cancel != nullptr && options.cancel->load())) continue;
     auto size = ServedStampedSize(reader, job.open_path, job.stamp, job.hashes->chunks);
     if (!size.ok()) {
@@ -86,8 +91,15 @@ IndexReport Indexer::Run(const CatalogScan& scan) {
   uint64_t bytes_to_hash = 0;
   for (auto& [key, job] : jobs) {
     if (!options_.ignore_index && index_ != nullptr) {
-      if (auto h = index_->LookupFile(job.stamp)) {
-        job.hashes = std::move(*h);
+      auto h = index_->LookupFile(job.stamp);
+      if (!h.ok()) {
+        // An index that cannot be read is reported, not taken for empty:
+        // hashing everything again in silence would hide it.
+        job.error = job.open_path + ": " + h.status().message();
+        continue;
+      }
+      if (*h) {
+        job.hashes = std::move(**h);
         job.from_index = true;
         ++report.files_from_index;
         continue;

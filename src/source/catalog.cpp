@@ -123,6 +123,7 @@ class TreeWalker {
   // `previous`: the same directory in the previous tree, if any.
   void Walk(const std::string& abs, DirNode& node, std::set<std::pair<dev_t, ino_t>>& ancestors,
             DirNode* previous = nullptr) {
+    if (options_.cancel != nullptr && options_.cancel->load()) return;
     std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(abs.c_str()), ::closedir);
     if (!dir) {
       node.problems.push_back(Plain("cannot read directory " + Quote(abs) + ": " + std::strerror(errno)));
@@ -515,6 +516,9 @@ Result<CatalogScan> ScanSourceTree(const std::string& root, const CatalogOptions
   }
   walker.Walk(*real_root, top, ancestors, previous);
   scan.dirs_reused = walker.dirs_reused();
+  if (options.cancel != nullptr && options.cancel->load()) {
+    return Status::Error("scan of " + Quote(root) + " cancelled (the daemon is stopping)");
+  }
   CutIntoCheckpoints(top, scan.root, scan, /*inside_checkpoint=*/false, /*hub_repo=*/"");
   return scan;
 }

@@ -88,6 +88,7 @@ const char* PhaseName(CheckpointState::Phase phase) {
 // ShowIndexed() before mounting, already adds its inotify watches.
 CatalogWatcher::CatalogWatcher(Options options, Index* index, View* view, ChangeCallback on_change)
     : options_(std::move(options)), index_(index), view_(view), on_change_(std::move(on_change)) {
+  options_.catalog.cancel = &stop_;  // Stop() cuts a walk short at its next directory
   inotify_.reset(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
   if (!inotify_.valid()) {
     spdlog::warn("inotify unavailable ({}); changes under {} are seen by the periodic rescan only",
@@ -312,6 +313,7 @@ void CatalogWatcher::ScanOnce(bool index_unknown) {
   full_walk_needed_ = false;
   followup_scan_ = false;
   auto result = ScanSourceTree(options_.source, options_.catalog, incremental ? &hint : nullptr);
+  if (stop_) return;  // a walk cut short by Stop() saw only part of the tree
   if (result.ok()) last_tree_ = result->tree;
   if (!result.ok()) {
     if (result.status().message() != last_scan_error_) {

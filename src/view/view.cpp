@@ -30,7 +30,7 @@ View::Changes View::Publish(const std::vector<ExposedCheckpoint>& checkpoints,
   SnapshotPtr next = Build(checkpoints, source_dirs, hub_refs);
   SnapshotPtr before = Current();
   Changes changes = before ? Diff(*before, *next) : Changes{};
-  current_.store(std::move(next), std::memory_order_release);
+  SetCurrent(std::move(next));
   return changes;
 }
 
@@ -136,7 +136,7 @@ void View::SetRootXattr(const std::string& name, const std::string& value) {
   auto root = std::make_shared<Node>(*next->nodes.at(kRootInode));
   root->xattrs = root_xattrs_;
   next->nodes[kRootInode] = std::move(root);
-  current_.store(std::move(next), std::memory_order_release);
+  SetCurrent(std::move(next));
 }
 
 std::optional<std::string> View::DigestOfByName(const std::string& by_name_path) const {
@@ -172,6 +172,14 @@ std::vector<View::NodePtr> View::FilesUnder(const NodePtr& node) const {
     for (const auto& [name, ino] : n->children) stack.push_back(Get(ino));
   }
   return out;
+}
+
+void View::SetCurrent(SnapshotPtr next) {
+  {
+    std::lock_guard lock(current_mu_);
+    current_.swap(next);
+  }
+  // `next` now holds the old snapshot: freed here, outside the lock.
 }
 
 std::map<std::string, std::string> View::ByNameLinks() const { return Current()->by_name_digest; }

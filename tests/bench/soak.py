@@ -103,7 +103,11 @@ def recompute_digest(digest_dir):
     """The checkpoint digest of what the mount serves, read in full."""
     lines = []
     total = 0
-    for root, dirs, files in os.walk(digest_dir):
+    # os.walk skips what it cannot list unless told otherwise: a directory
+    # withdrawn while walked would read as an empty checkpoint.
+    def fail(e):
+        raise e
+    for root, dirs, files in os.walk(digest_dir, onerror=fail):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         for name in files:
             path = os.path.join(root, name)
@@ -114,6 +118,8 @@ def recompute_digest(digest_dir):
                     total += len(chunk)
             rel = os.path.relpath(path, digest_dir)
             lines.append(f"{h.hexdigest()}  {rel}\n".encode())
+    if not lines:  # every checkpoint holds a weight file
+        raise OSError(errno.ENOENT, "no members listed", digest_dir)
     lines.sort(key=lambda line: line.split(b"  ", 1)[1])
     return "sha256-" + hashlib.sha256(b"".join(lines)).hexdigest(), total
 
@@ -152,6 +158,10 @@ def reader(seed):
                 ERRORS.append(f"{name}: {e}")
 
 
+def _raise(e):
+    raise e
+
+
 MMAP_CHILD = """
 import hashlib, mmap, os, sys
 with open(sys.argv[1], "rb") as f:
@@ -164,7 +174,7 @@ with open(sys.argv[1], "rb") as f:
 def _mmap_one(d, rng):
     """Maps one member and hashes it through the mapping, in a child: a page
     that cannot be read (EIO) arrives as SIGBUS, which only a child survives."""
-    files = [os.path.join(root, n) for root, _, names in os.walk(d) for n in names]
+    files = [os.path.join(root, n) for root, _, names in os.walk(d, onerror=_raise) for n in names]
     if not files:
         return
     path = rng.choice(files)

@@ -138,7 +138,9 @@ TEST_F(CacheMountTest, CorruptChunkGivesEioAndIsNeverServed) {
     // checksum is valid and only the content check can catch it).
     auto index = Index::Open(state_, nullptr);
     ASSERT_TRUE(index.ok()) << index.status().message();
-    auto stored = (*index)->LookupInode(st.st_dev, st.st_ino);
+    auto found = (*index)->LookupInode(st.st_dev, st.st_ino);
+    ASSERT_TRUE(found.ok()) << found.status().message();
+    auto& stored = *found;
     ASSERT_TRUE(stored.has_value());
     ASSERT_TRUE((*index)->PutFile(FileStamp::FromStat(st), stored->path, stored->hashes).ok());
   }

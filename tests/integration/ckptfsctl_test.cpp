@@ -190,7 +190,9 @@ TEST_F(CtlTest, VerifyReportsFilesThatNoLongerMatchTheIndex) {
     auto index = Index::Open(state_, nullptr);
     ASSERT_TRUE(index.ok()) << index.status().message();
     const FileStamp config = StampOf(src_ + "/m/config.json");
-    auto stored = (*index)->LookupInode(config.dev, config.ino);
+    auto found = (*index)->LookupInode(config.dev, config.ino);
+    ASSERT_TRUE(found.ok()) << found.status().message();
+    auto& stored = *found;
     ASSERT_TRUE(stored.has_value());
     stored->hashes.sha256.fill(0);
     ASSERT_TRUE((*index)->PutFile(stored->stamp, stored->path, stored->hashes).ok());
@@ -255,7 +257,9 @@ TEST_F(CtlTest, KillDashNineMidIndexLeavesACorrectIndex) {
     const std::string path = src_ + "/m/shard-" + std::to_string(1000 + i) + ".safetensors";
     struct stat st;
     ASSERT_EQ(::stat(path.c_str(), &st), 0);
-    if (auto stored = (*index)->LookupFile(FileStamp::FromStat(st))) {
+    auto found = (*index)->LookupFile(FileStamp::FromStat(st));
+    ASSERT_TRUE(found.ok()) << found.status().message();
+    if (const auto& stored = *found) {
       ++rows;
       EXPECT_EQ(stored->sha256, Sha256Of(ReadFile(path))) << path;
     }

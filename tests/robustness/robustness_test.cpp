@@ -203,7 +203,9 @@ TEST_F(RobustnessTest, BitRotIsReportedOnceAndNotReReadForEveryRequest) {
     ASSERT_EQ(::stat(shard.c_str(), &st), 0);
     auto index = Index::Open(state_, nullptr);
     ASSERT_TRUE(index.ok());
-    auto stored = (*index)->LookupInode(st.st_dev, st.st_ino);
+    auto found = (*index)->LookupInode(st.st_dev, st.st_ino);
+    ASSERT_TRUE(found.ok()) << found.status().message();
+    auto& stored = *found;
     ASSERT_TRUE(stored.has_value());
     ASSERT_TRUE((*index)->PutFile(FileStamp::FromStat(st), stored->path, stored->hashes).ok());
   }

@@ -1,4 +1,4 @@
-// ckptfs-test-faultyfs FILE MOUNTPOINT TRIGGER: a source filesystem that fails.
+// ckptfs-test-faultyfs FILE MOUNTPOINT TRIGGER [wide]: a source filesystem that fails.
 // Serves FILE as MOUNTPOINT/m/model.safetensors; once the path TRIGGER exists,
 // reads that touch bytes [8 MiB, 12 MiB) fail with EIO, as a disk with a bad
 // sector would. Used to test ckptfs over a source whose reads start failing
@@ -7,32 +7,46 @@
 // event tells ckptfs (changes made by a FUSE server raise none), so only the
 // stamp checks of a read can notice. Attributes are never cached, so a stat
 // sees the change at once.
+// With `wide`, MOUNTPOINT/wide/ also holds kWideDirs empty directories; once
+// TRIGGER holds "slow", listing each of them takes kSlowListing, and the
+// first slow listing creates TRIGGER.slowed: a tree whose walk takes a
+// minute, and a sign that a walk is in progress (for teardown tests).
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
 
 std::vector<char> g_data;
 std::string g_trigger;
-constexpr fuse_ino_t kDir = 2, kFile = 3;
+bool g_wide = false;
+constexpr fuse_ino_t kDir = 2, kFile = 3, kWide = 4, kFirstWideDir = 1000;
 constexpr uint64_t kBadBegin = 8 << 20, kBadEnd = 12 << 20;
+constexpr int kWideDirs = 3000;
+constexpr auto kSlowListing = std::chrono::milliseconds(20);
 
 // What TRIGGER asks for now.
-enum class Fault { kNone, kBadSector, kChanged };
+enum class Fault { kNone, kBadSector, kChanged, kSlow };
 Fault CurrentFault() {
   std::ifstream t(g_trigger);
   if (!t) return Fault::kNone;
   std::string word;
   t >> word;
+  if (word == "slow") return Fault::kSlow;
   return word == "change" ? Fault::kChanged : Fault::kBadSector;
 }
+
+std::string WideName(fuse_ino_t ino) { return "d" + std::to_string(ino - kFirstWideDir); }
+bool IsWideDir(fuse_ino_t ino) { return g_wide && ino >= kFirstWideDir && ino < kFirstWideDir + kWideDirs; }
 
 void Attr(fuse_ino_t ino, struct stat* st) {
   std::memset(st, 0, sizeof *st);
@@ -51,7 +65,10 @@ void Attr(fuse_ino_t ino, struct stat* st) {
 void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   fuse_entry_param e{};
   if (parent == FUSE_ROOT_ID && std::strcmp(name, "m") == 0) e.ino = kDir;
-  else if (parent == kDir && std::strcmp(name, "model.safetensors") == 0) e.ino = kFile;
+  else if (g_wide && parent == FUSE_ROOT_ID && std::strcmp(name, "wide") == 0) e.ino = kWide;
+  else if (g_wide && parent == kWide && name[0] == 'd' && IsWideDir(kFirstWideDir + std::atoi(name + 1))) {
+    e.ino = kFirstWideDir + std::atoi(name + 1);
+  } else if (parent == kDir && std::strcmp(name, "model.safetensors") == 0) e.ino = kFile;
   else {
     fuse_reply_err(req, ENOENT);
     return;
@@ -68,9 +85,24 @@ void GetAttr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   fuse_reply_attr(req, &st, 0);
 }
 
-void ReadDir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+std::vector<std::pair<std::string, fuse_ino_t>> Entries(fuse_ino_t ino) {
   std::vector<std::pair<std::string, fuse_ino_t>> entries = {{".", ino}, {"..", FUSE_ROOT_ID}};
-  entries.emplace_back(ino == FUSE_ROOT_ID ? "m" : "model.safetensors", ino == FUSE_ROOT_ID ? kDir : kFile);
+  if (ino == FUSE_ROOT_ID) {
+    entries.emplace_back("m", kDir);
+    if (g_wide) entries.emplace_back("wide", kWide);
+  } else if (ino == kDir) {
+    entries.emplace_back("model.safetensors", kFile);
+  } else if (ino == kWide) {
+    for (fuse_ino_t i = kFirstWideDir; i < kFirstWideDir + kWideDirs; ++i) entries.emplace_back(WideName(i), i);
+  } else if (IsWideDir(ino) && CurrentFault() == Fault::kSlow) {
+    std::ofstream(g_trigger + ".slowed") << "walking\n";
+    std::this_thread::sleep_for(kSlowListing);
+  }
+  return entries;
+}
+
+void ReadDir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  const auto entries = Entries(ino);
   std::vector<char> buf(size);
   size_t used = 0;
   for (size_t i = static_cast<size_t>(off); i < entries.size(); ++i) {
@@ -106,7 +138,8 @@ void Open(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 4) return 2;
+  if (argc != 4 && !(argc == 5 && std::strcmp(argv[4], "wide") == 0)) return 2;
+  g_wide = argc == 5;
   std::ifstream in(argv[1], std::ios::binary);
   g_data.assign(std::istreambuf_iterator<char>(in), {});
   g_trigger = argv[3];

@@ -91,6 +91,14 @@ void MountedCkptfs::Unmount() {
   pid_ = -1;
 }
 
+bool MountedCkptfs::WaitForExit(std::chrono::milliseconds timeout) {
+  if (pid_ <= 0) return true;
+  if (!WaitFor([&] { return ::waitpid(pid_, nullptr, WNOHANG) == pid_; }, timeout)) return false;
+  pid_ = -1;
+  mounted_ = false;
+  return true;
+}
+
 void MountedCkptfs::KillDashNine() {
   if (pid_ > 0) {
     ::kill(pid_, SIGKILL);

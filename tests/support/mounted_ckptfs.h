@@ -39,6 +39,9 @@ class MountedCkptfs {
 
   // fusermount3 -u, then waits for the daemon to exit (kills it if it won't).
   void Unmount();
+  // Waits up to `timeout` for the daemon to exit by itself (after an
+  // unmount done by the test); true once it has, and it is reaped.
+  bool WaitForExit(std::chrono::milliseconds timeout);
   // Leaves the daemon dead and the mount broken, as a crash would.
   void KillDashNine();
 

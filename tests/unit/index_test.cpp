@@ -63,8 +63,8 @@ TEST_F(IndexTest, RecordsCheckpointManifestAndSource) {
   IndexReport report = Run();
   auto index = OpenIndex(state_.path());
   const auto& a = Find(report, "a");
-  EXPECT_EQ(index->LookupManifest(a.name), a.manifest);
-  EXPECT_EQ(index->LookupSource(ScanOk(src_.path()).real_root, "a"), a.name);
+  EXPECT_EQ(*index->LookupManifest(a.name), a.manifest);
+  EXPECT_EQ(*index->LookupSource(ScanOk(src_.path()).real_root, "a"), a.name);
 }
 
 TEST_F(IndexTest, CorruptIndexIsSetAsideAndRebuilt) {

@@ -2,6 +2,7 @@
 #include "ckptfs/indexer.h"
 
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -59,7 +60,7 @@ TEST_F(IndexerTest, FileThatKeepsChangingLeavesCheckpointUnsettledAndUnrecorded)
   EXPECT_FALSE(Find(r, "b").error);  // the rest go on
   struct stat st;
   ASSERT_EQ(::stat((src_ / "a/config.json").c_str(), &st), 0);
-  EXPECT_FALSE(index->LookupInode(st.st_dev, st.st_ino).has_value());  // nothing recorded for it
+  EXPECT_FALSE(index->LookupInode(st.st_dev, st.st_ino)->has_value());  // nothing recorded for it
 }
 
 TEST_F(IndexerTest, IgnoreIndexReadsEverythingAndRecordsNothing) {
@@ -69,7 +70,35 @@ TEST_F(IndexerTest, IgnoreIndexReadsEverythingAndRecordsNothing) {
   options.ignore_index = true;
   IndexReport r = Indexer(index.get(), options).Run(ScanOk(src_.path()));
   EXPECT_EQ(r.files_hashed, 5u);
-  EXPECT_FALSE(index->LookupSource(ScanOk(src_.path()).real_root, "a").has_value());
+  EXPECT_FALSE(index->LookupSource(ScanOk(src_.path()).real_root, "a")->has_value());
+}
+
+// An index that fails under a running indexer (its files table dropped by
+// another connection to the same SQLite file): a lookup fails with SQLite's
+// reason and the index's path, and the indexer reports that per checkpoint
+// instead of taking the index for empty and hashing everything again.
+TEST_F(IndexerTest, AnIndexThatCannotBeReadIsAnErrorNotAnEmptyIndex) {
+  WriteModel(src_ / "a", {});
+  auto index = OpenIndex(state_.path());
+  ASSERT_FALSE(Find(Indexer(index.get(), {}).Run(ScanOk(src_.path())), "a").error);
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open(index->path().c_str(), &other), SQLITE_OK);
+  EXPECT_EQ(sqlite3_exec(other, "DROP TABLE files", nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(other);
+  sqlite3_close(other);
+
+  struct stat st;
+  ASSERT_EQ(::stat((src_ / "a/config.json").c_str(), &st), 0);
+  auto looked_up = index->LookupFile(FileStamp::FromStat(st));
+  ASSERT_FALSE(looked_up.ok()) << "a failed query read as \"not indexed\"";
+  EXPECT_NE(looked_up.status().message().find("no such table: files"), std::string::npos)
+      << looked_up.status().message();
+  EXPECT_NE(looked_up.status().message().find(index->path()), std::string::npos) << looked_up.status().message();
+
+  IndexReport r = Indexer(index.get(), {}).Run(ScanOk(src_.path()));
+  EXPECT_EQ(r.files_hashed, 0u) << "hashed again in silence, as if the index were empty";
+  const auto& a = Find(r, "a");
+  ASSERT_TRUE(a.error);
+  EXPECT_NE(a.error->find("no such table: files"), std::string::npos) << *a.error;
 }
 
 TEST_F(IndexerTest, ProgressIsPlannedAndReported) {

@@ -1,0 +1,46 @@
+#include "cache_sizing.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+#include <spdlog/spdlog.h>
+
+#include "ckptfs/chunk_cache.h"
+#include "ckptfs/thread_pool.h"
+
+namespace ckptfs::daemon {
+
+uint64_t PhysicalMemory() {
+  return static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+uint64_t HostCacheBytes(const MountOptions& o) {
+  const uint64_t ram = PhysicalMemory();
+  uint64_t bytes = o.cache_size;
+  if (bytes == 0) bytes = static_cast<uint64_t>(static_cast<double>(ram) * (o.cache_percent > 0 ? o.cache_percent : 25) / 100);
+  const uint64_t ceiling = ram / 10 * 9;
+  if (bytes > ceiling) {
+    spdlog::warn("cache_size={} is more than this machine's memory allows; using {} bytes (90% of {})", bytes,
+                 ceiling, ram);
+    bytes = ceiling;
+  }
+  return std::max<uint64_t>(bytes / kChunkSize * kChunkSize, 4 * kChunkSize);
+}
+
+uint64_t ChunkCacheBytes(const MountOptions& o, uint64_t host_bytes) {
+  if (o.fill == "off") return host_bytes;
+  constexpr uint64_t kMin = 4 * kChunkSize, kMax = 64 * kChunkSize;
+  return std::min(host_bytes, std::clamp(host_bytes / 8 / kChunkSize * kChunkSize, kMin, kMax));
+}
+
+uint64_t GpuCacheBytes(const MountOptions& o, const DeviceMemory& device) {
+  const uint64_t bytes = o.gpu_cache_size ? o.gpu_cache_size
+                                          : static_cast<uint64_t>(static_cast<double>(device.TotalBytes()) *
+                                                                  (o.gpu_cache_percent > 0 ? o.gpu_cache_percent : 50) / 100);
+  return bytes / kChunkSize * kChunkSize;
+}
+
+unsigned FillDepth(const MountOptions& o) { return o.fill_depth ? o.fill_depth : std::min(4u, EffectiveThreads(0)); }
+
+}  // namespace ckptfs::daemon

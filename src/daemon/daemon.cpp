@@ -1,0 +1,198 @@
+#include "daemon.h"
+
+#include <sys/stat.h>
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "cache_sizing.h"
+#include "gpu_probe.h"
+#include "kernel_tuning.h"
+#include "test_hooks.h"
+
+namespace ckptfs::daemon {
+
+namespace {
+
+std::string RealPath(const std::string& path) {
+  char buf[PATH_MAX];
+  return ::realpath(path.c_str(), buf) ? std::string(buf) : path;
+}
+
+Status CheckDirectory(const std::string& what, const std::string& path, struct stat* st) {
+  if (::stat(path.c_str(), st) != 0) return Status::FromErrno(what + " " + path, errno);
+  if (!S_ISDIR(st->st_mode)) return Status::Error(what + " " + path + ": Not a directory");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Daemon>> Daemon::Create(MountOptions o, DaemonLog* log, const char* argv0) {
+  std::unique_ptr<Daemon> d(new Daemon(std::move(o), log));
+  struct stat source_st;
+  if (Status s = d->CheckPaths(&source_st); !s.ok()) return s;
+  // The GPU tier, decided before mounting so a bad gpu= option stops us here.
+  auto cuda_device = ChooseCudaDevice(d->options_);
+  if (!cuda_device.ok()) return cuda_device.status();
+  d->cuda_device_ = *cuda_device;
+  if (Status s = d->OpenIndexAndView(source_st, argv0); !s.ok()) return s;
+  return d;
+}
+
+// Everything about the paths that can be refused is refused before
+// mounting; from here on only canonical paths (fuse_daemonize changes to "/").
+Status Daemon::CheckPaths(struct stat* source_st) {
+  MountOptions& o = options_;
+  if (Status s = CheckDirectory("source", o.source, source_st); !s.ok()) return s;
+  struct stat mount_st;
+  if (Status s = CheckDirectory("mount point", o.mountpoint, &mount_st); !s.ok()) return s;
+  state_dir_ = o.state_dir.empty() ? DefaultStateDir() : o.state_dir;
+  if (Status s = PrepareStateDir(state_dir_); !s.ok()) {
+    return Status::Error(s.message() + " (choose another with -o state=DIR)");
+  }
+  const std::string real_source = RealPath(o.source);
+  const std::string real_mountpoint = RealPath(o.mountpoint);
+  if (real_source == real_mountpoint) return Status::Error("mount point " + o.mountpoint + " is the source itself");
+  if (o.fsname == o.source) o.fsname = real_source;
+  o.source = real_source;
+  o.mountpoint = real_mountpoint;
+  return Status::Ok();
+}
+
+// The index is opened, and every checkpoint it knows is put in the view,
+// before mounting: a start that cannot work fails here with its cause and a
+// non-zero exit (the parent of a daemonized ckptfs exits only after this).
+Status Daemon::OpenIndexAndView(const struct stat& source_st, const char* argv0) {
+  view_ = std::make_unique<View>(options_.source, Ownership::FromStat(source_st));
+  ctx_.view = view_.get();
+  ctx_.readahead = options_.readahead;
+  auto session = FuseSession::Create(options_, argv0, &ctx_);
+  if (!session.ok()) return session.status();
+  session_ = std::move(*session);
+  std::vector<std::string> warnings;
+  auto index = Index::Open(state_dir_, &warnings);
+  for (const auto& w : warnings) spdlog::warn("{}", w);
+  if (!index.ok()) return index.status();
+  index_ = std::move(*index);
+
+  CatalogWatcher::Options wo;
+  wo.source = options_.source;
+  wo.catalog.symlinks = options_.symlinks;
+  wo.catalog.excluded_paths = {options_.mountpoint};  // never walk into our own mount, however reached
+  wo.rescan_s = options_.rescan_s;
+  wo.settle_s = options_.settle_s;
+  wo.threads = options_.threads;
+  wo.before_hash = PauseBeforeHashHook(&stopping_);
+  FuseSession* se = session_.get();
+  watcher_ = std::make_unique<CatalogWatcher>(wo, index_.get(), view_.get(), [se](const View::Changes& changes) {
+    for (const auto& [parent, name] : changes.entries) se->InvalidateEntry(parent, name);
+    // Attributes cached for a day must not keep granting what SRC revoked.
+    for (InodeId ino : changes.inodes) se->InvalidateInode(ino, -1, 0);
+  });
+  watcher_->ShowIndexed();
+  return Status::Ok();
+}
+
+Status Daemon::Mount() {
+  if (!session_->Mount(options_.mountpoint).ok()) {
+    return Status::Error("cannot mount " + options_.source + " at " + options_.mountpoint +
+                         " (is /dev/fuse there, and fusermount3 installed?)");
+  }
+  log_->BeforeDaemonize();
+  if (Status s = AttachPassthrough(ctx_, session_->get(), options_.passthrough); !s.ok()) {
+    spdlog::warn("kernel passthrough off: {}", s.message());
+  }
+  if (fuse_daemonize(options_.foreground) != 0) return Status::Error("cannot daemonize");
+  log_->AfterMount();
+  // Another path to our own mount (a bind mount inside SRC) is refused by
+  // its device, known only now that it is mounted.
+  if (auto dev = MountDeviceNumber(options_.mountpoint)) watcher_->ExcludeDevice(*dev);
+  LowerOomScore();
+
+  // From here on threads may start, and CUDA may be touched.
+  StartCaches();
+  StartControl();
+  ctx_.on_init = [this] {
+    readahead_setter_ = std::thread([this] { SetBdiReadahead(options_.mountpoint, options_.readahead, stopping_); });
+  };
+  spdlog::info("mounted {} at {} (state {}, index {})", options_.source, options_.mountpoint, state_dir_,
+               index_->path());
+  watcher_->Start();
+  return Status::Ok();
+}
+
+void Daemon::StartCaches() {
+  const MountOptions& o = options_;
+  GpuTier gpu = OpenGpuTier(o, cuda_device_);
+  device_ = std::move(gpu.device);
+  const uint64_t host_bytes = HostCacheBytes(o);
+  const uint64_t chunk_bytes = ChunkCacheBytes(o, host_bytes);
+  files_ = std::make_unique<FileCache>(host_bytes - chunk_bytes);
+  cache_ = std::make_unique<ChunkCache>(ChunkCache::Options{.host_capacity = chunk_bytes,
+                                                            .gpu_capacity = gpu.bytes,
+                                                            .device = device_.get(),
+                                                            .cuda_host_memory = gpu.cuda});
+  reader_ = std::make_unique<SourceReader>(o.source);
+  readahead_pool_ = std::make_unique<ThreadPool>(EffectiveThreads(o.threads));
+  ctx_.cache = cache_.get();
+  ctx_.files = files_.get();
+  ctx_.fill = o.fill == "open"      ? FillPolicy::kOpen
+              : o.fill == "wait"    ? FillPolicy::kWait
+              : o.fill == "preload" ? FillPolicy::kPreload
+                                    : FillPolicy::kOff;
+  ctx_.reader = reader_.get();
+  ctx_.readahead_pool = readahead_pool_.get();
+  ctx_.readahead_budget_chunks = std::max<uint64_t>(1, chunk_bytes / kChunkSize / 4);
+  ctx_.cache_chunks = chunk_bytes / kChunkSize;
+  if (o.stamp_headers) ctx_.stamper = &stamper_;
+  filler_ = std::make_unique<FileFiller>(ctx_, FillDepth(o));
+  ctx_.filler = filler_.get();
+
+  ctx_.on_source_changed = [this] { watcher_->RequestRescanSoon(); };
+  ctx_.drop_page_cache = [this](InodeId ino) { session_->InvalidateInode(ino, 0, 0); };
+  ctx_.on_corrupt_chunk = [this](const View::Node& file, const Status& why) {
+    if (Status s = index_->ForgetFile(file.stamp.dev, file.stamp.ino); !s.ok()) spdlog::error("{}", s.message());
+    watcher_->Withdraw(file.digest, why.message());
+  };
+}
+
+void Daemon::StartControl() {
+  commands_ = std::make_unique<CommandTable>(MakeCommands());
+  control_ = std::make_unique<ControlServer>(ControlSocketPath(options_.mountpoint, state_dir_), commands_->AsHandler());
+  if (Status s = control_->Start(); !s.ok()) {
+    spdlog::warn("{}; ckptfsctl cannot reach this mount", s.message());
+  } else {
+    view_->SetRootXattr("user.ckptfs.control", control_->path());
+  }
+}
+
+bool Daemon::Serve() { return session_->Loop(std::max(4u, 2 * EffectiveThreads(options_.threads))) == 0; }
+
+void Daemon::RequestRescan() {
+  if (watcher_) watcher_->RequestRescan();
+}
+
+void Daemon::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  if (control_) spdlog::info("unmounting {}", options_.mountpoint);
+  stopping_ = true;
+  if (readahead_setter_.joinable()) readahead_setter_.join();
+  // Intake first: no new commands, fills or read-ahead. Queued read-ahead is
+  // dropped, not run: it would call into the watcher and the index.
+  if (control_) control_->Stop();
+  if (filler_) filler_->Stop();
+  if (readahead_pool_) readahead_pool_->Cancel();
+  // The watcher's thread: an in-progress walk or hash stops at its next step.
+  if (watcher_) watcher_->Stop();
+  // Only then the mount, and the index last (closing SQLite folds the WAL in).
+  session_.reset();
+  index_.reset();
+}
+
+Daemon::~Daemon() { Shutdown(); }
+
+}  // namespace ckptfs::daemon

@@ -1,0 +1,74 @@
+#include "kernel_tuning.h"
+
+#include <sys/sysmacros.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+namespace ckptfs::daemon {
+
+std::string MountDevice(const std::string& mountpoint) {
+  std::ifstream info("/proc/self/mountinfo");
+  std::string line, devno;
+  while (std::getline(info, line)) {
+    std::istringstream ss(line);
+    std::string id, parent, dev, root, point;
+    ss >> id >> parent >> dev >> root >> point;
+    if (point == mountpoint) devno = dev;  // the last one is ours
+  }
+  return devno;
+}
+
+std::optional<dev_t> MountDeviceNumber(const std::string& mountpoint) {
+  unsigned major = 0, minor = 0;
+  if (std::sscanf(MountDevice(mountpoint).c_str(), "%u:%u", &major, &minor) != 2) return std::nullopt;
+  return makedev(major, minor);
+}
+
+void SetBdiReadahead(const std::string& mountpoint, uint64_t bytes, const std::atomic<bool>& stop) {
+  const std::string devno = MountDevice(mountpoint);
+  if (devno.empty()) return;
+  const std::string path = "/sys/class/bdi/" + devno + "/read_ahead_kb";
+  const std::string want = std::to_string(bytes / 1024);
+  for (int attempt = 0; attempt < 50 && !stop.load(); ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    {
+      std::ofstream out(path);
+      out << want;
+      out.flush();
+      if (!out) {
+        spdlog::warn("cannot set {} to {} KiB: {}; the kernel's default read-ahead stays", path, want,
+                     std::strerror(errno));
+        return;
+      }
+    }
+    std::ifstream in(path);
+    std::string got;
+    in >> got;
+    if (got == want) {
+      spdlog::debug("read-ahead of {} set to {} KiB", mountpoint, want);
+      return;
+    }
+  }
+  if (!stop.load()) spdlog::warn("read-ahead of {} did not stay at {} KiB", mountpoint, want);
+}
+
+void LowerOomScore() {
+  constexpr int kOomScoreAdj = -500;
+  FILE* f = std::fopen("/proc/self/oom_score_adj", "w");
+  const bool ok = f != nullptr && std::fprintf(f, "%d", kOomScoreAdj) > 0 && std::fflush(f) == 0;
+  const int err = errno;
+  if (f != nullptr) std::fclose(f);
+  if (!ok) {
+    spdlog::info("cannot lower oom_score_adj to {}: {} (it needs CAP_SYS_RESOURCE)", kOomScoreAdj, std::strerror(err));
+  }
+}
+
+}  // namespace ckptfs::daemon

@@ -1,0 +1,34 @@
+// Settings the daemon asks of the kernel for its mount and itself: the
+// mount's read-ahead (its BDI) and the daemon's OOM score. Each is best
+// effort: without the privilege or the file, the kernel's default stays and
+// the log says why.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace ckptfs::daemon {
+
+// The "major:minor" of the filesystem mounted last at `mountpoint`, from
+// /proc/self/mountinfo (so that nothing here stats into the mount); empty
+// when none is.
+std::string MountDevice(const std::string& mountpoint);
+// The same as a device number.
+std::optional<dev_t> MountDeviceNumber(const std::string& mountpoint);
+
+// Raises the kernel's read-ahead for the mount at `mountpoint` to `bytes`.
+// The kernel sets the BDI's read-ahead from the INIT reply, so this runs
+// after INIT; it retries until the value sticks, for about a second, or
+// until `stop` turns true (the daemon is shutting down).
+void SetBdiReadahead(const std::string& mountpoint, uint64_t bytes, const std::atomic<bool>& stop);
+
+// Every engine reads through this filesystem: when memory runs out, the
+// kernel should kill a runaway engine first, not the filesystem under all of
+// them. Lowering the score needs privilege; without it the default stays.
+void LowerOomScore();
+
+}  // namespace ckptfs::daemon

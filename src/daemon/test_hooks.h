@@ -1,0 +1,17 @@
+// Test seams of the daemon, read from the environment; each does nothing
+// unless its variable is set (never in production).
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <string>
+
+namespace ckptfs::daemon {
+
+// CKPTFS_TEST_PAUSE_BEFORE_HASH=NAME:DIR makes the indexer, before it opens
+// a file named NAME, create DIR/paused and wait (60 s at most, less if
+// `stop` turns true) for DIR/resume, so a test (tests/security) can change
+// the tree between the walk and the open at a known moment. Null when unset.
+std::function<void(const std::string&)> PauseBeforeHashHook(const std::atomic<bool>* stop);
+
+}  // namespace ckptfs::daemon
