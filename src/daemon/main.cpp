@@ -28,6 +28,7 @@
 #include "ckptfs/build_info.h"
 #include "cache_commands.h"
 #include "daemon_log.h"
+#include "fleet.h"
 #include "query_filter.h"
 #include "ckptfs/header_stamper.h"
 #include "ckptfs/catalog_watcher.h"
@@ -313,6 +314,15 @@ int main(int argc, char** argv) {
     spdlog::critical("mount point {} is the source itself", o.mountpoint);
     return 1;
   }
+  std::vector<std::string> fleet_warnings;
+  auto manifests = daemon::OpenManifestStore(o, &fleet_warnings);
+  for (const auto& w : fleet_warnings) spdlog::warn("{}", w);
+  if (!manifests.ok()) {
+    spdlog::critical("{}", manifests.status().message());
+    return 1;
+  }
+  const SourceFilesystem source_fs = DetectSourceFilesystem(real_source);
+  if (std::string note = daemon::AdaptRescanToFilesystem(source_fs, o); !note.empty()) spdlog::info("{}", note);
   // fuse_daemonize changes to "/": from here on only canonical paths.
   if (o.fsname == o.source) o.fsname = real_source;
   o.source = real_source;
@@ -384,6 +394,7 @@ int main(int argc, char** argv) {
   wo.settle_s = o.settle_s;
   wo.threads = o.threads;
   wo.before_hash = PauseBeforeHashHook();
+  wo.manifests = manifests->get();
   CatalogWatcher watcher(wo, index->get(), &view, [se](const View::Changes& changes) {
     for (const auto& [parent, name] : changes.entries) {
       fuse_lowlevel_notify_inval_entry(se, parent, name.c_str(), name.size());
@@ -466,14 +477,17 @@ int main(int argc, char** argv) {
   ctx.drop_page_cache = [se](InodeId ino) { fuse_lowlevel_notify_inval_inode(se, ino, 0, 0); };
   ctx.on_corrupt_chunk = [&](const View::Node& file, const Status& why) {
     if (Status s = (*index)->ForgetFile(file.stamp.dev, file.stamp.ino); !s.ok()) spdlog::error("{}", s.message());
+    daemon::DistrustRecordOf(manifests->get(), real_source, file);
     watcher.Withdraw(file.digest, why.message());
   };
 
   ControlServer control(ControlSocketPath(real_mountpoint, state_dir), [&](const ControlServer::Request& r) {
     const std::string cmd = r.body["cmd"];
     if (cmd == "status") {
-      return StatusJson(daemon::VisibleStates(watcher.States(), r), watcher, o, state_dir, (*index)->path(),
-                        (*log)->destination(), ctx);
+      auto status = StatusJson(daemon::VisibleStates(watcher.States(), r), watcher, o, state_dir, (*index)->path(),
+                               (*log)->destination(), ctx);
+      daemon::AddFleetStatus(status, manifests->get(), source_fs, o);
+      return status;
     }
     if (cmd == "ls") return LsJson(daemon::VisibleStates(watcher.States(), r), view, real_source);
     if (cmd == "stats") {
