@@ -58,6 +58,9 @@ struct IndexedFile {
   FileHashes hashes;
   bool from_index = false;
   bool from_manifest = false;  // from a trusted record of the manifest store
+  // *.safetensors members: the size served under stamp_headers (see
+  // stamped_size.h); unset when a lookup-only pass found none stored.
+  std::optional<uint64_t> stamped_size;
 };
 
 struct IndexedCheckpoint {
