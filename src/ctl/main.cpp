@@ -126,10 +126,10 @@ int main(int argc, char** argv) {
                  "table) into a manifest store, so that mounts with manifests=DIR and a keyring holding the key's\n"
                  "public half hash nothing; files that already have a trusted record are not read");
   cmd_publish->add_option("SRC", publish.source, "The source tree, as the daemons mount it")->required();
-  cmd_publish->add_option("--manifests", publish.manifests, "The manifest store (an existing directory)")
+  cmd_publish->add_option("--manifests", publish.manifests, "The manifest store, an existing directory (required)")
       ->required()
       ->option_text("DIR");
-  cmd_publish->add_option("--sign", publish.sign, "Private key (from keygen) that signs the records")
+  cmd_publish->add_option("--sign", publish.sign, "Private key (from keygen) that signs the records (required)")
       ->required()
       ->option_text("KEY");
   cmd_publish->add_option("--keys", publish.keys,

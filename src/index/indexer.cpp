@@ -146,7 +146,10 @@ IndexReport Indexer::Run(const CatalogScan& scan) {
     misses.push_back(&job);
   }
   if (!options_.ignore_index && options_.manifests != nullptr) {
-    TakeFromManifests(*options_.manifests, index_, scan.real_root, threads, misses, report);
+    // Lookups wait on the file server, not the CPU: more of them in flight.
+    constexpr unsigned kLookupsInFlight = 16;
+    TakeFromManifests(*options_.manifests, index_, scan.real_root, std::max(threads, kLookupsInFlight), misses,
+                      report);
   }
 
   std::vector<FileJob*> to_hash;

@@ -126,6 +126,7 @@ TEST_F(FleetTest, SecondNodeReadsNoFileContentAndServesTheSameBytes) {
   EXPECT_EQ(status["manifests"]["records_used"], files) << status.dump();
   EXPECT_EQ(status["manifests"]["records_ignored"], 0) << status.dump();
   EXPECT_EQ(QueryMount(kCtl, "stats", second->mountpoint())["source_bytes_read"], 0);
+  EXPECT_EQ(status["source_filesystem"]["inotify"], true) << "a local temporary directory";
   std::cout << "second node at mount: rchar " << rchar << " bytes, against " << content << " bytes of content\n";
 
   for (const auto& r : rels) {
@@ -135,6 +136,28 @@ TEST_F(FleetTest, SecondNodeReadsNoFileContentAndServesTheSameBytes) {
   size_t compared = 0;
   EXPECT_EQ(CompareTree(src_, second->mountpoint() + "/by-name", &compared), "");
   EXPECT_EQ(compared, files);
+}
+
+// Options that cannot work are refused before mounting, naming the cause.
+TEST_F(FleetTest, ManifestOptionsThatCannotWorkAreRefused) {
+  MakeDirs(src_);
+  MakeDirs(tmp_ / "mnt");
+  WriteFile(tmp_ / "not-keys", "hello\n");
+  const std::string base = kDaemon + " " + src_ + " " + tmp_ / "mnt" + " -f -o state=" + tmp_ / "state" + ",";
+  const std::pair<std::string, std::string> cases[] = {
+      {"manifests=" + store_, "needs manifest_keys=FILE"},
+      {"manifest_keys=" + key_ + ".pub", "need manifests=DIR"},
+      {"manifests=relative/dir,manifest_keys=" + key_ + ".pub", "must be an absolute path"},
+      {"manifests=" + tmp_ / "missing" + ",manifest_keys=" + key_ + ".pub", "No such file or directory"},
+      {"manifests=" + store_ + ",manifest_keys=" + tmp_ / "not-keys", "no PUBLIC KEY block"},
+      {"manifests=" + store_ + ",manifest_sign=" + key_ + ".pub", "not a PEM private key"},
+  };
+  for (const auto& [options, why] : cases) {
+    CommandResult r = RunCommand(base + options, true);
+    EXPECT_NE(r.exit_code, 0) << options;
+    EXPECT_NE(r.out.find(why), std::string::npos) << options << ": " << r.out;
+  }
+  EXPECT_FALSE(IsMounted(tmp_ / "mnt"));
 }
 
 // Records that must not be trusted: each file's checkpoint is still shown,
