@@ -68,6 +68,9 @@ TEST_F(SshfsSourceTest, ServerSideChangesAreFoundByTheRescanNotByInotify) {
     EXPECT_EQ(status["source_filesystem"]["changes_found_by"], "the periodic rescan");
     EXPECT_EQ(status["options"]["rescan"], 60) << "the default for sources without inotify";
     EXPECT_NE(m.Log().find("raise no inotify event"), std::string::npos) << m.Log();
+    const std::string shown = RunCommand(kCtl + " status " + m.mountpoint()).out;
+    EXPECT_NE(shown.find("fuse.sshfs: changes found by the periodic rescan (rescan every 60 s)"), std::string::npos)
+        << shown;
     EXPECT_EQ(Link(m.mountpoint(), "m"), CoreutilsDigest(remote_ + "/m"));
     EXPECT_EQ(CompareTree(remote_, m.mountpoint() + "/by-name"), "");
 

@@ -127,6 +127,8 @@ TEST_F(FleetTest, SecondNodeReadsNoFileContentAndServesTheSameBytes) {
   EXPECT_EQ(status["manifests"]["records_ignored"], 0) << status.dump();
   EXPECT_EQ(QueryMount(kCtl, "stats", second->mountpoint())["source_bytes_read"], 0);
   EXPECT_EQ(status["source_filesystem"]["inotify"], true) << "a local temporary directory";
+  EXPECT_NE(RunCommand(kCtl + " status " + second->mountpoint()).out.find("records used 5, ignored 0"),
+            std::string::npos);
   std::cout << "second node at mount: rchar " << rchar << " bytes, against " << content << " bytes of content\n";
 
   for (const auto& r : rels) {
