@@ -18,6 +18,8 @@ packages=(
   coreutils findutils attr util-linux python3   # tools the tests compare against
   lintian python3-debian      # the package test: Debian's checks, and a DEP-5 parser for the copyright file
   python3-venv                # the huggingface_hub test's virtual environment (build/venv)
+  sshfs openssh-server openssh-client   # the fleet test's network filesystem: sshfs over loopback
+  python3-yaml                # the Kubernetes manifests test parses deploy/kubernetes/*.yaml
 )
 
 if [ "$(id -u)" -ne 0 ]; then

@@ -25,6 +25,7 @@
 
 #include "ckptfs/catalog.h"
 #include "ckptfs/index.h"
+#include "ckptfs/manifest_store.h"
 #include "ckptfs/unique_fd.h"
 #include "ckptfs/view.h"
 
@@ -60,6 +61,7 @@ class CatalogWatcher {
     double settle_s = 5;
     unsigned threads = 0;
     std::function<void(const std::string& path)> before_hash;  // test seam, see IndexerOptions
+    ManifestStore* manifests = nullptr;  // manifests=DIR, see IndexerOptions
   };
   // Told which directory entries changed after each publish.
   using ChangeCallback = std::function<void(const View::Changes&)>;

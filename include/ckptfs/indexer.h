@@ -7,6 +7,12 @@
 // pool. A file that changes while it is hashed is re-stat'ed and retried; if
 // it keeps changing, the checkpoint that holds it is reported unsettled so
 // the caller can come back to it later.
+//
+// With a manifest store, a file the index does not know is first looked up
+// there (by path relative to the source root, size and mtime): a trusted
+// record stands in for reading the file, and is remembered in the index
+// under the file's local stamp. Files hashed here are published to the store
+// when it can sign.
 #pragma once
 
 #include <atomic>
@@ -20,6 +26,7 @@
 #include "ckptfs/checkpoint_digest.h"
 #include "ckptfs/file_hasher.h"
 #include "ckptfs/index.h"
+#include "ckptfs/manifest_store.h"
 
 namespace ckptfs {
 
@@ -41,12 +48,16 @@ struct IndexerOptions {
   // Stops hashing at the next chunk and leaves the rest unhashed when it
   // turns true (unmount, SIGTERM).
   const std::atomic<bool>* cancel = nullptr;
+  // Shared records of other nodes (see above); not consulted with
+  // ignore_index.
+  ManifestStore* manifests = nullptr;
 };
 
 struct IndexedFile {
   MemberFile member;  // with the stamp that was hashed
   FileHashes hashes;
   bool from_index = false;
+  bool from_manifest = false;  // from a trusted record of the manifest store
   // *.safetensors members: the size served under stamp_headers (see
   // stamped_size.h); unset when a lookup-only pass found none stored.
   std::optional<uint64_t> stamped_size;
@@ -71,6 +82,8 @@ struct IndexReport {
   uint64_t files_hashed = 0;
   uint64_t bytes_hashed = 0;
   uint64_t files_from_index = 0;
+  uint64_t files_from_manifests = 0;
+  uint64_t records_published = 0;
   std::vector<std::string> warnings;  // e.g. index writes that failed
 };
 

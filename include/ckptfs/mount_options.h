@@ -23,6 +23,7 @@ struct MountOptions {
 
   std::string state_dir;      // state=DIR (empty: DefaultStateDir())
   double rescan_s = 600;      // rescan=SECONDS; 0 turns the periodic rescan off
+  bool rescan_given = false;  // rescan= was given (else a source without inotify gets kRemoteRescanS)
   double settle_s = 5;        // settle=SECONDS
   SymlinkPolicy symlinks = SymlinkPolicy::kContained;
   unsigned threads = 0;       // threads=N: FUSE and hashing threads; 0 = one per CPU
@@ -47,9 +48,19 @@ struct MountOptions {
   bool allow_other = false;
   bool stamp_headers = false;  // stamp_headers: see HeaderStamper
   std::string fsname;         // fsname=, default: SRC
+  // The shared manifest store (issue 15): manifests=DIR, the trusted public
+  // keys manifest_keys=FILE, and the key that signs what this node publishes
+  // manifest_sign=FILE. All absolute paths; empty: unused.
+  std::string manifests;
+  std::string manifest_keys;
+  std::string manifest_sign;
   // Options handed to libfuse as "-o a,b,c" (always ro and default_permissions).
   std::vector<std::string> fuse_options;
 };
+
+// The periodic rescan when the source's filesystem does not report changes
+// made by other clients (NFS, FUSE, ...) and rescan= was not given.
+inline constexpr double kRemoteRescanS = 60;
 
 // Parses argv (argv[0] is the program). Fails with a message naming the
 // offending argument.

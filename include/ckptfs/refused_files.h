@@ -4,16 +4,23 @@
 // the source again: a reader looping over a changed file must not turn each
 // of its reads into 4 MiB of source I/O, a log line and a rescan.
 //
-// Keyed by the expected content and the stamp together: the same path with
-// the same stamp but a new digest (re-indexed after bit rot) is another key.
+// Keyed by the expected content, the stamp and the chunk table together: the
+// same path with the same stamp but a new digest (re-indexed after bit rot)
+// is another key, and so is the same digest with a new chunk table (a shared
+// manifest record whose table was wrong, replaced by the node's own hash).
+// The set holds each refused table, so its address stays unique while used
+// as a key.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <set>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "ckptfs/file_stamp.h"
 #include "ckptfs/hashes.h"
@@ -25,11 +32,12 @@ class RefusedFiles {
   explicit RefusedFiles(size_t capacity = 4096) : capacity_(capacity) {}
 
   // True if this is news (the caller reports it once); false if known.
-  bool Add(const Sha256Digest& sha256, const FileStamp& stamp);
-  bool Contains(const Sha256Digest& sha256, const FileStamp& stamp) const;
+  using ChunkTable = std::shared_ptr<const std::vector<ChunkHash>>;
+  bool Add(const Sha256Digest& sha256, const FileStamp& stamp, const ChunkTable& chunks);
+  bool Contains(const Sha256Digest& sha256, const FileStamp& stamp, const std::vector<ChunkHash>* chunks) const;
 
  private:
-  using Key = std::pair<Sha256Digest, FileStamp>;
+  using Key = std::tuple<Sha256Digest, FileStamp, const std::vector<ChunkHash>*>;
   struct Less {
     bool operator()(const Key& a, const Key& b) const;
   };
@@ -39,7 +47,8 @@ class RefusedFiles {
   std::atomic<bool> any_{false};
   mutable std::mutex mu_;
   std::set<Key, Less> keys_;
-  std::deque<Key> order_;  // oldest first, to stay within capacity
+  // Oldest first, to stay within capacity; holds each key's chunk table.
+  std::deque<std::pair<Key, ChunkTable>> order_;
 };
 
 }  // namespace ckptfs

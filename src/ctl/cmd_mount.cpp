@@ -21,6 +21,28 @@ std::string When(int64_t t) {
   return buf;
 }
 
+// The source's filesystem (and how changes are found there) and the
+// manifest store, when the daemon reports them.
+void PrintFleetLines(const nlohmann::json& j) {
+  if (j.contains("source_filesystem")) {
+    const auto& fs = j["source_filesystem"];
+    std::printf("source fs    %s: changes found by %s", fs.value("type", std::string("?")).c_str(),
+                fs.value("changes_found_by", std::string("?")).c_str());
+    if (fs.value("rescan", 0.0) > 0) std::printf(" (rescan every %g s)", fs.value("rescan", 0.0));
+    std::printf("%s\n", fs.value("inotify", true) ? "" : "; other clients' changes raise no inotify event here");
+  }
+  if (j.contains("manifests")) {
+    const auto& m = j["manifests"];
+    const std::string signer = m.value("signing_key", std::string());
+    std::printf("manifests    %s: records used %llu, ignored %llu, published %llu, distrusted %llu; %zu trusted "
+                "key(s)%s%s\n",
+                m.value("dir", std::string("?")).c_str(), m.value("records_used", 0ull),
+                m.value("records_ignored", 0ull), m.value("records_published", 0ull),
+                m.value("records_distrusted", 0ull), m.value("trusted_keys", nlohmann::json::array()).size(),
+                signer.empty() ? "" : ", signing with ", signer.c_str());
+  }
+}
+
 }  // namespace
 
 int RunStatus(const MountArgs& args) {
@@ -33,6 +55,7 @@ int RunStatus(const MountArgs& args) {
   std::printf("mountpoint   %s (daemon pid %d)\n", j["mountpoint"].get<std::string>().c_str(), j["pid"].get<int>());
   std::printf("state        %s (index %s)\n", j["state_dir"].get<std::string>().c_str(),
               j["index"].get<std::string>().c_str());
+  PrintFleetLines(j);
   std::printf("options      rescan=%g settle=%g symlinks=%s threads=%u readahead=%s%s log=%s log_file=%s\n",
               opt["rescan"].get<double>(), opt["settle"].get<double>(), opt["symlinks"].get<std::string>().c_str(),
               opt["threads"].get<unsigned>(), FormatBytes(opt["readahead"].get<uint64_t>()).c_str(),

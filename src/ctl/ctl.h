@@ -44,8 +44,10 @@ bool ScanOrReport(const std::string& dir, const GlobalOptions& g, CatalogScan* s
 bool KeepOnlyTheDirItself(const std::string& dir, CatalogScan* scan);
 
 // Runs the indexer with a progress bar when standard error is a terminal.
+// `index` may be null (nothing remembered locally); with `manifests`, files
+// are looked up in it first and what is hashed is published there.
 IndexReport IndexWithProgress(Index* index, const CatalogScan& scan, const GlobalOptions& g, bool ignore_index,
-                              const char* label);
+                              const char* label, ManifestStore* manifests = nullptr);
 
 struct DigestArgs {
   std::vector<std::string> dirs;
@@ -123,6 +125,21 @@ struct CacheArgs {
   bool pin = false;
 };
 int RunCacheCommand(const CacheArgs& args);
+
+struct KeygenArgs {
+  std::string key_path;  // the private key; the public one goes to KEY.pub
+  bool force = false;    // overwrite existing files
+};
+int RunKeygen(const KeygenArgs& args);
+
+struct PublishArgs {
+  std::string source;
+  std::string manifests;  // --manifests DIR
+  std::string sign;       // --sign KEY
+  std::string keys;       // --keys FILE: also reuse records signed by these keys
+  bool json = false;
+};
+int RunPublish(const GlobalOptions& g, const PublishArgs& args);
 
 struct StatsArgs {
   std::string path;  // the mount point or any path inside the mount

@@ -52,11 +52,12 @@ bool KeepOnlyTheDirItself(const std::string& dir, CatalogScan* scan) {
 }
 
 IndexReport IndexWithProgress(Index* index, const CatalogScan& scan, const GlobalOptions& g, bool ignore_index,
-                              const char* label) {
+                              const char* label, ManifestStore* manifests) {
   ProgressBar bar(label, !g.quiet && ::isatty(STDERR_FILENO) == 1);
   IndexerOptions options;
   options.threads = g.threads;
   options.ignore_index = ignore_index;
+  options.manifests = manifests;
   options.on_plan = [&bar](uint64_t total) { bar.SetTotal(total); };
   options.on_bytes = [&bar](uint64_t n) { bar.Add(n); };
   return Indexer(index, options).Run(scan);

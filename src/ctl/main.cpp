@@ -123,6 +123,31 @@ int main(int argc, char** argv) {
                       "Print the Prometheus text format (for node_exporter's textfile collector)")
       ->excludes(stats_json);
 
+  KeygenArgs keygen;
+  auto* cmd_keygen = app.add_subcommand(
+      "keygen", "Make an Ed25519 key pair for signing manifest records: KEY (private, mode 0600) and KEY.pub\n"
+                "(public; concatenate the .pub files of every signer into the file given as manifest_keys=)");
+  cmd_keygen->add_option("KEY", keygen.key_path, "Where to write the private key")->required();
+  cmd_keygen->add_flag("--force", keygen.force, "Replace KEY and KEY.pub if they exist");
+
+  PublishArgs publish;
+  auto* cmd_publish = app.add_subcommand(
+      "publish", "Index SRC once and publish a signed record of every file (path, size, mtime, SHA-256, chunk\n"
+                 "table) into a manifest store, so that mounts with manifests=DIR and a keyring holding the key's\n"
+                 "public half hash nothing; files that already have a trusted record are not read");
+  cmd_publish->add_option("SRC", publish.source, "The source tree, as the daemons mount it")->required();
+  cmd_publish->add_option("--manifests", publish.manifests, "The manifest store, an existing directory (required)")
+      ->required()
+      ->option_text("DIR");
+  cmd_publish->add_option("--sign", publish.sign, "Private key (from keygen) that signs the records (required)")
+      ->required()
+      ->option_text("KEY");
+  cmd_publish->add_option("--keys", publish.keys,
+                          "Public keys whose records are reused instead of re-hashing (the signing key's own\n"
+                          "always are)")
+      ->option_text("FILE");
+  cmd_publish->add_flag("--json", publish.json, "Print JSON: checkpoints, files hashed, records written");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -140,5 +165,7 @@ int main(int argc, char** argv) {
   if (*cmd_unpin) return RunCacheCommand(unpin_args);
   if (*cmd_evict) return RunCacheCommand(evict_args);
   if (*cmd_stats) return RunStats(stats_args);
+  if (*cmd_keygen) return RunKeygen(keygen);
+  if (*cmd_publish) return RunPublish(g, publish);
   return kExitUsage;
 }

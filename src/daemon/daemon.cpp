@@ -1,5 +1,7 @@
 #include "daemon.h"
 
+#include "fleet.h"
+
 #include <sys/stat.h>
 
 #include <climits>
@@ -56,6 +58,13 @@ Status Daemon::CheckPaths(struct stat* source_st) {
   const std::string real_source = RealPath(o.source);
   const std::string real_mountpoint = RealPath(o.mountpoint);
   if (real_source == real_mountpoint) return Status::Error("mount point " + o.mountpoint + " is the source itself");
+  std::vector<std::string> warnings;
+  auto manifests = OpenManifestStore(o, &warnings);
+  for (const auto& w : warnings) spdlog::warn("{}", w);
+  if (!manifests.ok()) return manifests.status();
+  manifests_ = std::move(*manifests);
+  source_fs_ = DetectSourceFilesystem(real_source);
+  if (std::string note = AdaptRescanToFilesystem(source_fs_, o); !note.empty()) spdlog::info("{}", note);
   if (o.fsname == o.source) o.fsname = real_source;
   o.source = real_source;
   o.mountpoint = real_mountpoint;
@@ -86,6 +95,7 @@ Status Daemon::OpenIndexAndView(const struct stat& source_st, const char* argv0)
   wo.settle_s = options_.settle_s;
   wo.threads = options_.threads;
   wo.before_hash = PauseBeforeHashHook(&stopping_);
+  wo.manifests = manifests_.get();
   FuseSession* se = session_.get();
   watcher_ = std::make_unique<CatalogWatcher>(wo, index_.get(), view_.get(), [se](const View::Changes& changes) {
     for (const auto& [parent, name] : changes.entries) se->InvalidateEntry(parent, name);
@@ -155,6 +165,7 @@ void Daemon::StartCaches() {
   ctx_.drop_page_cache = [this](InodeId ino) { session_->InvalidateInode(ino, 0, 0); };
   ctx_.on_corrupt_chunk = [this](const View::Node& file, const Status& why) {
     if (Status s = index_->ForgetFile(file.stamp.dev, file.stamp.ino); !s.ok()) spdlog::error("{}", s.message());
+    DistrustRecordOf(manifests_.get(), options_.source, file);
     watcher_->Withdraw(file.digest, why.message());
   };
 }

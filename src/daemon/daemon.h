@@ -26,6 +26,8 @@
 #include "ckptfs/fuse_ops.h"
 #include "ckptfs/header_stamper.h"
 #include "ckptfs/index.h"
+#include "ckptfs/manifest_store.h"
+#include "ckptfs/source_filesystem.h"
 #include "ckptfs/mount_options.h"
 #include "ckptfs/source_reader.h"
 #include "ckptfs/thread_pool.h"
@@ -76,6 +78,8 @@ class Daemon {
   MountOptions options_;  // with canonical source and mount point
   DaemonLog* log_;
   std::string state_dir_;
+  SourceFilesystem source_fs_;                // what SRC is on; decides the rescan default
+  std::unique_ptr<ManifestStore> manifests_;  // manifests=DIR (a fleet's shared records), or null
   int cuda_device_ = -1;
   std::atomic<bool> stopping_{false};
   std::unique_ptr<Index> index_;

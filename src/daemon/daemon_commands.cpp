@@ -3,6 +3,7 @@
 #include "cache_commands.h"
 #include "ckptfs/control_protocol.h"
 #include "daemon.h"
+#include "fleet.h"
 #include "query_commands.h"
 #include "query_filter.h"
 
@@ -19,7 +20,9 @@ CommandTable Daemon::MakeCommands() {
       row(protocol::kStatus,
           [this, visible](const Request& r) {
             const MountFacts facts{&options_, state_dir_, index_->path(), log_->destination()};
-            return StatusJson(visible(r), *watcher_, facts, ctx_);
+            auto status = StatusJson(visible(r), *watcher_, facts, ctx_);
+            AddFleetStatus(status, manifests_.get(), source_fs_, options_);
+            return status;
           }),
       row(protocol::kLs, [this, visible](const Request& r) { return LsJson(visible(r), *view_, options_.source); }),
       row(protocol::kStats,

@@ -69,6 +69,11 @@ Status ApplyOption(const std::string& opt, MountOptions& o) {
     auto v = ParseSeconds(key, value);
     if (!v.ok()) return v.status();
     (key == "rescan" ? o.rescan_s : o.settle_s) = *v;
+    if (key == "rescan") o.rescan_given = true;
+  } else if (key == "manifests" || key == "manifest_keys" || key == "manifest_sign") {
+    if (Status s = need_value(); !s.ok()) return s;
+    if (value[0] != '/') return Status::Error("option " + key + "=" + value + ": must be an absolute path");
+    (key == "manifests" ? o.manifests : key == "manifest_keys" ? o.manifest_keys : o.manifest_sign) = value;
   } else if (key == "symlinks") {
     auto p = ParseSymlinkPolicy(value);
     if (!p) return Status::Error("option symlinks=" + value + ": expected contained or follow");
@@ -226,6 +231,14 @@ Result<MountOptions> ParseMountOptions(int argc, const char* const* argv) {
   o.source = positional[0];
   o.mountpoint = positional[1];
   if (o.fsname.empty()) o.fsname = o.source;
+  if (o.manifests.empty() && (!o.manifest_keys.empty() || !o.manifest_sign.empty())) {
+    return Status::Error("options manifest_keys= and manifest_sign= need manifests=DIR");
+  }
+  if (!o.manifests.empty() && o.manifest_keys.empty() && o.manifest_sign.empty()) {
+    return Status::Error("option manifests=" + o.manifests +
+                         " needs manifest_keys=FILE (keys to trust) or manifest_sign=FILE (a key to sign with, "
+                         "whose public half is trusted); make keys with ckptfsctl keygen");
+  }
   return o;
 }
 
@@ -267,8 +280,10 @@ appear as they are indexed.
 ckptfs options (-o):
   state=DIR            index and state directory (default /var/lib/ckptfs for
                        root, else $XDG_STATE_HOME/ckptfs)
-  rescan=SECONDS       periodic full rescan of SRC, for changes inotify misses
-                       (network filesystems); 0 turns it off (default 600)
+  rescan=SECONDS       periodic full rescan of SRC, for changes inotify misses;
+                       0 turns it off (default 600, or 60 when SRC is on a
+                       filesystem where other clients' changes raise no
+                       inotify event: NFS, SMB, Ceph, Lustre, FUSE, ...)
   settle=SECONDS       index a checkpoint once none of its files changed for
                        this long (default 5)
   symlinks=POLICY      contained: follow links only when they resolve inside
@@ -302,6 +317,18 @@ ckptfs options (-o):
                        device if there is one (else a warning); sim: a
                        simulated device in host memory (testing)
   gpu_cache_size=SIZE|N%   GPU tier size (default 50% of device memory)
+  manifests=DIR        shared manifest store (on the filesystem that holds
+                       SRC): before hashing a file, use a trusted record of
+                       it (same path, size and mtime) that another node
+                       published; publish the records of files hashed here
+                       (when manifest_sign= is given). Every chunk read is
+                       still checked; a record that does not match its file
+                       gives EIO, is reported and the file is hashed here
+  manifest_keys=FILE   Ed25519 public keys (PEM) whose records are trusted;
+                       unsigned and other records are ignored with a warning
+  manifest_sign=FILE   Ed25519 private key (PEM, from ckptfsctl keygen) that
+                       signs the records this node publishes; its public
+                       half is trusted too
   stamp_headers        serve each *.safetensors file with "ckptfs.checkpoint"
                        and "ckptfs.sha256" added to its header's __metadata__,
                        so caches keyed on raw headers tell checkpoints apart

@@ -549,7 +549,7 @@ void ReportSourceFailure(FsContext& ctx, const View::Node& file, const Status& s
     return;
   }
   if (corrupt) ctx.cache->CountVerificationFailure();
-  if (!ctx.refused.Add(file.sha256, file.stamp)) return;  // already reported
+  if (!ctx.refused.Add(file.sha256, file.stamp, file.chunks)) return;  // already reported
   if (corrupt) {
     spdlog::error("{}: {}; the digest is withdrawn and the file will be hashed again", file.digest, s.message());
     if (ctx.on_corrupt_chunk) ctx.on_corrupt_chunk(file, s);
@@ -560,7 +560,7 @@ void ReportSourceFailure(FsContext& ctx, const View::Node& file, const Status& s
 }
 
 Result<ChunkCache::Ref> FetchChunk(FsContext& ctx, const View::NodePtr& file, uint64_t index, bool readahead) {
-  if (ctx.refused.Contains(file->sha256, file->stamp)) {
+  if (ctx.refused.Contains(file->sha256, file->stamp, file->chunks.get())) {
     return Status::Changed(file->source_path + ": no longer holds the bytes indexed for " + file->digest);
   }
   const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunkSize, file->size - index * kChunkSize));

@@ -5,28 +5,29 @@
 namespace ckptfs {
 
 bool RefusedFiles::Less::operator()(const Key& a, const Key& b) const {
-  const FileStamp &x = a.second, &y = b.second;
-  return std::tie(a.first, x.dev, x.ino, x.size, x.mtime_ns, x.ctime_ns) <
-         std::tie(b.first, y.dev, y.ino, y.size, y.mtime_ns, y.ctime_ns);
+  const FileStamp &x = std::get<1>(a), &y = std::get<1>(b);
+  return std::tie(std::get<0>(a), x.dev, x.ino, x.size, x.mtime_ns, x.ctime_ns, std::get<2>(a)) <
+         std::tie(std::get<0>(b), y.dev, y.ino, y.size, y.mtime_ns, y.ctime_ns, std::get<2>(b));
 }
 
-bool RefusedFiles::Add(const Sha256Digest& sha256, const FileStamp& stamp) {
+bool RefusedFiles::Add(const Sha256Digest& sha256, const FileStamp& stamp, const ChunkTable& chunks) {
   std::lock_guard lock(mu_);
-  Key key{sha256, stamp};
+  Key key{sha256, stamp, chunks.get()};
   if (!keys_.insert(key).second) return false;
   any_ = true;
-  order_.push_back(key);
+  order_.emplace_back(key, chunks);
   while (order_.size() > capacity_) {
-    keys_.erase(order_.front());
+    keys_.erase(order_.front().first);
     order_.pop_front();
   }
   return true;
 }
 
-bool RefusedFiles::Contains(const Sha256Digest& sha256, const FileStamp& stamp) const {
+bool RefusedFiles::Contains(const Sha256Digest& sha256, const FileStamp& stamp,
+                            const std::vector<ChunkHash>* chunks) const {
   if (!any_.load(std::memory_order_acquire)) return false;
   std::lock_guard lock(mu_);
-  return keys_.count({sha256, stamp}) != 0;
+  return keys_.count({sha256, stamp, chunks}) != 0;
 }
 
 }  // namespace ckptfs

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <functional>
 #include <atomic>
 #include <cerrno>
 #include <map>
@@ -26,12 +27,61 @@ struct FileJob {
   Ownership owner;  // as the walk saw it
   std::optional<FileHashes> hashes;
   bool from_index = false;
+  bool from_manifest = false;
   std::optional<std::string> error;
   bool unsettled = false;
   bool unindexed = false;
   bool safetensors = false;  // some member names it *.safetensors
   std::optional<uint64_t> stamped_size;
 };
+
+// PATH relative to ROOT, or nothing when PATH does not lie below ROOT (a link
+// followed out of the tree under symlinks=follow: no record names it).
+std::optional<std::string> PathBelow(const std::string& root, const std::string& path) {
+  if (root.empty() || path.size() <= root.size() || path.compare(0, root.size(), root) != 0) return std::nullopt;
+  if (root == "/") return path.substr(1);
+  if (path[root.size()] != '/') return std::nullopt;
+  return path.substr(root.size() + 1);
+}
+
+// Runs fn(i) for i in [0, n) on up to `threads` threads.
+void ParallelFor(size_t n, unsigned threads, const std::function<void(size_t)>& fn) {
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i = next++; i < n; i = next++) fn(i);
+  };
+  std::vector<std::thread> workers;
+  const unsigned count = std::min<unsigned>(threads, static_cast<unsigned>(std::max<size_t>(n, 1)));
+  for (unsigned t = 1; t < count; ++t) workers.emplace_back(worker);
+  worker();
+  for (auto& w : workers) w.join();
+}
+
+// Looks the index's misses up in the manifest store, several at a time: on a
+// network filesystem each is a round trip to the server. Files found are
+// remembered in the index under their local stamp.
+void TakeFromManifests(ManifestStore& store, Index* index, const std::string& root, unsigned threads,
+                       std::vector<FileJob*>& misses, IndexReport& report) {
+  std::mutex mu;
+  ParallelFor(misses.size(), threads, [&](size_t i) {
+    FileJob& job = *misses[i];
+    auto rel = PathBelow(root, job.open_path);
+    if (!rel) return;
+    auto found = store.Lookup(*rel, job.stamp);
+    std::lock_guard lock(mu);
+    if (!found.ok()) {
+      if (found.status().code() != Status::Code::kNotFound) report.warnings.push_back(found.status().message());
+      return;
+    }
+    job.hashes = std::move(*found);
+    job.from_manifest = true;
+    ++report.files_from_manifests;
+    if (index != nullptr) {
+      if (Status s = index->PutFile(job.stamp, job.open_path, *job.hashes); !s.ok()) report.warnings.push_back(s.message());
+    }
+  });
+  std::erase_if(misses, [](const FileJob* job) { return job->from_manifest; });
+}
 
 bool NamedSafetensors(const std::string& rel_path) {
   constexpr std::string_view kExt = ".safetensors";
@@ -87,8 +137,8 @@ IndexReport Indexer::Run(const CatalogScan& scan) {
     }
   }
 
-  std::vector<FileJob*> to_hash;
-  uint64_t bytes_to_hash = 0;
+  const unsigned threads = EffectiveThreads(options_.threads);
+  std::vector<FileJob*> misses;
   for (auto& [key, job] : jobs) {
     if (!options_.ignore_index && index_ != nullptr) {
       auto h = index_->LookupFile(job.stamp);
@@ -105,6 +155,19 @@ IndexReport Indexer::Run(const CatalogScan& scan) {
         continue;
       }
     }
+    misses.push_back(&job);
+  }
+  if (!options_.ignore_index && options_.manifests != nullptr) {
+    // Lookups wait on the file server, not the CPU: more of them in flight.
+    constexpr unsigned kLookupsInFlight = 16;
+    TakeFromManifests(*options_.manifests, index_, scan.real_root, std::max(threads, kLookupsInFlight), misses,
+                      report);
+  }
+
+  std::vector<FileJob*> to_hash;
+  uint64_t bytes_to_hash = 0;
+  for (FileJob* miss : misses) {
+    FileJob& job = *miss;
     if (options_.lookup_only) {
       job.error = job.open_path + ": not in the index yet";
       job.unindexed = true;
@@ -118,7 +181,6 @@ IndexReport Indexer::Run(const CatalogScan& scan) {
             [](const FileJob* a, const FileJob* b) { return a->stamp.size > b->stamp.size; });
   if (options_.on_plan) options_.on_plan(bytes_to_hash);
 
-  const unsigned threads = EffectiveThreads(options_.threads);
   ThreadPool chunk_pool(threads);
   FileHasher hasher(&chunk_pool);
   hasher.set_source_root(scan.real_root);
@@ -127,8 +189,19 @@ IndexReport Indexer::Run(const CatalogScan& scan) {
   if (options_.chunk_read_hook) hasher.set_chunk_read_hook(options_.chunk_read_hook);
 
   std::atomic<size_t> next{0};
-  std::atomic<uint64_t> files_hashed{0}, bytes_hashed{0};
+  std::atomic<uint64_t> files_hashed{0}, bytes_hashed{0}, records_published{0};
   std::mutex warn_mu;
+  // Shares what this node hashed, when it can sign (ignore_index: verify and
+  // the like record nothing).
+  auto publish = [&](const FileJob& job) {
+    if (options_.ignore_index || options_.manifests == nullptr || !options_.manifests->can_sign()) return;
+    auto rel = PathBelow(scan.real_root, job.open_path);
+    if (!rel) return;
+    Status s = options_.manifests->Publish(*rel, job.stamp, *job.hashes);
+    std::lock_guard lock(warn_mu);
+    if (s.ok()) ++records_published;
+    else report.warnings.push_back(s.message());
+  };
 
   auto worker = [&] {
     for (size_t i = next++; i < to_hash.size(); i = next++) {
@@ -152,6 +225,7 @@ IndexReport Indexer::Run(const CatalogScan& scan) {
               report.warnings.push_back(s.message());
             }
           }
+          publish(job);
           break;
         }
         if (!result.status().is_changed()) {
@@ -186,6 +260,7 @@ IndexReport Indexer::Run(const CatalogScan& scan) {
     for (auto& w : workers) w.join();
   }
   report.files_hashed = files_hashed;
+  report.records_published = records_published;
   report.bytes_hashed = bytes_hashed;
   FindStampedSizes(index_, options_, scan.real_root, jobs, report);
 
@@ -210,7 +285,7 @@ IndexReport Indexer::Run(const CatalogScan& scan) {
       MemberFile hashed = m;
       hashed.stamp = job.stamp;
       entries.push_back({m.rel_path, job.hashes->sha256, job.stamp.size});
-      out.files.push_back({std::move(hashed), *job.hashes, job.from_index, job.stamped_size});
+      out.files.push_back({std::move(hashed), *job.hashes, job.from_index, job.from_manifest, job.stamped_size});
       out.total_size += job.stamp.size;
     }
     if (!out.error) {

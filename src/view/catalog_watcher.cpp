@@ -404,7 +404,9 @@ void CatalogWatcher::ScanOnce(bool index_unknown) {
   IndexerOptions lookup;
   lookup.threads = options_.threads;
   lookup.lookup_only = true;
+  lookup.manifests = options_.manifests;
   IndexReport known = Indexer(index_, lookup).Run(Only(scan, valid));
+  for (const auto& w : known.warnings) spdlog::warn("{}", w);
   std::vector<std::pair<const CheckpointSource*, const IndexedCheckpoint*>> ready;
   for (size_t i = 0; i < valid.size(); ++i) {
     const CheckpointSource& cp = *valid[i];
@@ -510,6 +512,7 @@ void CatalogWatcher::ScanOnce(bool index_unknown) {
     IndexerOptions options;
     options.threads = options_.threads;
     options.before_hash = options_.before_hash;
+    options.manifests = options_.manifests;
     options.cancel = &stop_;
     options.on_plan = [this, path = cp->abs_path](uint64_t total) {
       std::lock_guard lock(mu_);
