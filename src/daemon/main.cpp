@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -28,6 +29,8 @@
 #include "ckptfs/build_info.h"
 #include "cache_commands.h"
 #include "daemon_log.h"
+#include "fd_handover.h"
+#include "supervised_mount.h"
 #include "query_filter.h"
 #include "ckptfs/header_stamper.h"
 #include "ckptfs/catalog_watcher.h"
@@ -119,7 +122,8 @@ unsigned FillDepth(const MountOptions& o) { return o.fill_depth ? o.fill_depth :
 
 nlohmann::json StatusJson(const std::vector<CheckpointState>& states, const CatalogWatcher& watcher,
                           const MountOptions& o, const std::string& state_dir, const std::string& index_path,
-                          const std::string& log_destination, const daemon::FsContext& ctx) {
+                          const std::string& log_destination, const daemon::FsContext& ctx,
+                          const nlohmann::json& daemon_json) {
   nlohmann::json list = nlohmann::json::array();
   size_t counts[4] = {0, 0, 0, 0};
   for (const auto& s : states) {
@@ -140,6 +144,7 @@ nlohmann::json StatusJson(const std::vector<CheckpointState>& states, const Cata
           {"state_dir", state_dir},
           {"index", index_path},
           {"pid", ::getpid()},
+          {"daemon", daemon_json},
           {"scans", watcher.scans_completed()},
           {"counts",
            {{"exposed", counts[0]}, {"indexing", counts[1]}, {"pending", counts[2]}, {"invalid", counts[3]}}},
@@ -274,6 +279,9 @@ int main(int argc, char** argv) {
     std::printf("%s\n", BuildDescription().c_str());
     return 0;
   }
+  // Set when a supervisor started this process to serve its mount.
+  const auto handover = daemon::FdHandover::FromEnvironment();
+  const int64_t started_at = static_cast<int64_t>(std::time(nullptr));
   auto log = daemon::DaemonLog::Start(o);
   if (!log.ok()) {
     std::fprintf(stderr, "ckptfs: %s\n", log.status().message().c_str());
@@ -293,12 +301,14 @@ int main(int argc, char** argv) {
     spdlog::critical("source {}: Not a directory", o.source);
     return 1;
   }
+  // A supervised daemon's mount point is already mounted, by its supervisor:
+  // a stat would wait on the very connection this process is to serve.
   struct stat mnt_st;
-  if (::stat(o.mountpoint.c_str(), &mnt_st) != 0) {
+  if (!handover && ::stat(o.mountpoint.c_str(), &mnt_st) != 0) {
     spdlog::critical("mount point {}: {}", o.mountpoint, std::strerror(errno));
     return 1;
   }
-  if (!S_ISDIR(mnt_st.st_mode)) {
+  if (!handover && !S_ISDIR(mnt_st.st_mode)) {
     spdlog::critical("mount point {}: Not a directory", o.mountpoint);
     return 1;
   }
@@ -308,7 +318,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   const std::string real_source = RealPath(o.source);
-  const std::string real_mountpoint = RealPath(o.mountpoint);
+  const std::string real_mountpoint = handover ? o.mountpoint : RealPath(o.mountpoint);
   if (real_source == real_mountpoint) {
     spdlog::critical("mount point {} is the source itself", o.mountpoint);
     return 1;
@@ -375,6 +385,11 @@ int main(int argc, char** argv) {
     fuse_session_destroy(se);
     return 1;
   }
+  if (o.supervise && !handover) {  // this process holds the mount; a child serves it
+    index->reset();
+    return daemon::RunSupervisor(se, o, argc, argv, **log);
+  }
+  if (handover && daemon::FailStartForTest()) return 1;
 
   CatalogWatcher::Options wo;
   wo.source = real_source;
@@ -393,17 +408,30 @@ int main(int argc, char** argv) {
   });
   watcher.ShowIndexed();
 
-  if (fuse_set_signal_handlers(se) != 0 || fuse_session_mount(se, o.mountpoint.c_str()) != 0) {
+  if (handover) {  // the supervisor mounted and daemonized; serve its descriptor
+    daemon::ConnectionSetup setup{handover->fuse_fd(), handover->adopted_init(), /*shared_device=*/true,
+                                  [&handover](const std::vector<uint8_t>& init) { handover->SendInit(init); }};
+    if (Status s = daemon::AttachConnection(ctx, se, o.passthrough, std::move(setup));
+        fuse_set_signal_handlers(se) != 0 || !s.ok()) {
+      spdlog::critical("cannot serve the supervisor's FUSE connection: {}", s.message());
+      fuse_session_destroy(se);
+      return 1;
+    }
+    (*log)->BeforeDaemonize();
+  } else if (fuse_set_signal_handlers(se) != 0 || fuse_session_mount(se, o.mountpoint.c_str()) != 0) {
     spdlog::critical("cannot mount {} at {} (is /dev/fuse there, and fusermount3 installed?)", o.source,
                      o.mountpoint);
     fuse_session_destroy(se);
     return 1;
+  } else {
+    (*log)->BeforeDaemonize();
+    daemon::ConnectionSetup setup;
+    setup.fd = fuse_session_fd(se);
+    if (Status s = daemon::AttachConnection(ctx, se, o.passthrough, std::move(setup)); !s.ok()) {
+      spdlog::warn("kernel passthrough off: {}", s.message());
+    }
   }
-  (*log)->BeforeDaemonize();
-  if (Status s = daemon::AttachPassthrough(ctx, se, o.passthrough); !s.ok()) {
-    spdlog::warn("kernel passthrough off: {}", s.message());
-  }
-  if (fuse_daemonize(o.foreground) != 0) {
+  if (fuse_daemonize(o.foreground || handover) != 0) {
     spdlog::critical("cannot daemonize");
     fuse_session_unmount(se);
     fuse_session_destroy(se);
@@ -473,7 +501,8 @@ int main(int argc, char** argv) {
     const std::string cmd = r.body["cmd"];
     if (cmd == "status") {
       return StatusJson(daemon::VisibleStates(watcher.States(), r), watcher, o, state_dir, (*index)->path(),
-                        (*log)->destination(), ctx);
+                        (*log)->destination(), ctx,
+                        handover ? handover->StatusJson() : daemon::UnsupervisedStatusJson(started_at));
     }
     if (cmd == "ls") return LsJson(daemon::VisibleStates(watcher.States(), r), view, real_source);
     if (cmd == "stats") {
@@ -491,6 +520,11 @@ int main(int argc, char** argv) {
       }
       watcher.RequestRescan();
       return nlohmann::json{{"ok", true}};
+    }
+    if (cmd == "restart") {
+      if (handover) return handover->HandleRestart(r);
+      return nlohmann::json{{"ok", false},
+                            {"error", "this mount has no supervisor (supervise=off): unmount and mount it again"}};
     }
     return nlohmann::json{{"ok", false}, {"error", "unknown command: " + cmd}};
   });
@@ -515,8 +549,15 @@ int main(int argc, char** argv) {
   spdlog::info("mounted {} at {} (state {}, index {})", o.source, o.mountpoint, state_dir, (*index)->path());
   watcher.Start();
 
+  if (handover) {
+    handover->Listen(ctx);
+    handover->SendReady();
+  }
   fuse_loop_config* cfg = fuse_loop_cfg_create();
-  fuse_loop_cfg_set_clone_fd(cfg, 1);
+  // A cloned descriptor is this process's own: at a crash the kernel fails
+  // the requests read from it. Under a supervisor every request is read from
+  // the shared descriptor, so the successor's resend retries them.
+  fuse_loop_cfg_set_clone_fd(cfg, handover ? 0 : 1);
   fuse_loop_cfg_set_max_threads(cfg, std::max(4u, 2 * EffectiveThreads(o.threads)));
   const int rc = fuse_session_loop_mt(se, cfg);
   fuse_loop_cfg_destroy(cfg);
@@ -528,6 +569,7 @@ int main(int argc, char** argv) {
   // next chunk), and only then the mount and the index.
   spdlog::info("unmounting {}", o.mountpoint);
   g_watcher_for_sighup = nullptr;
+  if (handover) handover->Stop();
   control.Stop();
   filler.Stop();
   readahead_pool.Cancel();
