@@ -6,12 +6,15 @@
 //                          a hub repository's refs/ files are small files
 //   /sha256-<hex>/...      the members, byte-identical to the source
 //
-// The catalog publishes the full set of exposed checkpoints; the view turns
-// it into immutable Nodes and swaps them in. Inode numbers are derived from a
-// stable key (a digest path, a by-name path plus its target) and never
-// reused, so a kernel holding an inode across a publish still finds it: an
-// open file of a withdrawn digest keeps its node, while the digest leaves the
-// root's listing.
+// The catalog publishes the full set of exposed checkpoints; the view builds
+// an immutable Snapshot of Nodes from it without any lock and swaps it in
+// (LevelDB's Version), so lookups never wait for a publish. A node's inode
+// and generation numbers are a hash of what it is (a digest path, a by-name
+// path plus its target), not a counter: the same tree gives the same numbers
+// in every snapshot and in every process, so a kernel holding an inode
+// across a publish, or across a restart of the daemon, still finds it. An
+// open file of a withdrawn digest keeps its node while the kernel holds it,
+// while the digest leaves the root's listing.
 //
 // A by-name path that is a checkpoint and also holds nested checkpoints
 // (run7/ with run7/checkpoint-500/) cannot be one symlink; it becomes a
@@ -21,13 +24,14 @@
 // (user.ckptfs.digest, .sources, .size) and names the digest in own_digest.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <ctime>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <shared_mutex>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -73,6 +77,10 @@ class View {
 
   struct Node {
     InodeId ino = 0;
+    // With `ino`, a hash of the node's identity: a different node that ever
+    // got the same inode number has another generation, so the kernel
+    // cannot take it for the node it cached (fuse_iget marks that one bad).
+    uint64_t generation = 0;
     Kind kind = Kind::kDir;
     Ownership owner;  // shown by stat: the first source copy's, write bits removed
     // Who may reach and use the node: one path per source copy; empty means
@@ -129,9 +137,9 @@ class View {
 
   // The kernel's references to nodes (FUSE lookup counts). A node that a
   // publish left out stays reachable by inode while the kernel still holds
-  // it (an open file of a withdrawn digest keeps working), and is freed, with
-  // its inode number, once the kernel forgets it: nodes of withdrawn
-  // checkpoints must not accumulate.
+  // it (an open file of a withdrawn digest keeps working), and is freed once
+  // the kernel forgets it: nodes of withdrawn checkpoints must not
+  // accumulate. Taken per lookup reply, so striped locks, not the snapshot's.
   void Remember(const NodePtr& node);
   void Forget(InodeId ino, uint64_t count);
   // Nodes held now (current or still remembered by the kernel).
@@ -152,25 +160,40 @@ class View {
   std::map<std::string, std::string> ByNameLinks() const;
 
  private:
-  class Builder;
+  // What one publish built; never changed once swapped in.
+  struct Snapshot {
+    std::unordered_map<InodeId, NodePtr> nodes;
+    std::unordered_set<InodeId> mutable_dirs;            // the root and by-name directories
+    std::map<std::string, std::string> by_name_digest;  // "by-name/..." -> digest
+  };
+  using SnapshotPtr = std::shared_ptr<const Snapshot>;
+  friend class ViewBuilder;
 
-  InodeId InoFor(const std::string& key);
+  // A node the kernel holds (its FUSE lookup count), kept alive here so that
+  // it outlives the snapshots that no longer list it. Striped so that
+  // concurrent lookups rarely share a lock.
+  struct HeldStripe {
+    std::mutex mu;
+    std::unordered_map<InodeId, std::pair<NodePtr, uint64_t>> nodes;
+  };
+  static constexpr size_t kHeldStripes = 16;
+  HeldStripe& StripeOf(InodeId ino) const { return held_[ino % kHeldStripes]; }
+
+  SnapshotPtr Current() const { return current_.load(std::memory_order_acquire); }
+  SnapshotPtr Build(const std::vector<ExposedCheckpoint>& checkpoints,
+                    const std::map<std::string, AccessPath>& source_dirs,
+                    const std::vector<HubRef>& hub_refs) const;
+  static Changes Diff(const Snapshot& before, const Snapshot& after);
+  static NodePtr LookupIn(const Snapshot& snap, InodeId parent, const std::string& name);
 
   const std::string source_root_;
   const Ownership root_owner_;
   const struct timespec mount_time_;
-  mutable std::shared_mutex mu_;
-  // Frees a node that is neither current nor held by the kernel; mu_ held.
-  void DropIfUnused(InodeId ino);
-
-  std::unordered_map<InodeId, NodePtr> nodes_;  // current nodes, and older ones the kernel still holds
-  std::unordered_set<InodeId> current_;         // the nodes of the latest publish
-  std::unordered_map<InodeId, uint64_t> lookups_;  // the kernel's lookup counts
-  std::unordered_map<std::string, InodeId> ino_by_key_;
-  std::unordered_map<InodeId, std::string> key_by_ino_;
-  InodeId next_ino_ = kRootInode + 1;
+  // Serialises publishes (and the root xattrs they copy); readers never take it.
+  std::mutex publish_mu_;
   std::vector<std::pair<std::string, std::string>> root_xattrs_;
-  std::map<std::string, std::string> by_name_digest_;  // "by-name/..." -> digest, current publish
+  std::atomic<SnapshotPtr> current_;
+  mutable std::array<HeldStripe, kHeldStripes> held_;
 };
 
 }  // namespace ckptfs

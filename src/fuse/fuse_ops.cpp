@@ -103,7 +103,7 @@ void ReplyEntry(fuse_req_t req, const View::NodePtr& n) {
   }
   fuse_entry_param e{};
   e.ino = n->ino;
-  e.generation = 1;
+  e.generation = n->generation;
   e.attr = *attr;
   e.attr_timeout = e.entry_timeout = Timeout(Ctx(req), *n);
   // Counted only once the kernel has the entry: it will forget it as often.

@@ -1,0 +1,292 @@
+#include "view_builder.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace ckptfs {
+
+namespace {
+
+struct timespec FromNanos(int64_t ns) {
+  return {static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+}
+
+std::string Parent(const std::string& path) {
+  auto slash = path.rfind('/');
+  return slash == std::string::npos ? std::string() : path.substr(0, slash);
+}
+
+std::string LastComponent(const std::string& path) {
+  auto slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::string Join(const std::string& dir, const std::string& name) { return dir.empty() ? name : dir + "/" + name; }
+
+size_t Components(const std::string& path) {
+  return path.empty() ? 0 : static_cast<size_t>(std::count(path.begin(), path.end(), '/')) + 1;
+}
+
+std::string Dots(size_t n) {
+  std::string s;
+  for (size_t i = 0; i < n; ++i) s += "../";
+  return s;
+}
+
+Ownership ReadOnly(Ownership o) {
+  o.mode = ReadOnlyMode(o.mode);
+  return o;
+}
+
+std::string BaseName(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  std::string b = LastComponent(p);
+  return b.empty() ? std::string("root") : b;
+}
+
+// Some key of `m` lies strictly below by-name path `p` ("" is by-name/).
+template <typename T>
+bool HasKeyBelow(const std::map<std::string, T>& m, const std::string& p) {
+  const std::string prefix = p.empty() ? "" : p + "/";
+  auto it = m.lower_bound(prefix);
+  if (p.empty()) return it != m.end();
+  return it != m.end() && it->first.compare(0, prefix.size(), prefix) == 0;
+}
+
+// The next component of every key of `m` below by-name path `p`.
+template <typename T>
+void NextComponents(const std::map<std::string, T>& m, const std::string& p, std::set<std::string>& out) {
+  const std::string prefix = p.empty() ? "" : p + "/";
+  for (auto it = m.lower_bound(prefix); it != m.end(); ++it) {
+    if (it->first.compare(0, prefix.size(), prefix) != 0) break;
+    const std::string rest = it->first.substr(prefix.size());
+    out.insert(rest.substr(0, rest.find('/')));
+  }
+}
+
+}  // namespace
+
+ViewBuilder::ViewBuilder(const Inputs& in, const std::vector<ExposedCheckpoint>& checkpoints,
+                         const std::map<std::string, AccessPath>& source_dirs, const std::vector<HubRef>& hub_refs)
+    : in_(in), source_dirs_(source_dirs), now_(RealtimeNow()), snap_(std::make_unique<View::Snapshot>()) {
+  for (const auto& cp : checkpoints) by_digest_[cp.name].push_back(&cp);
+  base_ = BaseName(in_.source_root);
+  root_is_checkpoint_ = std::any_of(checkpoints.begin(), checkpoints.end(),
+                                    [](const ExposedCheckpoint& cp) { return cp.rel_path.empty(); });
+  for (const auto& cp : checkpoints) by_name_[ByNamePath(cp.rel_path)] = cp.name;
+  // A repository without a checkpoint below it is not in by-name, and its
+  // refs would lead nowhere: leave them out too.
+  for (const auto& ref : hub_refs) {
+    const std::string p = ByNamePath(ref.rel_path);
+    if (HasKeyBelow(by_name_, ByNamePath(ref.repo_rel_path)) && !by_name_.count(p)) refs_[p] = &ref;
+  }
+}
+
+std::shared_ptr<const View::Snapshot> ViewBuilder::Build() {
+  auto root = std::make_shared<Node>();
+  root->ino = kRootInode;
+  root->kind = Kind::kDir;
+  root->owner = ReadOnly(in_.root_owner);
+  root->mtime = in_.mount_time;
+  root->xattrs = in_.root_xattrs;
+  used_inodes_.insert(kRootInode);
+  for (const auto& [name, copies] : by_digest_) root->children[name] = BuildDigest(name, copies);
+  root->children["by-name"] = BuildByNameDir("", "", "", /*has_digest=*/false);
+  Add(root, /*is_mutable=*/true);
+  root->parent = kRootInode;
+  for (const auto& [ino, n] : nodes_) {
+    for (const auto& [name, child] : n->children) {
+      if (auto c = nodes_.find(child); c != nodes_.end()) c->second->parent = ino;
+    }
+  }
+  snap_->nodes.reserve(nodes_.size());
+  for (auto& [ino, n] : nodes_) snap_->nodes.emplace(ino, std::move(n));
+  nodes_.clear();
+  return std::move(snap_);
+}
+
+std::string ViewBuilder::ByNamePath(const std::string& rel) const {
+  return rel.empty() ? base_ : (root_is_checkpoint_ ? base_ + "/" + rel : rel);
+}
+
+bool ViewBuilder::HasCheckpointBelow(const std::string& p) const { return HasKeyBelow(by_name_, p); }
+
+// How the source directory that by-name/<p> mirrors is reached.
+AccessPath ViewBuilder::SourceDirAccess(const std::string& by_name_path) const {
+  std::string rel = by_name_path;
+  if (root_is_checkpoint_) rel = rel == base_ ? "" : rel.substr(std::min(rel.size(), base_.size() + 1));
+  auto it = source_dirs_.find(rel);
+  return it != source_dirs_.end() ? it->second : AccessPath{nullptr, in_.root_owner};
+}
+
+std::shared_ptr<View::Node> ViewBuilder::NewNode(const std::string& key, Kind kind, Ownership owner) {
+  auto n = std::make_shared<Node>();
+  // See the header: inode and generation from the key's SHA-256, salted in
+  // the (deterministic) build order on the rare collision.
+  for (uint32_t salt = 0;; ++salt) {
+    const Sha256Digest h = Sha256Of(salt == 0 ? key : key + '\0' + std::to_string(salt));
+    std::memcpy(&n->ino, h.data(), sizeof n->ino);
+    std::memcpy(&n->generation, h.data() + 8, sizeof n->generation);
+    if (n->ino > kRootInode && used_inodes_.insert(n->ino).second) break;
+  }
+  n->kind = kind;
+  n->owner = owner;
+  n->mtime = now_;
+  return n;
+}
+
+void ViewBuilder::Add(const std::shared_ptr<Node>& n, bool is_mutable) {
+  nodes_[n->ino] = n;
+  if (is_mutable) snap_->mutable_dirs.insert(n->ino);
+}
+
+// sha256-<hex>/ and its members, from the copies that share the digest.
+// Each node keeps one access path per copy (DESIGN.md section 2: a user may
+// use it when any copy lets them); stat shows the first copy's owner.
+InodeId ViewBuilder::BuildDigest(const std::string& name, const std::vector<const ExposedCheckpoint*>& copies) {
+  const ExposedCheckpoint& first = *copies.front();
+  std::string sources;
+  std::vector<AccessPath> dir_access;
+  for (const auto* c : copies) {
+    dir_access.push_back(c->dir_access);
+    sources += c->abs_path + "\n";
+  }
+  auto dir = NewNode("D:" + name, Kind::kDir, ReadOnly(first.dir_access.self));
+  dir->access = std::move(dir_access);
+  dir->immutable = true;
+  dir->digest = name;
+  dir->mtime = {static_cast<time_t>(first.indexed_at), 0};
+  dir->xattrs = {{"user.ckptfs.digest", name},
+                 {"user.ckptfs.sources", sources},
+                 {"user.ckptfs.size", std::to_string(first.total_size)}};
+  digest_xattrs_[name] = dir->xattrs;
+
+  digest_subdirs_ = {{"", dir}};
+  for (size_t i = 0; i < first.files.size(); ++i) AddDigestFile(name, i, copies);
+  for (const auto& [rel, n] : digest_subdirs_) {
+    Add(n, false);
+    if (!rel.empty()) entries_[name][Parent(rel)].insert(LastComponent(rel));
+  }
+  digest_subdirs_.clear();
+  return dir->ino;
+}
+
+// The directory `rel` inside digest `name`, made (with its parents) on first use.
+std::shared_ptr<View::Node> ViewBuilder::DigestSubdir(const std::string& name, const std::string& rel,
+                                                      const std::vector<const ExposedCheckpoint*>& copies) {
+  if (auto it = digest_subdirs_.find(rel); it != digest_subdirs_.end()) return it->second;
+  auto parent = DigestSubdir(name, Parent(rel), copies);
+  std::vector<AccessPath> access;
+  for (const auto* c : copies) {
+    if (auto it = c->subdirs.find(rel); it != c->subdirs.end()) access.push_back(it->second);
+  }
+  const ExposedCheckpoint& first = *copies.front();
+  const Ownership shown = access.empty() ? first.dir_access.self : access.front().self;
+  auto n = NewNode("D:" + name + "/" + rel, Kind::kDir, ReadOnly(shown));
+  // A directory no copy describes (it cannot happen for a valid scan) is
+  // closed to all but root rather than open to everyone.
+  n->access = access.empty() ? std::vector<AccessPath>{{nullptr, {0, 0, 0}}} : std::move(access);
+  n->immutable = true;
+  n->digest = name;
+  n->mtime = digest_subdirs_.at("")->mtime;
+  parent->children[LastComponent(rel)] = n->ino;
+  digest_subdirs_[rel] = n;
+  return n;
+}
+
+void ViewBuilder::AddDigestFile(const std::string& name, size_t index,
+                                const std::vector<const ExposedCheckpoint*>& copies) {
+  const auto& f = copies.front()->files[index];
+  auto parent = DigestSubdir(name, Parent(f.rel_path), copies);
+  auto n = NewNode("D:" + name + "/" + f.rel_path, Kind::kFile, ReadOnly(f.owner));
+  for (const auto* c : copies) {
+    if (index < c->files.size() && c->files[index].rel_path == f.rel_path) n->access.push_back(c->files[index].access);
+  }
+  n->immutable = true;
+  n->digest = name;
+  n->size = f.stamp.size;
+  n->mtime = FromNanos(f.stamp.mtime_ns);
+  n->source_path = f.source_path;
+  n->stamp = f.stamp;
+  n->sha256 = f.sha256;
+  n->chunks = f.chunks;
+  n->safetensors = f.rel_path.size() > 12 && f.rel_path.compare(f.rel_path.size() - 12, 12, ".safetensors") == 0;
+  n->xattrs = {{"user.ckptfs.sha256", ToHex(f.sha256)}};
+  parent->children[LastComponent(f.rel_path)] = n->ino;
+  Add(n, false);
+  // Remember the tree shape for by-name mirror directories.
+  entries_[name][Parent(f.rel_path)].insert(LastComponent(f.rel_path));
+}
+
+// by-name/<p>/: entries are the next components of checkpoint paths below p
+// and, when p lies inside checkpoint `digest` at `offset`, that digest's
+// entries there (as links into it).
+InodeId ViewBuilder::BuildByNameDir(const std::string& p, const std::string& digest, const std::string& offset,
+                                    bool has_digest) {
+  const AccessPath source = SourceDirAccess(p);
+  auto dir = NewNode("N:" + p, Kind::kDir, ReadOnly(source.self));
+  dir->access = {source};
+  if (has_digest && offset.empty() && by_name_.count(p)) {
+    // A checkpoint with nested ones: it answers for its own digest.
+    dir->own_digest = digest;
+    dir->xattrs = digest_xattrs_[digest];
+  }
+  // What its entries need: search on every directory down to this one.
+  const AccessPath inside{ExtendChain(source.dirs, source.self), {in_.root_owner.uid, in_.root_owner.gid, 0777}};
+  std::set<std::string> names;
+  NextComponents(by_name_, p, names);
+  NextComponents(refs_, p, names);
+  if (has_digest) {
+    if (auto d = entries_.find(digest); d != entries_.end()) {
+      if (auto e = d->second.find(offset); e != d->second.end()) names.insert(e->second.begin(), e->second.end());
+    }
+  }
+  const size_t depth = 1 + Components(p);  // of this directory below the mount root
+  for (const auto& c : names) {
+    const std::string q = Join(p, c);
+    if (auto cp = by_name_.find(q); cp != by_name_.end()) {
+      snap_->by_name_digest["by-name/" + q] = cp->second;
+      dir->children[c] = HasCheckpointBelow(q) ? BuildByNameDir(q, cp->second, "", true)
+                                               : Link(q, Dots(depth) + cp->second, inside);
+    } else if (HasCheckpointBelow(q)) {
+      dir->children[c] = BuildByNameDir(q, digest, Join(offset, c), has_digest);
+    } else if (auto ref = refs_.find(q); ref != refs_.end()) {
+      dir->children[c] = RefFile(q, *ref->second);
+    } else if (HasKeyBelow(refs_, q)) {
+      dir->children[c] = BuildByNameDir(q, digest, Join(offset, c), has_digest);
+    } else {
+      dir->children[c] = Link(q, Dots(depth) + digest + "/" + Join(offset, c), inside);
+    }
+  }
+  Add(dir, true);
+  return dir->ino;
+}
+
+// A hub ref, served from memory. Reaching it takes what reaching its source
+// file takes: search on every directory down to it, read on it.
+InodeId ViewBuilder::RefFile(const std::string& by_name_path, const HubRef& ref) {
+  // The content is part of the key: a ref that moves to another commit is a
+  // new inode, so the kernel cannot keep serving the old one's pages.
+  auto n = NewNode("R:" + by_name_path + '\0' + ref.content, Kind::kFile, ReadOnly(ref.owner));
+  n->access = {ref.access};
+  n->size = ref.content.size();
+  n->mtime = FromNanos(ref.stamp.mtime_ns);
+  n->content = ref.content;
+  Add(n, false);
+  return n->ino;
+}
+
+InodeId ViewBuilder::Link(const std::string& by_name_path, const std::string& target, const AccessPath& access) {
+  // The target is part of the key: a link that moves is a new inode, so a
+  // kernel that cached the old one cannot mix them up.
+  auto n = NewNode("L:" + by_name_path + '\0' + target, Kind::kSymlink,
+                   {in_.root_owner.uid, in_.root_owner.gid, 0777});
+  n->access = {access};
+  n->link_target = target;
+  n->size = target.size();
+  Add(n, false);
+  return n->ino;
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,88 @@
+// ViewBuilder: turns one publish (the exposed checkpoints, the source
+// directories, the hub refs) into a View snapshot. A pure function of its
+// inputs: it touches no shared state and takes no lock, so the view can
+// build the next snapshot while lookups go on reading the current one.
+//
+// Inode numbers come from NumbersFor(key): the first 8 bytes of the SHA-256
+// of the node's key are its inode, the next 8 its generation. Keys:
+//   "D:<digest>[/<member path>]"          a digest directory and its members
+//   "N:<by-name path>"                    a by-name directory
+//   "L:<by-name path>\0<target>"          a by-name link (a moved link is a new node)
+//   "R:<by-name path>\0<content>"         a hub ref file (a changed ref is a new node)
+// Two keys of one snapshot that hash to the same inode (a 2^-64 event per
+// pair) are told apart by salting the later one, in the builder's
+// deterministic order, so the same tree still gives the same numbers.
+#pragma once
+
+#include <time.h>
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "ckptfs/view.h"
+
+namespace ckptfs {
+
+// The wall-clock time shown as the mtime of what the view makes up itself.
+inline struct timespec RealtimeNow() {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return ts;
+}
+
+class ViewBuilder {
+ public:
+  struct Inputs {
+    std::string source_root;
+    Ownership root_owner;
+    struct timespec mount_time {};
+    std::vector<std::pair<std::string, std::string>> root_xattrs;
+  };
+
+  ViewBuilder(const Inputs& in, const std::vector<ExposedCheckpoint>& checkpoints,
+              const std::map<std::string, AccessPath>& source_dirs, const std::vector<HubRef>& hub_refs);
+
+  std::shared_ptr<const View::Snapshot> Build();
+
+ private:
+  using Kind = View::Kind;
+  using Node = View::Node;
+
+  std::string ByNamePath(const std::string& rel) const;
+  bool HasCheckpointBelow(const std::string& p) const;
+  AccessPath SourceDirAccess(const std::string& by_name_path) const;
+
+  std::shared_ptr<Node> NewNode(const std::string& key, Kind kind, Ownership owner);
+  void Add(const std::shared_ptr<Node>& n, bool is_mutable);
+
+  InodeId BuildDigest(const std::string& name, const std::vector<const ExposedCheckpoint*>& copies);
+  std::shared_ptr<Node> DigestSubdir(const std::string& name, const std::string& rel,
+                                     const std::vector<const ExposedCheckpoint*>& copies);
+  void AddDigestFile(const std::string& name, size_t index, const std::vector<const ExposedCheckpoint*>& copies);
+  InodeId BuildByNameDir(const std::string& p, const std::string& digest, const std::string& offset, bool has_digest);
+  InodeId RefFile(const std::string& by_name_path, const HubRef& ref);
+  InodeId Link(const std::string& by_name_path, const std::string& target, const AccessPath& access);
+
+  const Inputs& in_;
+  const std::map<std::string, AccessPath>& source_dirs_;
+  const struct timespec now_;
+  std::unique_ptr<View::Snapshot> snap_;
+  std::unordered_map<InodeId, std::shared_ptr<Node>> nodes_;  // still mutable while building
+  std::unordered_set<InodeId> used_inodes_;
+  std::map<std::string, std::vector<const ExposedCheckpoint*>> by_digest_;
+  std::map<std::string, std::string> by_name_;  // by-name path (without "by-name/") -> digest
+  std::map<std::string, const HubRef*> refs_;   // by-name path (without "by-name/") -> hub ref
+  bool root_is_checkpoint_ = false;
+  std::string base_;
+  // The digest directory being built: its subdirectories by relative path.
+  std::map<std::string, std::shared_ptr<Node>> digest_subdirs_;
+  // digest -> directory inside it -> entry names
+  std::map<std::string, std::map<std::string, std::set<std::string>>> entries_;
+  std::map<std::string, std::vector<std::pair<std::string, std::string>>> digest_xattrs_;  // digest -> its xattrs
+};
+
+}  // namespace ckptfs

@@ -1,0 +1,181 @@
+// The view's snapshots: inode numbers that are the same in every snapshot and
+// every process, nodes the kernel holds kept past their withdrawal, the
+// changes a publish reports, and lookups that never wait for a publish.
+#include "ckptfs/view.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <thread>
+
+namespace ckptfs {
+namespace {
+
+const Ownership kOwner{0, 0, 0755};
+
+ExposedCheckpoint MakeCheckpoint(const std::string& rel, const std::string& digest_name,
+                                 const std::vector<std::string>& files) {
+  ExposedCheckpoint cp;
+  cp.rel_path = rel;
+  cp.abs_path = "/src/" + rel;
+  cp.name = digest_name;
+  cp.dir_access = {nullptr, kOwner};
+  for (const auto& f : files) {
+    ExposedCheckpoint::File file;
+    file.rel_path = f;
+    file.source_path = cp.abs_path + "/" + f;
+    file.stamp.size = f.size();
+    file.sha256 = Sha256Of(f);
+    file.owner = {0, 0, 0644};
+    file.access = {nullptr, file.owner};
+    cp.files.push_back(file);
+    auto slash = f.rfind('/');
+    if (slash != std::string::npos) cp.subdirs[f.substr(0, slash)] = {nullptr, kOwner};
+  }
+  return cp;
+}
+
+std::string Digest(char c) { return "sha256-" + std::string(64, c); }
+
+// Every path below the root with its (inode, generation), walked through Lookup.
+std::map<std::string, std::pair<InodeId, uint64_t>> Numbers(const View& view) {
+  std::map<std::string, std::pair<InodeId, uint64_t>> out;
+  std::vector<std::pair<std::string, View::NodePtr>> stack{{"", view.Get(kRootInode)}};
+  while (!stack.empty()) {
+    auto [path, n] = stack.back();
+    stack.pop_back();
+    out[path] = {n->ino, n->generation};
+    for (const auto& [name, ino] : n->children) {
+      auto child = view.Lookup(n->ino, name);
+      EXPECT_NE(child, nullptr) << path << "/" << name;
+      if (child) stack.emplace_back(path + "/" + name, child);
+    }
+  }
+  return out;
+}
+
+const std::vector<ExposedCheckpoint> kTree = {
+    MakeCheckpoint("base", Digest('a'), {"config.json", "model.safetensors", "sub/tokenizer.json"}),
+    MakeCheckpoint("run7", Digest('b'), {"model.safetensors"}),
+    MakeCheckpoint("run7/checkpoint-500", Digest('c'), {"model.safetensors"}),
+};
+
+TEST(ViewTest, TwoViewsOfOneTreeGiveEveryNodeTheSameNumbers) {
+  // What a restarted daemon relies on: the kernel's inode numbers mean the
+  // same nodes in a new process.
+  // The second view has another history, as a daemon started later would.
+  View first("/src", kOwner), second("/src", kOwner);
+  first.Publish(kTree, {}, {});
+  second.Publish({kTree[2]}, {}, {});
+  second.Publish({MakeCheckpoint("other", Digest('e'), {"x.bin"})}, {}, {});
+  second.Publish({kTree[2], kTree[0], kTree[1]}, {}, {});
+  const auto a = Numbers(first), b = Numbers(second);
+  EXPECT_EQ(a, b);
+  EXPECT_GT(a.size(), 12u);
+  std::set<InodeId> distinct;
+  for (const auto& [path, numbers] : a) distinct.insert(numbers.first);
+  EXPECT_EQ(distinct.size(), a.size()) << "two nodes share an inode";
+}
+
+TEST(ViewTest, ANewCheckpointLeavesTheOthersNumbersAlone) {
+  View view("/src", kOwner);
+  view.Publish({kTree[0]}, {}, {});
+  const auto before = Numbers(view);
+  view.Publish(kTree, {}, {});
+  const auto after = Numbers(view);
+  for (const auto& [path, numbers] : before) {
+    ASSERT_TRUE(after.count(path)) << path;
+    EXPECT_EQ(after.at(path), numbers) << path;
+  }
+  EXPECT_GT(after.size(), before.size());
+}
+
+TEST(ViewTest, AMovedLinkIsANewNodeAndIsReportedAsAChangedEntry) {
+  View view("/src", kOwner);
+  view.Publish({kTree[0]}, {}, {});
+  auto by_name = view.Resolve("by-name");
+  auto link_before = view.Lookup(by_name->ino, "base");
+  ASSERT_NE(link_before, nullptr);
+
+  auto changed = MakeCheckpoint("base", Digest('d'), {"config.json"});
+  auto changes = view.Publish({changed}, {}, {});
+  auto link_after = view.Lookup(by_name->ino, "base");
+  ASSERT_NE(link_after, nullptr);
+  EXPECT_NE(link_after->ino, link_before->ino);
+  EXPECT_NE(link_after->link_target, link_before->link_target);
+  auto has = [&](InodeId parent, const std::string& name) {
+    return std::find(changes.entries.begin(), changes.entries.end(), std::make_pair(parent, name)) !=
+           changes.entries.end();
+  };
+  EXPECT_TRUE(has(by_name->ino, "base"));
+  EXPECT_TRUE(has(kRootInode, Digest('a')));  // withdrawn from the root
+  EXPECT_TRUE(has(kRootInode, Digest('d')));  // appeared
+}
+
+TEST(ViewTest, AHeldNodeOutlivesItsWithdrawalUntilTheKernelForgetsIt) {
+  View view("/src", kOwner);
+  view.Publish({kTree[0]}, {}, {});
+  auto file = view.Resolve(Digest('a') + "/model.safetensors");
+  ASSERT_NE(file, nullptr);
+  view.Remember(file);
+  view.Remember(file);
+  const size_t with_base = view.NodeCount();
+
+  view.Publish({kTree[1]}, {}, {});
+  EXPECT_EQ(view.Resolve(Digest('a')), nullptr);  // gone from the listing
+  ASSERT_NE(view.Get(file->ino), nullptr);        // but an open file still finds it
+  EXPECT_EQ(view.Get(file->ino)->source_path, file->source_path);
+
+  view.Forget(file->ino, 1);
+  EXPECT_NE(view.Get(file->ino), nullptr);
+  // A forget for an inode this process never handed out (meant for an
+  // earlier daemon of the mount) changes nothing.
+  view.Forget(file->ino + 12345, 7);
+  view.Forget(file->ino, 1);
+  EXPECT_EQ(view.Get(file->ino), nullptr);
+  EXPECT_LT(view.NodeCount(), with_base);
+}
+
+TEST(ViewTest, LookupsGoOnWhileAPublishBuildsItsSnapshot) {
+  // A publish of a large tree takes a while to build. Lookups made after it
+  // began must complete before it ends: they read the current snapshot
+  // rather than wait for the publish (under one view-wide lock they could
+  // not).
+  std::vector<ExposedCheckpoint> big{kTree[0]};
+  for (int c = 0; c < 20; ++c) {
+    std::vector<std::string> files;
+    for (int f = 0; f < 5000; ++f) files.push_back("dir" + std::to_string(f % 50) + "/f" + std::to_string(f));
+    char name[65];
+    std::snprintf(name, sizeof name, "%064x", c);
+    big.push_back(MakeCheckpoint("cp" + std::to_string(c), "sha256-" + std::string(name), files));
+  }
+  View view("/src", kOwner);
+  view.Publish({kTree[0]}, {}, {});
+  auto by_name = view.Resolve("by-name");
+
+  // The reader starts a moment after the publish began, so that the
+  // publish is building by then, and looks up until it sees the new
+  // snapshot. Under a view-wide lock its first lookup would wait for the
+  // publish to end and see the new snapshot at once; with snapshots it goes
+  // on answering from the old one meanwhile.
+  const std::string last = big.back().name;
+  long answered_from_old = 0;
+  std::thread reader([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    while (!view.Lookup(kRootInode, last)) {
+      EXPECT_NE(view.Lookup(by_name->ino, "base"), nullptr);
+      ++answered_from_old;
+    }
+  });
+  view.Publish(big, {}, {});
+  reader.join();
+  EXPECT_GT(answered_from_old, 0) << "lookups waited for the publish";
+}
+
+}  // namespace
+}  // namespace ckptfs
