@@ -128,6 +128,21 @@ void DrainConnection(FsContext& ctx);
 Status ResendRequests(FsContext& ctx);
 // The kernel's INIT offered FUSE_HAS_RESEND (protocol 7.40).
 bool KernelHasResend(const FsContext& ctx);
+
+// An inode with open files at a hand-over: how many, and the kernel backing
+// id its passthrough opens use (0: the chunk path).
+struct InheritedInode {
+  uint64_t ino = 0;
+  uint64_t opens = 0;
+  int backing_id = 0;
+};
+// The draining daemon's side: its inodes with open files; its backing ids
+// stay open when it exits.
+std::vector<InheritedInode> HandOverOpenInodes(FsContext& ctx);
+// The successor's side, before it reads a request: opens of those inodes
+// join the mode the kernel holds them in; backing ids left by the
+// predecessor and not inherited are closed; then requests are admitted.
+void InheritOpenInodes(FsContext& ctx, const std::vector<InheritedInode>& inodes);
 // "on", "off" or "pending" (before INIT), and why.
 std::pair<std::string, std::string> PassthroughState(const FsContext& ctx);
 

@@ -12,9 +12,13 @@
 //                          {"type":"restart","binary":P}  ckptfsctl restart: start
 //                                                         P (or the same binary) and
 //                                                         hand the connection over
+//                          {"type":"inherit",             drained: its inodes with
+//                           "inodes":[[INO,OPENS,ID]..]}  open files, for the successor
 //   supervisor -> daemon   {"type":"drain"}               a successor serves: stop
 //                                                         reading, finish, exit 0
-//                          {"type":"resend"}              the predecessor is gone:
+//                          {"type":"resend",              the predecessor is gone:
+//                           "inodes":[...]}               inherit its open inodes (none
+//                                                         after a crash), admit requests,
 //                                                         FUSE_NOTIFY_RESEND
 //                          {"type":"handover-failed",     the daemon a restart
 //                           "error":WHY}                  started died; this one serves on

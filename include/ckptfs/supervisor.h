@@ -80,6 +80,7 @@ class Supervisor {
   UniqueFd signals_;  // signalfd: TERM, INT, HUP, CHLD
   std::list<Child> children_;
   std::vector<uint8_t> init_request_;  // as the kernel sent it to the first daemon
+  nlohmann::json inherited_ = nlohmann::json::array();  // a drained daemon's open inodes
   uint64_t restarts_ = 0;
   std::string last_exit_ = "none";
   int64_t mounted_at_ = 0;

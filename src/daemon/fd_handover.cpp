@@ -49,7 +49,11 @@ std::unique_ptr<FdHandover> FdHandover::FromEnvironment() {
   return h;
 }
 
-FdHandover::~FdHandover() { Stop(); }
+FdHandover::~FdHandover() {
+  if (!listener_.joinable()) return;
+  ::shutdown(link_.get(), SHUT_RDWR);
+  listener_.join();
+}
 
 void FdHandover::Send(const nlohmann::json& message) {
   std::lock_guard lock(send_mu_);
@@ -70,6 +74,7 @@ void FdHandover::Listen(FsContext& ctx) {
       const std::string type = (*msg)["type"];
       if (type == "drain") {
         spdlog::info("a new daemon serves this mount now; finishing the requests in hand and exiting");
+        drained_ = true;
         DrainConnection(ctx);
       } else if (type == "handover-failed") {
         const std::string why = msg->value("error", std::string("?"));
@@ -78,6 +83,15 @@ void FdHandover::Listen(FsContext& ctx) {
         ++handover_failures_;
         last_handover_error_ = why;
       } else if (type == "resend") {
+        std::vector<InheritedInode> inodes;
+        for (const auto& i : msg->value("inodes", nlohmann::json::array())) {
+          if (i.is_array() && i.size() == 3 && i[0].is_number_unsigned() && i[1].is_number_unsigned() &&
+              i[2].is_number_integer()) {
+            inodes.push_back({i[0].get<uint64_t>(), i[1].get<uint64_t>(), i[2].get<int>()});
+          }
+        }
+        InheritOpenInodes(ctx, inodes);
+        if (!inodes.empty()) spdlog::info("took over {} inode(s) with open files from the previous daemon", inodes.size());
         if (Status s = ResendRequests(ctx); s.ok()) {
           spdlog::info("asked the kernel to resend the requests the previous daemon left unanswered");
         } else {
@@ -90,7 +104,12 @@ void FdHandover::Listen(FsContext& ctx) {
   });
 }
 
-void FdHandover::Stop() {
+void FdHandover::Stop(FsContext& ctx) {
+  if (drained_) {
+    nlohmann::json inodes = nlohmann::json::array();
+    for (const auto& i : HandOverOpenInodes(ctx)) inodes.push_back({i.ino, i.opens, i.backing_id});
+    Send({{"type", "inherit"}, {"inodes", inodes}});
+  }
   if (!listener_.joinable()) return;
   ::shutdown(link_.get(), SHUT_RDWR);  // wakes the listener's recv
   listener_.join();

@@ -26,6 +26,7 @@ class FdHandover {
   // not started by one. The variables are removed, so that nothing this
   // daemon runs inherits them.
   static std::unique_ptr<FdHandover> FromEnvironment();
+
   ~FdHandover();
 
   int fuse_fd() const { return fuse_fd_; }
@@ -40,7 +41,8 @@ class FdHandover {
   // Serves the supervisor's requests (drain, resend) on a thread, acting on
   // `ctx`'s connection, until Stop.
   void Listen(FsContext& ctx);
-  void Stop();
+  // After the session loop: a drained daemon hands its open inodes over.
+  void Stop(FsContext& ctx);
 
   // Control command "restart": asks the supervisor to start `binary` (the
   // same one if not given) and hand the connection over to it.
@@ -63,6 +65,7 @@ class FdHandover {
   int64_t started_at_ = 0;
   int supervisor_pid_ = 0;
   std::thread listener_;
+  std::atomic<bool> drained_{false};
   mutable std::mutex failures_mu_;
   uint64_t handover_failures_ = 0;
   std::string last_handover_error_;

@@ -500,9 +500,10 @@ int main(int argc, char** argv) {
   ControlServer control(ControlSocketPath(real_mountpoint, state_dir), [&](const ControlServer::Request& r) {
     const std::string cmd = r.body["cmd"];
     if (cmd == "status") {
+      nlohmann::json daemon_json = handover ? handover->StatusJson() : daemon::UnsupervisedStatusJson(started_at);
+      daemon_json["kernel_resend"] = daemon::KernelHasResend(ctx);
       return StatusJson(daemon::VisibleStates(watcher.States(), r), watcher, o, state_dir, (*index)->path(),
-                        (*log)->destination(), ctx,
-                        handover ? handover->StatusJson() : daemon::UnsupervisedStatusJson(started_at));
+                        (*log)->destination(), ctx, daemon_json);
     }
     if (cmd == "ls") return LsJson(daemon::VisibleStates(watcher.States(), r), view, real_source);
     if (cmd == "stats") {
@@ -569,7 +570,7 @@ int main(int argc, char** argv) {
   // next chunk), and only then the mount and the index.
   spdlog::info("unmounting {}", o.mountpoint);
   g_watcher_for_sighup = nullptr;
-  if (handover) handover->Stop();
+  if (handover) handover->Stop(ctx);
   control.Stop();
   filler.Stop();
   readahead_pool.Cancel();

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include <spdlog/spdlog.h>
@@ -26,6 +27,7 @@ constexpr size_t kInitInFlags2 = 16;     // fuse_init_in.flags2
 constexpr uint32_t kInitExt = 1u << 30;  // FUSE_INIT_EXT
 constexpr uint32_t kHasResendFlags2 = 1u << (39 - 32);  // FUSE_HAS_RESEND
 constexpr int32_t kNotifyResend = 7;     // FUSE_NOTIFY_RESEND
+constexpr std::chrono::seconds kAdmitTimeout{30};
 
 uint32_t Load32(const uint8_t* p) {
   uint32_t v;
@@ -57,6 +59,12 @@ Status ConnectionIo::Install(fuse_session* se, int fd) {
     return Status::Error("libfuse refused the custom io of the FUSE connection: " + std::string(std::strerror(-rc)));
   }
   return Status::Ok();
+}
+
+void ConnectionIo::Admit() {
+  std::lock_guard lock(mu_);
+  admitted_ = true;
+  init_cv_.notify_all();
 }
 
 void ConnectionIo::Drain() {
@@ -120,8 +128,17 @@ ssize_t ConnectionIo::Read(int fd, void* buf, size_t len) {
       SeeInitRequest(adopted.data(), adopted.size());
       return static_cast<ssize_t>(adopted.size());
     }
-    // libfuse answers EIO to anything read before INIT is processed.
+    // libfuse answers EIO to anything read before INIT is processed. A
+    // supervisor that never admits (it died) must not leave us deaf for
+    // ever: after a while we serve anyway.
     std::unique_lock lock(mu_);
+    const bool admitted = init_cv_.wait_for(lock, kAdmitTimeout, [&] {
+      return (init_done_ && admitted_) || draining_.load();
+    });
+    if (!admitted && !admitted_) {
+      admitted_ = true;
+      spdlog::warn("the supervisor did not admit this daemon within {} s; serving anyway", kAdmitTimeout.count());
+    }
     init_cv_.wait(lock, [&] { return init_done_ || draining_.load(); });
   }
   return ReadDevice(fd, buf, len);

@@ -11,7 +11,9 @@
 //             connection, negotiates exactly what was negotiated; its INIT
 //             reply is swallowed, since the kernel is not waiting for one.
 //             Until INIT is done, no other read reaches the device: libfuse
-//             answers EIO to a request that comes before INIT.
+//             answers EIO to a request that comes before INIT. Nor until
+//             Admit(): the predecessor's open inodes must be inherited
+//             first (a hand-over), or known to be none (a crash).
 //   passthrough  the INIT request and reply are shown to KernelPassthrough,
 //             which asks for passthrough in the reply (libfuse < 3.17).
 //   drain     on a hand-over the old daemon stops reading without taking a
@@ -70,6 +72,8 @@ class ConnectionIo {
   // Stops reading: every read returns ENODEV from now on, which ends the
   // session loop once the requests in hand are answered.
   void Drain();
+  // A connection taken over: requests may be read from now on.
+  void Admit();
   // FUSE_NOTIFY_RESEND; fails on kernels without it.
   Status Resend();
   // The kernel offered FUSE_HAS_RESEND (and protocol 7.40) in its INIT.
@@ -95,6 +99,7 @@ class ConnectionIo {
   mutable std::mutex mu_;
   std::condition_variable init_cv_;
   bool init_done_ = false;
+  bool admitted_ = false;
   std::vector<uint8_t> init_request_;
 };
 

@@ -490,7 +490,10 @@ void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   auto& ctx = Ctx(req);
   auto f = ctx.handles->TakeFile(fi->fh);
   fuse_reply_err(req, 0);
-  if (!f) return;  // opened by a daemon this one took over from, never read here
+  if (!f) {  // opened by a daemon this one took over from, never read here
+    ctx.open_modes.ReleaseInherited(ino);
+    return;
+  }
   --ctx.open_files;
   // The last chunk-path reader of a file that is resident now: the next open
   // passes through, and the kernel drops an inode's page cache at every open
@@ -628,6 +631,7 @@ Status AttachConnection(FsContext& ctx, fuse_session* se, bool passthrough_wante
 }
 
 void DrainConnection(FsContext& ctx) {
+  if (ctx.passthrough) ctx.passthrough->KeepBackingsOpen();  // the successor may inherit them
   if (ctx.connection) ctx.connection->Drain();
 }
 
@@ -637,6 +641,33 @@ Status ResendRequests(FsContext& ctx) {
 }
 
 bool KernelHasResend(const FsContext& ctx) { return ctx.connection && ctx.connection->kernel_has_resend(); }
+
+std::vector<InheritedInode> HandOverOpenInodes(FsContext& ctx) {
+  if (ctx.passthrough) ctx.passthrough->KeepBackingsOpen();
+  std::vector<InheritedInode> out;
+  for (const auto& [ino, held] : ctx.open_modes.Snapshot()) {
+    const bool passthrough = held.choice.passthrough && held.choice.backing;
+    out.push_back({ino, held.opens, passthrough ? KernelPassthrough::BackingId(*held.choice.backing) : 0});
+  }
+  return out;
+}
+
+void InheritOpenInodes(FsContext& ctx, const std::vector<InheritedInode>& inodes) {
+  std::vector<int> kept;
+  for (const auto& i : inodes) {
+    OpenModes::Choice c;
+    if (i.backing_id > 0 && ctx.passthrough) {
+      c.passthrough = true;
+      c.backing = ctx.passthrough->AdoptBacking(i.backing_id);
+      kept.push_back(i.backing_id);
+    } else {
+      c.why = "open through the chunk path before a restart";
+    }
+    ctx.open_modes.Inherit(i.ino, i.opens, std::move(c));
+  }
+  if (ctx.passthrough) ctx.passthrough->CloseStaleBackings(kept);
+  if (ctx.connection) ctx.connection->Admit();
+}
 
 std::pair<std::string, std::string> PassthroughState(const FsContext& ctx) {
   if (!ctx.passthrough) return {"off", "not attached"};

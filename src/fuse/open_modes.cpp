@@ -26,6 +26,29 @@ bool OpenModes::Release(uint64_t ino) {
   return chunk_path;
 }
 
+std::vector<std::pair<uint64_t, OpenModes::Held>> OpenModes::Snapshot() const {
+  std::lock_guard lock(mu_);
+  return {held_.begin(), held_.end()};
+}
+
+void OpenModes::Inherit(uint64_t ino, uint64_t opens, Choice choice) {
+  std::lock_guard lock(mu_);
+  Held& h = held_[ino];
+  if (h.opens == 0) h.choice = std::move(choice);
+  h.opens += opens;
+  h.inherited += opens;
+}
+
+void OpenModes::ReleaseInherited(uint64_t ino) {
+  {
+    std::lock_guard lock(mu_);
+    auto it = held_.find(ino);
+    if (it == held_.end() || it->second.inherited == 0) return;  // a crash's leftovers: nothing was inherited
+    --it->second.inherited;
+  }
+  Release(ino);
+}
+
 size_t OpenModes::inodes() const {
   std::lock_guard lock(mu_);
   return held_.size();

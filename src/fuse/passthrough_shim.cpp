@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 
 #include <spdlog/spdlog.h>
@@ -172,7 +173,7 @@ void KernelPassthrough::ProbeBacking(bool adopted) {
     return;
   }
   CloseBacking(id);
-  if (adopted) CloseStaleBackings(id);
+  probe_id_ = id;
   Settle(Mode::kOn, adopted ? "the kernel gives backing files on the adopted connection"
                             : "the kernel accepted passthrough at INIT and gives backing files");
 }
@@ -181,10 +182,13 @@ void KernelPassthrough::ProbeBacking(bool adopted) {
 // predecessor's ids lie below our first one, or just above it where an id
 // was freed. Closing an id only drops the connection's table entry: a file
 // opened with it keeps its own reference to the backing file.
-void KernelPassthrough::CloseStaleBackings(int probe_id) const {
+void KernelPassthrough::CloseStaleBackings(const std::vector<int>& keep) const {
   constexpr int kMaxSweep = 1 << 20, kMissesAbove = 1024;
+  const int probe_id = probe_id_.load();
+  if (probe_id <= 0) return;  // passthrough never worked on this connection
   int closed = 0;
   for (int id = 1, misses = 0; id < kMaxSweep && (id < probe_id || misses < kMissesAbove); ++id) {
+    if (std::find(keep.begin(), keep.end(), id) != keep.end()) continue;
     uint32_t raw = static_cast<uint32_t>(id);
     if (::ioctl(dev_.get(), kBackingClose, &raw) == 0) {
       ++closed;
@@ -217,7 +221,16 @@ Result<std::shared_ptr<CopyAttachment>> KernelPassthrough::OpenBacking([[maybe_u
   return std::shared_ptr<CopyAttachment>(std::make_shared<KernelBacking>(shared_from_this(), id));
 }
 
+int KernelPassthrough::BackingId(const CopyAttachment& backing) {
+  return static_cast<const KernelBacking&>(backing).id();
+}
+
+std::shared_ptr<CopyAttachment> KernelPassthrough::AdoptBacking(int id) {
+  return std::make_shared<KernelBacking>(shared_from_this(), id);
+}
+
 void KernelPassthrough::CloseBacking(int id) const {
+  if (keep_backings_) return;
   uint32_t raw = static_cast<uint32_t>(id);
   if (::ioctl(dev_.get(), kBackingClose, &raw) != 0 && errno != ENODEV && errno != ENOTCONN) {
     spdlog::debug("FUSE_DEV_IOC_BACKING_CLOSE {}: {}", id, std::strerror(errno));

@@ -93,20 +93,30 @@ class KernelPassthrough : public std::enable_shared_from_this<KernelPassthrough>
   // The INIT reply reached the kernel (or, `adopted`, it had long ago).
   void AfterInitReply(bool adopted);
 
+  // Hand-over: this daemon's backing ids stay open when it exits (the
+  // successor serves the inodes that use them); `AdoptBacking` is the
+  // successor's handle on one, closed like its own.
+  void KeepBackingsOpen() { keep_backings_ = true; }
+  static int BackingId(const CopyAttachment& backing);
+  std::shared_ptr<CopyAttachment> AdoptBacking(int id);
+  // After a takeover: closes the backing ids a predecessor left in the
+  // connection (the kernel keeps them until unmount, each pinning a memfd;
+  // open files hold their own reference), except those in `keep`.
+  void CloseStaleBackings(const std::vector<int>& keep) const;
+
  private:
   void CloseBacking(int id) const;
   void Settle(Mode mode, const std::string& why);
   void ProbeBacking(bool adopted = false);
-  // Closes backing ids below `probe_id` and a little above it that this
-  // process did not open (a dead predecessor's).
-  void CloseStaleBackings(int probe_id) const;
 
   const bool wanted_;
   UniqueFd dev_;  // a dup of the session's /dev/fuse descriptor
   std::atomic<Mode> mode_{Mode::kPending};
   mutable std::mutex mu_;
   std::string reason_;
-  std::atomic<bool> ask_{false};  // the INIT reply is to ask for passthrough
+  std::atomic<bool> ask_{false};
+  std::atomic<bool> keep_backings_{false};
+  std::atomic<int> probe_id_{0};  // the id the probe got: a predecessor's lie below it  // the INIT reply is to ask for passthrough
   friend class KernelBacking;
 };
 

@@ -14,18 +14,23 @@ namespace {
 // include/uapi/linux/fuse.h
 constexpr uint32_t kOpForget = 2, kOpInit = 26, kOpInterrupt = 36, kOpBatchForget = 42;
 constexpr size_t kInHeaderSize = 40;  // struct fuse_in_header
-// The kernel refuses a read buffer smaller than this (FUSE_MIN_READ_BUFFER);
-// a request may carry up to max_write bytes, and ckptfs is read-only.
-constexpr size_t kReadBuffer = 1 << 20;
+// The kernel refuses (EINVAL) a read buffer that could not hold a WRITE of
+// max_write bytes, which the daemon negotiated (1 MiB, or more where the
+// kernel's max_pages_limit allows): start above 1 MiB, double on EINVAL.
+constexpr size_t kFirstBuffer = (1 << 20) + (1 << 16), kMaxBuffer = 1 << 28;
 
 }  // namespace
 
 size_t AnswerQueuedWithEio(int fd) {
-  std::vector<uint8_t> buf(kReadBuffer);
+  std::vector<uint8_t> buf(kFirstBuffer);
   size_t answered = 0;
   for (;;) {
     const ssize_t n = ::read(fd, buf.data(), buf.size());
     if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EINVAL && buf.size() < kMaxBuffer) {
+      buf.resize(buf.size() * 2);
+      continue;
+    }
     if (n < static_cast<ssize_t>(kInHeaderSize)) return answered;  // EAGAIN: nothing left, or gone
     uint32_t opcode;
     uint64_t unique;

@@ -123,6 +123,8 @@ void Supervisor::OnMessage(ChildIt child, const nlohmann::json& message) {
   const std::string type = message["type"];
   if (type == "init") {
     if (init_request_.empty()) init_request_ = handover::FromHex(message.value("request", std::string()));
+  } else if (type == "inherit") {
+    if (message.contains("inodes") && message["inodes"].is_array()) inherited_ = message["inodes"];
   } else if (type == "ready") {
     OnReady(child);
   } else if (type == "restart") {
@@ -163,7 +165,7 @@ void Supervisor::OnReady(ChildIt child) {
     spdlog::info("supervisor: daemon pid {} serves now; pid {} drains and exits", child->pid, other.pid);
   }
   // What the dead predecessor had read but not answered is queued again.
-  if (!predecessor_alive) Send(*child, {{"type", "resend"}});
+  if (!predecessor_alive) Send(*child, {{"type", "resend"}, {"inodes", nlohmann::json::array()}});
 }
 
 bool Supervisor::MountGone() const {
@@ -195,7 +197,8 @@ void Supervisor::OnExit(ChildIt child, int wait_status) {
   if (dead.draining) {
     last_exit_ = "handed over (" + cause + ")";
     spdlog::info("supervisor: daemon pid {} handed the mount over and {}", dead.pid, cause);
-    if (serving != children_.end()) Send(*serving, {{"type", "resend"}});
+    if (serving != children_.end()) Send(*serving, {{"type", "resend"}, {"inodes", inherited_}});
+    inherited_ = nlohmann::json::array();
     return;
   }
   if (!started_) {
