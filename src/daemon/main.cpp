@@ -30,6 +30,7 @@
 #include "cache_commands.h"
 #include "daemon_log.h"
 #include "fd_handover.h"
+#include "pin_list.h"
 #include "supervised_mount.h"
 #include "query_filter.h"
 #include "ckptfs/header_stamper.h"
@@ -497,6 +498,13 @@ int main(int argc, char** argv) {
     watcher.Withdraw(file.digest, why.message());
   };
 
+  daemon::PinList pins(state_dir, real_mountpoint);
+  const bool taking_over = handover && !handover->adopted_init().empty();
+  if (!taking_over) pins.Clear();
+  std::atomic<bool> stop_repin{false};
+  std::thread repin;
+  if (taking_over) repin = std::thread([&] { daemon::RestorePins(ctx, pins, stop_repin); });
+
   ControlServer control(ControlSocketPath(real_mountpoint, state_dir), [&](const ControlServer::Request& r) {
     const std::string cmd = r.body["cmd"];
     if (cmd == "status") {
@@ -510,9 +518,13 @@ int main(int argc, char** argv) {
       return daemon::HandleStats(ctx, daemon::VisibleByName(daemon::VisibleStates(watcher.States(), r), view,
                                                              real_source));
     }
-    if (cmd == "preload") return daemon::HandlePreload(ctx, r);
-    if (cmd == "unpin") return daemon::HandleUnpin(ctx, r);
-    if (cmd == "evict") return daemon::HandleEvict(ctx, r);
+    if (cmd == "preload" || cmd == "unpin" || cmd == "evict") {
+      const nlohmann::json reply = cmd == "preload" ? daemon::HandlePreload(ctx, r)
+                                   : cmd == "unpin" ? daemon::HandleUnpin(ctx, r)
+                                                    : daemon::HandleEvict(ctx, r);
+      pins.Record(r, reply);  // a daemon that takes the mount over pins the same
+      return reply;
+    }
     if (cmd == "rescan") {
       if (!r.privileged) {
         return nlohmann::json{{"ok", false},
@@ -572,7 +584,9 @@ int main(int argc, char** argv) {
   g_watcher_for_sighup = nullptr;
   if (handover) handover->Stop(ctx);
   control.Stop();
+  stop_repin = true;
   filler.Stop();
+  if (repin.joinable()) repin.join();
   readahead_pool.Cancel();
   watcher.Stop();
   fuse_remove_signal_handlers(se);

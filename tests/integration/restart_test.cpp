@@ -286,6 +286,45 @@ TEST_F(RestartTest, SigtermToTheSupervisorUnmounts) {
   EXPECT_NE(m->Log().find("unmounting"), std::string::npos) << m->Log();
 }
 
+TEST_F(RestartTest, PassthroughOpensAndPinsSurviveARestartAndAKill) {
+  const std::string data = RandomBytes(8 * kMiB + 5, 77);
+  WriteFile(src_ + "/m/model.safetensors", data);
+  auto m = Mount("cache_size=256M");
+  ASSERT_TRUE(WaitForLink("m")) << m->Log();
+  const std::string file = DigestDir("m") + "/model.safetensors";
+  CommandResult pre = RunCommand(kCtl + " preload --pin " + ShellQuote(mnt_ + "/by-name/m"), true);
+  ASSERT_EQ(pre.exit_code, 0) << pre.out;
+  if (Status(mnt_)["passthrough"]["mode"] != "on") GTEST_SKIP() << "no FUSE passthrough here";
+
+  // An open file, answered with passthrough, read half-way.
+  const int fd = ::open(file.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  std::string got(data.size(), '\0');
+  const size_t half = data.size() / 2;
+  ASSERT_EQ(::pread(fd, got.data(), half, 0), static_cast<ssize_t>(half));
+
+  // A hand-over: new opens of the inode the kernel holds in passthrough join it.
+  CommandResult r = RunCommand(kCtl + " restart " + ShellQuote(mnt_), true);
+  ASSERT_EQ(r.exit_code, 0) << r.out << m->Log();
+  EXPECT_EQ(ReadFile(file), data) << m->Log();
+  EXPECT_EQ(Status(mnt_)["passthrough"]["mode"], "on");
+
+  // A crash: the open file goes on reading from the backing file the kernel holds.
+  KillServingDaemon(*m);
+  ASSERT_EQ(::pread(fd, got.data() + half, data.size() - half, static_cast<off_t>(half)),
+            static_cast<ssize_t>(data.size() - half));
+  ::close(fd);
+  EXPECT_TRUE(got == data);
+  const nlohmann::json status = Status(mnt_);
+  EXPECT_EQ(status["passthrough"]["mode"], "on") << status.dump();
+  EXPECT_NE(m->Log().find("backing file id(s) left by the previous daemon"), std::string::npos) << m->Log();
+  // The pin list brought the file back, pinned, into the new daemon's host tier.
+  EXPECT_TRUE(WaitFor([&] { return QueryMount(kCtl, "stats", mnt_)["tiers"]["host"].value("pinned", uint64_t{0}) >= data.size(); }))
+      << QueryMount(kCtl, "stats", mnt_).dump() << m->Log();
+  EXPECT_EQ(ReadFile(file), data);
+  EXPECT_GE(QueryMount(kCtl, "stats", mnt_)["opens"].value("passthrough", 0), 1) << m->Log();
+}
+
 // Runs `stat` of `path` in a child process: its errno (0: it worked), or -1
 // if it was still waiting after 20 s (then it is killed).
 int StatErrnoInChild(const std::string& path) {
