@@ -42,6 +42,11 @@ struct SupervisorConfig {
   UniqueFd ready_pipe;
   // Called once, when the first daemon serves (to detach from the terminal).
   std::function<void()> on_started;
+  // A connection initialized before this supervisor (handed back by
+  // systemd's fd store): its INIT request, which every daemon adopts.
+  std::vector<uint8_t> adopted_init;
+  // Called with the INIT request the first daemon reports (to store it).
+  std::function<void(const std::vector<uint8_t>&)> on_init_request;
   RestartPolicy::Limits limits;
 };
 

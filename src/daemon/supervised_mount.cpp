@@ -1,17 +1,20 @@
 #include "supervised_mount.h"
 
 #include <fcntl.h>
+#include <sys/mount.h>
 #include <limits.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <spdlog/spdlog.h>
 
 #include "ckptfs/supervisor.h"
+#include "ckptfs/systemd_fdstore.h"
 
 namespace ckptfs::daemon {
 
@@ -77,16 +80,28 @@ void DetachStandardStreams() {
 }  // namespace
 
 int RunSupervisor(fuse_session* se, const MountOptions& o, int argc, char** argv, DaemonLog& log) {
-  if (fuse_session_mount(se, o.mountpoint.c_str()) != 0) {
+  supervisor::SupervisorConfig c;
+  // Restarted by systemd after a crash: the mount is still up, its
+  // descriptor in the fd store.
+  std::optional<supervisor::StoredConnection> stored = supervisor::TakeStoredConnection();
+  if (stored) {
+    spdlog::info("supervisor: took the FUSE connection of {} back from systemd's fd store", o.mountpoint);
+    c.adopted_init = stored->init_request;
+  } else if (fuse_session_mount(se, o.mountpoint.c_str()) != 0) {
     spdlog::critical("cannot mount {} at {} (is /dev/fuse there, and fusermount3 installed?)", o.source, o.mountpoint);
     fuse_session_destroy(se);
     return 1;
   }
   // Shared by the supervisor and its daemons: nobody may block in read(),
   // or a draining daemon could not stop without taking a request.
-  const int fd = fuse_session_fd(se);
+  const int fd = stored ? stored->fuse.get() : fuse_session_fd(se);
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-  supervisor::SupervisorConfig c;
+  if (supervisor::UnderSystemd()) {
+    if (Status s = supervisor::StoreFuseFd(fd); !s.ok()) spdlog::warn("{}", s.message());
+    c.on_init_request = [](const std::vector<uint8_t>& init) {
+      if (Status s = supervisor::StoreInitRequest(init); !s.ok()) spdlog::warn("{}", s.message());
+    };
+  }
   log.BeforeDaemonize();
   if (!o.foreground) {
     auto ready = DaemonizeWaitingForStart();
@@ -103,11 +118,21 @@ int RunSupervisor(fuse_session* se, const MountOptions& o, int argc, char** argv
   c.args = DaemonArgs(argc, argv, o);
   c.fuse_fd = fd;
   c.mountpoint = o.mountpoint;
-  c.unmount = [se] { fuse_session_unmount(se); };
+  c.unmount = [se, &stored, &o] {
+    if (!stored) {
+      fuse_session_unmount(se);
+      return;
+    }
+    stored->fuse.reset();
+    if (::umount2(o.mountpoint.c_str(), MNT_DETACH) != 0) {
+      spdlog::error("cannot unmount {}: {}", o.mountpoint, std::strerror(errno));
+    }
+  };
   const bool detach = !o.foreground;
-  c.on_started = [&log, detach] {
+  c.on_started = [&log, detach, &o] {
     if (detach) DetachStandardStreams();
     log.AfterMount();
+    supervisor::NotifyReady("serving " + o.mountpoint);
   };
   supervisor::Supervisor supervisor(std::move(c));
   const int rc = supervisor.Run();

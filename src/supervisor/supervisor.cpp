@@ -67,7 +67,8 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 
 }  // namespace
 
-Supervisor::Supervisor(SupervisorConfig config) : config_(std::move(config)), policy_(config_.limits) {
+Supervisor::Supervisor(SupervisorConfig config)
+    : config_(std::move(config)), policy_(config_.limits), init_request_(config_.adopted_init) {
   const sigset_t set = HandledSignals();
   sigprocmask(SIG_BLOCK, &set, nullptr);
   signals_.reset(::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK));
@@ -85,7 +86,7 @@ bool Supervisor::Spawn(const std::string& binary, const std::string& why) {
       {handover::kEnvLastExit, last_exit_},
       {handover::kEnvMountedAt, std::to_string(mounted_at_)},
       {handover::kEnvSupervisorPid, std::to_string(::getpid())}};
-  if (started_ && !init_request_.empty()) env.emplace_back(handover::kEnvInit, handover::ToHex(init_request_));
+  if ((started_ || !config_.adopted_init.empty()) && !init_request_.empty()) env.emplace_back(handover::kEnvInit, handover::ToHex(init_request_));
   const pid_t pid = ::fork();
   if (pid < 0) {
     spdlog::error("supervisor: cannot start the serving daemon ({}): fork: {}", why, std::strerror(errno));
@@ -122,7 +123,10 @@ void Supervisor::ReportStart(uint8_t status) {
 void Supervisor::OnMessage(ChildIt child, const nlohmann::json& message) {
   const std::string type = message["type"];
   if (type == "init") {
-    if (init_request_.empty()) init_request_ = handover::FromHex(message.value("request", std::string()));
+    if (init_request_.empty()) {
+      init_request_ = handover::FromHex(message.value("request", std::string()));
+      if (config_.on_init_request) config_.on_init_request(init_request_);
+    }
   } else if (type == "inherit") {
     if (message.contains("inodes") && message["inodes"].is_array()) inherited_ = message["inodes"];
   } else if (type == "ready") {
@@ -154,6 +158,8 @@ void Supervisor::OnReady(ChildIt child) {
     started_ = true;
     ReportStart(0);
     if (config_.on_started) config_.on_started();
+    // A connection adopted from the fd store: its last daemon died with us.
+    if (!config_.adopted_init.empty()) Send(*child, {{"type", "resend"}, {"inodes", nlohmann::json::array()}});
     return;
   }
   bool predecessor_alive = false;
