@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "ckptfs/file_stamp.h"
+#include "ckptfs/hashes.h"
 #include "ckptfs/hub_refs.h"
 #include "ckptfs/ownership.h"
 #include "ckptfs/status.h"
@@ -71,6 +72,10 @@ struct CheckpointSource {
 
   uint64_t TotalSize() const;
   bool valid() const { return !invalid_reason.has_value(); }
+  // A hash of everything the walk saw of it (paths, stamps, owners, how
+  // each is reached): equal fingerprints mean the index would be asked the
+  // same questions and the view built from the same answers.
+  Sha256Digest WalkFingerprint() const;
 };
 
 struct CatalogScan {

@@ -89,6 +89,17 @@ class CatalogWatcher {
   std::vector<CheckpointState> States() const;
   uint64_t scans_completed() const { return scans_.load(); }
 
+  // What the last scan cost: a change in one checkpoint should cost that
+  // checkpoint, not the tree (status shows this).
+  struct ScanStats {
+    double seconds = 0;                // walk, index lookups and publish; not hashing
+    uint64_t checkpoints = 0;          // valid checkpoints walked
+    uint64_t checkpoints_kept = 0;     // unchanged since shown: not looked up again
+    uint64_t files_looked_up = 0;      // index lookups of member files
+    View::PublishStats nodes;          // of the publish that ended it
+  };
+  ScanStats LastScan() const;
+
  private:
   void Run();
   void ScanOnce(bool index_unknown = true);
@@ -119,6 +130,9 @@ class CatalogWatcher {
   mutable std::mutex mu_;
   std::map<std::string, CheckpointState> states_;          // by source path
   std::map<std::string, ExposedCheckpoint> exposed_;       // by source path
+  // The walk each exposed checkpoint was last shown from (see ScanOnce).
+  std::map<std::string, Sha256Digest> shown_fingerprints_;  // by source path
+  ScanStats last_scan_;                                      // guarded by mu_
   std::string last_scan_error_;
   // Of the last scan; used only on the thread that scans.
   std::map<std::string, AccessPath> last_dirs_;

@@ -62,6 +62,13 @@ class Index {
   Status PutFile(const FileStamp& stamp, const std::string& path, const FileHashes& hashes);
   // Drops what is known of (dev, ino), so the next scan hashes it again.
   Status ForgetFile(uint64_t dev, uint64_t ino);
+  // The size a *.safetensors file with this content is served with under
+  // stamp_headers (its own size when its header is served unstamped), kept
+  // so that stat never reads a header (one can be 100 MB). A property of
+  // the bytes alone, so it is keyed by the file's SHA-256.
+  std::optional<uint64_t> LookupStampedSize(const Sha256Digest& file);
+  Status PutStampedSize(const Sha256Digest& file, uint64_t size);
+
   Status PutCheckpoint(const std::string& name, const std::string& manifest, uint64_t total_size,
                        uint64_t file_count);
   Status PutSource(const std::string& real_root, const std::string& rel_path, const std::string& name);

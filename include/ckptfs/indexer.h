@@ -47,6 +47,9 @@ struct IndexedFile {
   MemberFile member;  // with the stamp that was hashed
   FileHashes hashes;
   bool from_index = false;
+  // *.safetensors members: the size served under stamp_headers (see
+  // stamped_size.h); unset when a lookup-only pass found none stored.
+  std::optional<uint64_t> stamped_size;
 };
 
 struct IndexedCheckpoint {

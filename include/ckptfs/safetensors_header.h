@@ -12,6 +12,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -55,6 +57,17 @@ Result<nlohmann::ordered_json> ParseHeaderJson(std::string_view text);
 Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view prefix, uint64_t file_size,
                                                  uint64_t* need_bytes = nullptr);
 
+// The first `len` bytes of a file (fewer only at its end), for reading no
+// more of a header than parsing asks for.
+using PrefixReader = std::function<Result<std::string>(uint64_t len)>;
+
+// Reads and parses the header of a file of `file_size` bytes through
+// `read_prefix`, asking for 8 bytes and then for 8 + N. A header that breaks
+// a format rule gives nullopt, with the rule in *why; only a failed read is
+// an error.
+Result<std::optional<SafetensorsHeader>> ReadSafetensorsHeader(uint64_t file_size, const PrefixReader& read_prefix,
+                                                               std::string* why);
+
 // The stamped header for a file of checkpoint `checkpoint_name`
 // ("sha256-<hex>") whose own SHA-256 is `file_sha256_hex`: the original JSON,
 // key order and content kept, with "ckptfs.checkpoint" and "ckptfs.sha256"
@@ -64,5 +77,10 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view prefix, uint64
 // nlohmann's dump() writes it, in time linear in the header's size.
 std::string StampedHeaderBytes(const SafetensorsHeader& header, const std::string& checkpoint_name,
                                const std::string& file_sha256_hex);
+
+// The size of a file of `file_size` bytes with its header stamped: the same
+// for every checkpoint and file hash, whose hex forms have fixed lengths, so
+// it can be computed once, at indexing, and stored.
+uint64_t StampedFileSize(const SafetensorsHeader& header, uint64_t file_size);
 
 }  // namespace ckptfs

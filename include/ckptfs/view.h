@@ -32,6 +32,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -58,6 +59,7 @@ struct ExposedCheckpoint {
     FileStamp stamp;          // as hashed; reads check it
     Sha256Digest sha256{};
     std::shared_ptr<const std::vector<ChunkHash>> chunks;  // XXH3-128 per 4 MiB chunk
+    std::optional<uint64_t> stamped_size;  // *.safetensors: size as served under stamp_headers
     Ownership owner;
     AccessPath access;  // how this copy is reached in the source
   };
@@ -67,6 +69,10 @@ struct ExposedCheckpoint {
   uint64_t total_size = 0;
   int64_t indexed_at = 0;  // seconds since the epoch
   AccessPath dir_access;
+  // A hash of every field above and below (View::InputsOf), kept by the
+  // catalog with the checkpoint so that a publish that reuses its nodes
+  // does not hash 100,000 files again; computed by the view when unset.
+  std::optional<Sha256Digest> inputs;
   std::map<std::string, AccessPath> subdirs;
   std::vector<File> files;  // ascending rel_path
 };
@@ -105,6 +111,9 @@ class View {
     Sha256Digest sha256{};                       // files
     std::shared_ptr<const std::vector<ChunkHash>> chunks;  // files
     bool safetensors = false;                    // files named *.safetensors
+    // Files named *.safetensors: their size as served under stamp_headers,
+    // stored at indexing so that stat reads nothing (unset: not known yet).
+    std::optional<uint64_t> stamped_size;
     std::string digest;                          // the sha256-<hex> this node belongs to, if any
     // A by-name directory that is itself a checkpoint holding nested ones
     // (by-name/run7 beside by-name/run7/checkpoint-500): its own sha256-<hex>,
@@ -135,6 +144,17 @@ class View {
 
   NodePtr Get(InodeId ino) const;
 
+  // Nodes the last publish built, and those it took unchanged from the
+  // snapshot before (digest directories whose inputs had not changed).
+  struct PublishStats {
+    uint64_t built = 0;
+    uint64_t reused = 0;
+  };
+  PublishStats LastPublish() const { return {last_built_.load(), last_reused_.load()}; }
+
+  // The fingerprint of everything a publish reads from `checkpoint`.
+  static Sha256Digest InputsOf(const ExposedCheckpoint& checkpoint);
+
   // The kernel's references to nodes (FUSE lookup counts). A node that a
   // publish left out stays reachable by inode while the kernel still holds
   // it (an open file of a withdrawn digest keeps working), and is freed once
@@ -161,10 +181,20 @@ class View {
 
  private:
   // What one publish built; never changed once swapped in.
+  // One digest directory's nodes as built, with a fingerprint of what they
+  // were built from: the next publish reuses them when that is unchanged.
+  struct DigestPart {
+    Sha256Digest inputs{};
+    InodeId dir = 0;
+    std::vector<NodePtr> nodes;
+    std::map<std::string, std::set<std::string>> entries;  // directory -> entry names
+    std::vector<std::pair<std::string, std::string>> xattrs;
+  };
   struct Snapshot {
     std::unordered_map<InodeId, NodePtr> nodes;
     std::unordered_set<InodeId> mutable_dirs;            // the root and by-name directories
     std::map<std::string, std::string> by_name_digest;  // "by-name/..." -> digest
+    std::map<std::string, std::shared_ptr<const DigestPart>> digests;
   };
   using SnapshotPtr = std::shared_ptr<const Snapshot>;
   friend class ViewBuilder;
@@ -182,7 +212,7 @@ class View {
   SnapshotPtr Current() const { return current_.load(std::memory_order_acquire); }
   SnapshotPtr Build(const std::vector<ExposedCheckpoint>& checkpoints,
                     const std::map<std::string, AccessPath>& source_dirs,
-                    const std::vector<HubRef>& hub_refs) const;
+                    const std::vector<HubRef>& hub_refs);
   static Changes Diff(const Snapshot& before, const Snapshot& after);
   static NodePtr LookupIn(const Snapshot& snap, InodeId parent, const std::string& name);
 
@@ -193,6 +223,7 @@ class View {
   std::mutex publish_mu_;
   std::vector<std::pair<std::string, std::string>> root_xattrs_;
   std::atomic<SnapshotPtr> current_;
+  std::atomic<uint64_t> last_built_{0}, last_reused_{0};
   mutable std::array<HeldStripe, kHeldStripes> held_;
 };
 

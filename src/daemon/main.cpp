@@ -121,6 +121,15 @@ void SetBdiReadahead(const std::string& mountpoint, uint64_t bytes) {
 // CPUs: depth 2 2.7 GB/s, depth 4 1.6 to 2.5 GB/s).
 unsigned FillDepth(const MountOptions& o) { return o.fill_depth ? o.fill_depth : std::min(4u, EffectiveThreads(0)); }
 
+nlohmann::json LastScanJson(const CatalogWatcher::ScanStats& s) {
+  return {{"seconds", s.seconds},
+          {"checkpoints", s.checkpoints},
+          {"checkpoints_kept", s.checkpoints_kept},
+          {"files_looked_up", s.files_looked_up},
+          {"nodes_built", s.nodes.built},
+          {"nodes_reused", s.nodes.reused}};
+}
+
 nlohmann::json StatusJson(const std::vector<CheckpointState>& states, const CatalogWatcher& watcher,
                           const MountOptions& o, const std::string& state_dir, const std::string& index_path,
                           const std::string& log_destination, const daemon::FsContext& ctx,
@@ -147,6 +156,7 @@ nlohmann::json StatusJson(const std::vector<CheckpointState>& states, const Cata
           {"pid", ::getpid()},
           {"daemon", daemon_json},
           {"scans", watcher.scans_completed()},
+          {"last_scan", LastScanJson(watcher.LastScan())},
           {"counts",
            {{"exposed", counts[0]}, {"indexing", counts[1]}, {"pending", counts[2]}, {"invalid", counts[3]}}},
           {"options",

@@ -87,7 +87,9 @@ bool Allowed(fuse_req_t req, const View::Node& n, int want) {
 // its source by the header's growth.
 Result<struct stat> AttrOf(FsContext& ctx, const View::NodePtr& n) {
   struct stat st = ToStat(*n);
-  if (ctx.stamper != nullptr && n->safetensors) {
+  if (ctx.stamper != nullptr && n->safetensors && n->stamped_size) {
+    st.st_size = static_cast<off_t>(*n->stamped_size);  // stored at indexing: stat reads nothing
+  } else if (ctx.stamper != nullptr && n->safetensors) {
     auto stamped = ctx.stamper->For(ctx, n);
     if (!stamped.ok()) return stamped.status();
     if (*stamped) st.st_size = static_cast<off_t>((*stamped)->size);

@@ -30,27 +30,27 @@ Result<std::optional<StampedFile>> HeaderStamper::For(FsContext& ctx, const View
     std::lock_guard lock(mu_);
     if (auto it = memo_.find(key); it != memo_.end()) return it->second;
   }
-  uint64_t need = std::min<uint64_t>(8, file->size);
+  std::string why;
+  auto header = ReadSafetensorsHeader(
+      file->size, [&](uint64_t len) { return ReadPrefix(ctx, file, len); }, &why);
+  if (!header.ok()) return header.status();
   std::optional<StampedFile> result;
-  for (;;) {
-    auto bytes = ReadPrefix(ctx, file, need);
-    if (!bytes.ok()) return bytes.status();
-    uint64_t more = 0;
-    auto header = ParseSafetensorsHeader(*bytes, file->size, &more);
-    if (header.ok()) {
-      StampedFile s;
-      s.prefix = std::make_shared<const std::string>(StampedHeaderBytes(*header, file->digest, ToHex(file->sha256)));
-      s.source_prefix_len = 8 + header->header_len;
-      s.size = file->size - s.source_prefix_len + s.prefix->size();
-      result = std::move(s);
-      break;
-    }
-    if (header.status().code() == Status::Code::kNeedMore && more > need) {
-      need = more;
-      continue;
-    }
-    spdlog::warn("{}: {} is served unstamped: {}", file->digest, file->source_path, header.status().message());
-    break;
+  if (*header) {
+    StampedFile s;
+    s.prefix = std::make_shared<const std::string>(StampedHeaderBytes(**header, file->digest, ToHex(file->sha256)));
+    s.source_prefix_len = 8 + (*header)->header_len;
+    s.size = file->size - s.source_prefix_len + s.prefix->size();
+    result = std::move(s);
+  } else {
+    spdlog::warn("{}: {} is served unstamped: {}", file->digest, file->source_path, why);
+  }
+  // stat answered with the size stored at indexing; the bytes must agree
+  // with it, or a reader would get a file cut short or padded.
+  const uint64_t served = result ? result->size : file->size;
+  if (file->stamped_size && *file->stamped_size != served) {
+    spdlog::error("{}: {}: stamped size {} differs from the {} stored at indexing; refusing to serve it",
+                  file->digest, file->source_path, served, *file->stamped_size);
+    return Status::Corrupt(file->source_path + ": stamped size differs from the index");
   }
   std::lock_guard lock(mu_);
   memo_[key] = result;

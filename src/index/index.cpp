@@ -32,6 +32,8 @@ CREATE INDEX IF NOT EXISTS files_by_sha256 ON files(sha256);
 CREATE TABLE IF NOT EXISTS checkpoints(
   name TEXT PRIMARY KEY, manifest TEXT NOT NULL,
   total_size INTEGER NOT NULL, file_count INTEGER NOT NULL, indexed_at INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS stamped_sizes(
+  sha256 BLOB PRIMARY KEY, size INTEGER NOT NULL, row_sum BLOB NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS sources(
   root TEXT NOT NULL, rel_path TEXT NOT NULL, name TEXT NOT NULL, seen_at INTEGER NOT NULL,
   PRIMARY KEY (root, rel_path));
@@ -91,6 +93,13 @@ Sha256Digest RowSum(const FileStamp& stamp, const std::string& sha, int64_t chun
   h.Update(chunks.data(), chunks.size());
   h.Update(path.data(), path.size());
   return h.Finish();
+}
+
+// The same for a stamped_sizes row. (The table came after schema 2 and is
+// created in place on open: it only adds what can be recomputed.)
+Sha256Digest StampedSizeRowSum(const Sha256Digest& file, uint64_t size) {
+  const std::string fields = "ckptfs-stamped-size-v1/" + ToHex(file) + "/" + std::to_string(size);
+  return Sha256Of(fields);
 }
 
 // Decodes a stored row into FileHashes, refusing anything malformed.
@@ -320,6 +329,33 @@ Status Index::ForgetFile(uint64_t dev, uint64_t ino) {
   if (!s.ok()) return Status::Error("index " + path_ + ": " + sqlite3_errmsg(db_));
   s.Bind(1, dev);
   s.Bind(2, ino);
+  if (s.Step() != SQLITE_DONE) return Status::Error("index " + path_ + ": " + sqlite3_errmsg(db_));
+  return Status::Ok();
+}
+
+std::optional<uint64_t> Index::LookupStampedSize(const Sha256Digest& file) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, "SELECT size, row_sum FROM stamped_sizes WHERE sha256=?1");
+  if (!s.ok()) return std::nullopt;
+  s.BindBlob(1, file.data(), file.size());
+  if (s.Step() != SQLITE_ROW) return std::nullopt;
+  const uint64_t size = static_cast<uint64_t>(s.Int(0));
+  const std::string sum = s.Blob(1);
+  const Sha256Digest expect = StampedSizeRowSum(file, size);
+  if (sum.size() != expect.size() || std::memcmp(sum.data(), expect.data(), expect.size()) != 0) {
+    return std::nullopt;  // damaged row: the header is read again and the row rewritten
+  }
+  return size;
+}
+
+Status Index::PutStampedSize(const Sha256Digest& file, uint64_t size) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, "INSERT OR REPLACE INTO stamped_sizes(sha256, size, row_sum) VALUES (?1, ?2, ?3)");
+  if (!s.ok()) return Status::Error("index " + path_ + ": " + sqlite3_errmsg(db_));
+  s.BindBlob(1, file.data(), file.size());
+  s.Bind(2, size);
+  const Sha256Digest sum = StampedSizeRowSum(file, size);
+  s.BindBlob(3, sum.data(), sum.size());
   if (s.Step() != SQLITE_DONE) return Status::Error("index " + path_ + ": " + sqlite3_errmsg(db_));
   return Status::Ok();
 }

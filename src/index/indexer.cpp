@@ -9,6 +9,8 @@
 #include <mutex>
 #include <thread>
 
+#include "ckptfs/source_reader.h"
+#include "ckptfs/stamped_size.h"
 #include "ckptfs/thread_pool.h"
 
 namespace ckptfs {
@@ -27,7 +29,37 @@ struct FileJob {
   std::optional<std::string> error;
   bool unsettled = false;
   bool unindexed = false;
+  bool safetensors = false;  // some member names it *.safetensors
+  std::optional<uint64_t> stamped_size;
 };
+
+bool NamedSafetensors(const std::string& rel_path) {
+  constexpr std::string_view kExt = ".safetensors";
+  return rel_path.size() > kExt.size() && rel_path.compare(rel_path.size() - kExt.size(), kExt.size(), kExt) == 0;
+}
+
+// The served size under stamp_headers of every *.safetensors file, from the
+// index or, when it has none and reading is allowed, from the file's header
+// chunks (verified against the chunk table just computed), stored for next
+// time. Done at indexing so that stat never reads a header.
+void FindStampedSizes(Index* index, const IndexerOptions& options, const std::string& real_root,
+                      std::map<InodeKey, FileJob>& jobs, IndexReport& report) {
+  if (index == nullptr || options.ignore_index) return;
+  SourceReader reader(real_root);
+  for (auto& [key, job] : jobs) {
+    if (!job.safetensors || !job.hashes) continue;
+    if ((job.stamped_size = index->LookupStampedSize(job.hashes->sha256))) continue;
+    if (options.lookup_only || (options.cancel != nullptr && options.cancel->load())) continue;
+    auto size = ServedStampedSize(reader, job.open_path, job.stamp, job.hashes->chunks);
+    if (!size.ok()) {
+      // Not fatal: stat then reads the header itself, as the reads will.
+      report.warnings.push_back(job.open_path + ": cannot read its safetensors header: " + size.status().message());
+      continue;
+    }
+    job.stamped_size = *size;
+    if (Status s = index->PutStampedSize(job.hashes->sha256, *size); !s.ok()) report.warnings.push_back(s.message());
+  }
+}
 
 }  // namespace
 
@@ -40,7 +72,13 @@ IndexReport Indexer::Run(const CatalogScan& scan) {
     if (!cp.valid()) continue;
     for (const auto& m : cp.members) {
       auto key = InodeKey{m.stamp.dev, m.stamp.ino};
-      if (!jobs.count(key)) jobs[key] = FileJob{m.open_path, m.stamp, m.owner, std::nullopt, false, std::nullopt, false, false};
+      auto [it, added] = jobs.try_emplace(key);
+      if (added) {
+        it->second.open_path = m.open_path;
+        it->second.stamp = m.stamp;
+        it->second.owner = m.owner;
+      }
+      if (NamedSafetensors(m.rel_path)) it->second.safetensors = true;
     }
   }
 
@@ -137,6 +175,7 @@ IndexReport Indexer::Run(const CatalogScan& scan) {
   }
   report.files_hashed = files_hashed;
   report.bytes_hashed = bytes_hashed;
+  FindStampedSizes(index_, options_, scan.real_root, jobs, report);
 
   for (const auto& cp : scan.checkpoints) {
     IndexedCheckpoint out;
@@ -159,7 +198,7 @@ IndexReport Indexer::Run(const CatalogScan& scan) {
       MemberFile hashed = m;
       hashed.stamp = job.stamp;
       entries.push_back({m.rel_path, job.hashes->sha256, job.stamp.size});
-      out.files.push_back({std::move(hashed), *job.hashes, job.from_index});
+      out.files.push_back({std::move(hashed), *job.hashes, job.from_index, job.stamped_size});
       out.total_size += job.stamp.size;
     }
     if (!out.error) {

@@ -1,5 +1,7 @@
 #include "ckptfs/catalog.h"
 
+#include "ckptfs/fingerprint.h"
+
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -409,6 +411,15 @@ bool IsWeightFileName(std::string_view name) {
     if (name.size() > s.size() && name.substr(name.size() - s.size()) == s) return true;
   }
   return false;
+}
+
+Sha256Digest CheckpointSource::WalkFingerprint() const {
+  Fingerprint fp;
+  fp.Add(rel_path).Add(abs_path).Add(dir_access).Add(static_cast<uint64_t>(subdirs.size()));
+  for (const auto& [rel, access] : subdirs) fp.Add(rel).Add(access);
+  fp.Add(static_cast<uint64_t>(members.size()));
+  for (const auto& m : members) fp.Add(m.rel_path).Add(m.open_path).Add(m.stamp).Add(m.owner).Add(m.access);
+  return fp.Finish();
 }
 
 uint64_t CheckpointSource::TotalSize() const {

@@ -274,4 +274,29 @@ std::string StampedHeaderBytes(const SafetensorsHeader& header, const std::strin
   return out + text;
 }
 
+uint64_t StampedFileSize(const SafetensorsHeader& header, uint64_t file_size) {
+  const std::string stamped = StampedHeaderBytes(header, "sha256-" + std::string(64, '0'), std::string(64, '0'));
+  return file_size - (8 + header.header_len) + stamped.size();
+}
+
+Result<std::optional<SafetensorsHeader>> ReadSafetensorsHeader(uint64_t file_size, const PrefixReader& read_prefix,
+                                                               std::string* why) {
+  uint64_t need = std::min<uint64_t>(8, file_size);
+  for (;;) {
+    auto bytes = read_prefix(need);
+    if (!bytes.ok()) return bytes.status();
+    uint64_t more = 0;
+    auto header = ParseSafetensorsHeader(*bytes, file_size, &more);
+    if (header.ok()) return std::optional<SafetensorsHeader>(std::move(*header));
+    // The parser asks for more only within the file and the format's bound,
+    // and each round asks for strictly more: at most two rounds.
+    if (header.status().code() == Status::Code::kNeedMore && more > need) {
+      need = more;
+      continue;
+    }
+    if (why != nullptr) *why = header.status().message();
+    return std::optional<SafetensorsHeader>();
+  }
+}
+
 }  // namespace ckptfs

@@ -64,9 +64,10 @@ ExposedCheckpoint ToExposed(const CheckpointSource& src, const IndexedCheckpoint
   e.subdirs = src.subdirs;
   for (const auto& f : indexed.files) {
     e.files.push_back({f.member.rel_path, f.member.open_path, f.member.stamp, f.hashes.sha256,
-                       std::make_shared<const std::vector<ChunkHash>>(f.hashes.chunks), f.member.owner,
-                       f.member.access});
+                       std::make_shared<const std::vector<ChunkHash>>(f.hashes.chunks), f.stamped_size,
+                       f.member.owner, f.member.access});
   }
+  e.inputs = View::InputsOf(e);
   return e;
 }
 
@@ -253,7 +254,13 @@ void CatalogWatcher::PublishExposed() {
   if (!changes.empty() && on_change_) on_change_(changes);
 }
 
+CatalogWatcher::ScanStats CatalogWatcher::LastScan() const {
+  std::lock_guard lock(mu_);
+  return last_scan_;
+}
+
 void CatalogWatcher::ScanOnce(bool index_unknown) {
+  const double started = MonotonicSeconds();
   auto result = ScanSourceTree(options_.source, options_.catalog);
   if (!result.ok()) {
     if (result.status().message() != last_scan_error_) {
@@ -315,6 +322,28 @@ void CatalogWatcher::ScanOnce(bool index_unknown) {
     valid.push_back(&cp);
   }
 
+  // A checkpoint shown and walked exactly as last time stays as it is: no
+  // index lookup per file, nothing rebuilt (a change elsewhere in a tree
+  // with a 100,000-file checkpoint must not cost seconds). A withdrawal
+  // removes it from exposed_, so a withdrawn one is always looked up again.
+  std::map<std::string, Sha256Digest> fingerprints;
+  ScanStats stats;
+  stats.checkpoints = valid.size();
+  {
+    std::vector<const CheckpointSource*> changed;
+    for (const auto* cp : valid) {
+      const Sha256Digest fp = cp->WalkFingerprint();
+      fingerprints[cp->abs_path] = fp;
+      std::lock_guard lock(mu_);
+      auto shown = shown_fingerprints_.find(cp->abs_path);
+      if (shown != shown_fingerprints_.end() && shown->second == fp && exposed_.count(cp->abs_path)) continue;
+      changed.push_back(cp);
+    }
+    stats.checkpoints_kept = valid.size() - changed.size();
+    valid.swap(changed);
+  }
+  for (const auto* cp : valid) stats.files_looked_up += cp->members.size();
+
   // One pass over the index, reading no file: what it knows is shown at
   // once; the rest is hashed below once it has settled.
   IndexerOptions lookup;
@@ -356,6 +385,7 @@ void CatalogWatcher::ScanOnce(bool index_unknown) {
     for (auto it = states_.begin(); it != states_.end();) {
       if (!seen.count(it->first)) {
         if (exposed_.erase(it->first)) spdlog::info("checkpoint {} removed from the source; withdrawn", it->first);
+        shown_fingerprints_.erase(it->first);
         it = states_.erase(it);
       } else {
         ++it;
@@ -383,6 +413,7 @@ void CatalogWatcher::ScanOnce(bool index_unknown) {
       auto old = exposed_.find(st.path);
       if (old == exposed_.end() || old->second.name != e.name) spdlog::info("checkpoint {} is {}", st.path, e.name);
       exposed_[st.path] = std::move(e);
+      shown_fingerprints_[st.path] = fingerprints.at(st.path);
     }
     SetState(st);
   }
@@ -397,6 +428,12 @@ void CatalogWatcher::ScanOnce(bool index_unknown) {
     SetState(st);
   }
   PublishExposed();
+  stats.seconds = MonotonicSeconds() - started;
+  stats.nodes = view_->LastPublish();
+  {
+    std::lock_guard lock(mu_);
+    last_scan_ = stats;
+  }
   if (!index_unknown) return;
 
   // The rest: hashed one checkpoint at a time, each shown when done. Many
@@ -450,6 +487,10 @@ void CatalogWatcher::ScanOnce(bool index_unknown) {
     {
       std::lock_guard lock(mu_);
       exposed_[cp->abs_path] = std::move(e);
+      // The walk as hashed; a file the indexer found changed and hashed
+      // again has a newer stamp than this, so the next walk differs and
+      // looks it up afresh.
+      shown_fingerprints_[cp->abs_path] = fingerprints.at(cp->abs_path);
     }
     SetState(st);
     unpublished = true;

@@ -11,9 +11,14 @@ View::View(std::string source_root, Ownership root_owner)
 
 View::SnapshotPtr View::Build(const std::vector<ExposedCheckpoint>& checkpoints,
                               const std::map<std::string, AccessPath>& source_dirs,
-                              const std::vector<HubRef>& hub_refs) const {
-  const ViewBuilder::Inputs in{source_root_, root_owner_, mount_time_, root_xattrs_};
-  return ViewBuilder(in, checkpoints, source_dirs, hub_refs).Build();
+                              const std::vector<HubRef>& hub_refs) {
+  SnapshotPtr previous = Current();  // publish_mu_ held: nothing replaces it meanwhile
+  const ViewBuilder::Inputs in{source_root_, root_owner_, mount_time_, root_xattrs_, previous.get()};
+  ViewBuilder builder(in, checkpoints, source_dirs, hub_refs);
+  SnapshotPtr next = builder.Build();
+  last_reused_ = builder.reused();
+  last_built_ = next->nodes.size() - builder.reused();
+  return next;
 }
 
 View::Changes View::Publish(const std::vector<ExposedCheckpoint>& checkpoints,
@@ -36,6 +41,8 @@ View::Changes View::Diff(const Snapshot& before, const Snapshot& after) {
     if (fresh_node->kind != Kind::kDir) continue;
     const auto& fresh = fresh_node->children;
     auto old_it = before.nodes.find(ino);
+    // A directory reused from the previous snapshot, children and all.
+    if (old_it != before.nodes.end() && old_it->second == fresh_node) continue;
     if (old_it != before.nodes.end() && after.mutable_dirs.count(ino)) {
       const auto& old = old_it->second->children;
       for (const auto& [name, child] : old) {

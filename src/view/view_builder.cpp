@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "ckptfs/fingerprint.h"
+
 namespace ckptfs {
 
 namespace {
@@ -65,6 +67,14 @@ void NextComponents(const std::map<std::string, T>& m, const std::string& p, std
   }
 }
 
+// Everything BuildDigest reads from the copies of a digest.
+Sha256Digest DigestInputs(const std::string& name, const std::vector<const ExposedCheckpoint*>& copies) {
+  Fingerprint fp;
+  fp.Add(name).Add(static_cast<uint64_t>(copies.size()));
+  for (const auto* c : copies) fp.Add(c->inputs ? *c->inputs : View::InputsOf(*c));
+  return fp.Finish();
+}
+
 }  // namespace
 
 ViewBuilder::ViewBuilder(const Inputs& in, const std::vector<ExposedCheckpoint>& checkpoints,
@@ -100,7 +110,7 @@ std::shared_ptr<const View::Snapshot> ViewBuilder::Build() {
       if (auto c = nodes_.find(child); c != nodes_.end()) c->second->parent = ino;
     }
   }
-  snap_->nodes.reserve(nodes_.size());
+  snap_->nodes.reserve(snap_->nodes.size() + nodes_.size());
   for (auto& [ino, n] : nodes_) snap_->nodes.emplace(ino, std::move(n));
   nodes_.clear();
   return std::move(snap_);
@@ -145,6 +155,11 @@ void ViewBuilder::Add(const std::shared_ptr<Node>& n, bool is_mutable) {
 // Each node keeps one access path per copy (DESIGN.md section 2: a user may
 // use it when any copy lets them); stat shows the first copy's owner.
 InodeId ViewBuilder::BuildDigest(const std::string& name, const std::vector<const ExposedCheckpoint*>& copies) {
+  const Sha256Digest inputs = DigestInputs(name, copies);
+  if (in_.previous != nullptr) {
+    auto it = in_.previous->digests.find(name);
+    if (it != in_.previous->digests.end() && it->second->inputs == inputs) return ReuseDigest(name, it->second);
+  }
   const ExposedCheckpoint& first = *copies.front();
   std::string sources;
   std::vector<AccessPath> dir_access;
@@ -163,13 +178,36 @@ InodeId ViewBuilder::BuildDigest(const std::string& name, const std::vector<cons
   digest_xattrs_[name] = dir->xattrs;
 
   digest_subdirs_ = {{"", dir}};
+  digest_nodes_.clear();
   for (size_t i = 0; i < first.files.size(); ++i) AddDigestFile(name, i, copies);
   for (const auto& [rel, n] : digest_subdirs_) {
     Add(n, false);
+    digest_nodes_.push_back(n);
     if (!rel.empty()) entries_[name][Parent(rel)].insert(LastComponent(rel));
   }
   digest_subdirs_.clear();
+  auto part = std::make_shared<View::DigestPart>();
+  part->inputs = inputs;
+  part->dir = dir->ino;
+  part->nodes = std::move(digest_nodes_);
+  part->entries = entries_[name];
+  part->xattrs = dir->xattrs;
+  snap_->digests[name] = std::move(part);
   return dir->ino;
+}
+
+// The digest directory of the previous snapshot, node for node. Its parent
+// links are already right: the root, and nodes of its own.
+InodeId ViewBuilder::ReuseDigest(const std::string& name, const std::shared_ptr<const View::DigestPart>& part) {
+  for (const auto& n : part->nodes) {
+    used_inodes_.insert(n->ino);
+    snap_->nodes.emplace(n->ino, n);
+  }
+  reused_ += part->nodes.size();
+  entries_[name] = part->entries;
+  digest_xattrs_[name] = part->xattrs;
+  snap_->digests[name] = part;
+  return part->dir;
 }
 
 // The directory `rel` inside digest `name`, made (with its parents) on first use.
@@ -212,9 +250,11 @@ void ViewBuilder::AddDigestFile(const std::string& name, size_t index,
   n->sha256 = f.sha256;
   n->chunks = f.chunks;
   n->safetensors = f.rel_path.size() > 12 && f.rel_path.compare(f.rel_path.size() - 12, 12, ".safetensors") == 0;
+  if (n->safetensors) n->stamped_size = f.stamped_size;
   n->xattrs = {{"user.ckptfs.sha256", ToHex(f.sha256)}};
   parent->children[LastComponent(f.rel_path)] = n->ino;
   Add(n, false);
+  digest_nodes_.push_back(n);
   // Remember the tree shape for by-name mirror directories.
   entries_[name][Parent(f.rel_path)].insert(LastComponent(f.rel_path));
 }
@@ -287,6 +327,21 @@ InodeId ViewBuilder::Link(const std::string& by_name_path, const std::string& ta
   n->size = target.size();
   Add(n, false);
   return n->ino;
+}
+
+Sha256Digest View::InputsOf(const ExposedCheckpoint& c) {
+  Fingerprint fp;
+  fp.Add(c.rel_path).Add(c.abs_path).Add(c.name).Add(c.total_size).Add(static_cast<uint64_t>(c.indexed_at));
+  fp.Add(c.dir_access).Add(static_cast<uint64_t>(c.subdirs.size()));
+  for (const auto& [rel, access] : c.subdirs) fp.Add(rel).Add(access);
+  fp.Add(static_cast<uint64_t>(c.files.size()));
+  for (const auto& f : c.files) {
+    // The chunk table is not added: it is a function of the bytes, which
+    // the SHA-256 names.
+    fp.Add(f.rel_path).Add(f.source_path).Add(f.stamp).Add(f.sha256).Add(f.owner).Add(f.access);
+    fp.Add(f.stamped_size ? *f.stamped_size + 1 : 0);
+  }
+  return fp.Finish();
 }
 
 }  // namespace ckptfs

@@ -41,12 +41,17 @@ class ViewBuilder {
     Ownership root_owner;
     struct timespec mount_time {};
     std::vector<std::pair<std::string, std::string>> root_xattrs;
+    // The snapshot this one replaces: digest directories built from the
+    // same inputs are taken from it as they are (their nodes are immutable).
+    const View::Snapshot* previous = nullptr;
   };
 
   ViewBuilder(const Inputs& in, const std::vector<ExposedCheckpoint>& checkpoints,
               const std::map<std::string, AccessPath>& source_dirs, const std::vector<HubRef>& hub_refs);
 
   std::shared_ptr<const View::Snapshot> Build();
+  // After Build: nodes taken from the previous snapshot.
+  uint64_t reused() const { return reused_; }
 
  private:
   using Kind = View::Kind;
@@ -60,6 +65,7 @@ class ViewBuilder {
   void Add(const std::shared_ptr<Node>& n, bool is_mutable);
 
   InodeId BuildDigest(const std::string& name, const std::vector<const ExposedCheckpoint*>& copies);
+  InodeId ReuseDigest(const std::string& name, const std::shared_ptr<const View::DigestPart>& part);
   std::shared_ptr<Node> DigestSubdir(const std::string& name, const std::string& rel,
                                      const std::vector<const ExposedCheckpoint*>& copies);
   void AddDigestFile(const std::string& name, size_t index, const std::vector<const ExposedCheckpoint*>& copies);
@@ -78,8 +84,11 @@ class ViewBuilder {
   std::map<std::string, const HubRef*> refs_;   // by-name path (without "by-name/") -> hub ref
   bool root_is_checkpoint_ = false;
   std::string base_;
-  // The digest directory being built: its subdirectories by relative path.
+  // The digest directory being built: its subdirectories by relative path,
+  // and every node made for it.
   std::map<std::string, std::shared_ptr<Node>> digest_subdirs_;
+  std::vector<View::NodePtr> digest_nodes_;
+  uint64_t reused_ = 0;
   // digest -> directory inside it -> entry names
   std::map<std::string, std::map<std::string, std::set<std::string>>> entries_;
   std::map<std::string, std::vector<std::pair<std::string, std::string>>> digest_xattrs_;  // digest -> its xattrs

@@ -294,5 +294,30 @@ TEST_F(RobustnessTest, MemoryStaysFlatAcrossManyVersionsOfACheckpoint) {
   std::cout << "[ memory ] VmRSS " << after_10 << " kB after 10 versions, " << after_50 << " kB after 50\n";
 }
 
+// Item 9: a change in one checkpoint costs that checkpoint, not the tree. A
+// rescan keeps a checkpoint it walks exactly as last time without asking
+// the index about each of its files, and the publish reuses its nodes.
+TEST_F(RobustnessTest, AChangeInOneCheckpointCostsThatCheckpointOnly) {
+  WriteFile(src_ + "/big/model.bin", "weights");
+  for (int i = 0; i < 3000; ++i) WriteFile(src_ + "/big/d" + std::to_string(i % 30) + "/f" + std::to_string(i), "x");
+  WriteFile(src_ + "/small/model.bin", "one");
+  auto m = Mount();
+  ASSERT_TRUE(WaitFor([&] { return !Digest("big").empty() && !Digest("small").empty(); })) << m->Log();
+  const std::string big = Digest("big"), before = Digest("small");
+
+  WriteFile(src_ + "/small/model.bin", "two");
+  ASSERT_TRUE(WaitFor([&] { return Digest("small") != before && !Digest("small").empty(); })) << m->Log();
+  const auto scan = Ctl("status")["last_scan"];
+  ASSERT_TRUE(scan.is_object()) << Ctl("status").dump();
+  EXPECT_EQ(scan.value("checkpoints", 0), 2) << scan.dump();
+  EXPECT_GE(scan.value("checkpoints_kept", 0), 1) << scan.dump();
+  EXPECT_LE(scan.value("files_looked_up", 99999), 1) << scan.dump();  // small's one file at most
+  EXPECT_GE(scan.value("nodes_reused", 0), 3000) << scan.dump();     // big's members, not rebuilt
+  EXPECT_LT(scan.value("nodes_built", 99999), 100) << scan.dump();
+  EXPECT_EQ(Digest("big"), big);
+  EXPECT_EQ(ReadFile(mnt_ + "/by-name/big/d7/f7"), "x");
+  EXPECT_EQ(ReadFile(mnt_ + "/by-name/small/model.bin"), "two");
+}
+
 }  // namespace
 }  // namespace ckptfs::testing

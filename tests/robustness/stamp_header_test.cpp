@@ -126,5 +126,26 @@ TEST_F(StampRobustnessTest, MillionKeyHeaderStatsAndReadsStamped) {
   EXPECT_TRUE(DaemonRunning(m->ServingPid()));
 }
 
+TEST_F(StampRobustnessTest, StatOfAStampedFileReadsNothingFromTheSource) {
+  // What stat needs (the stamped size) is computed at indexing and stored,
+  // so a stat, even the first after a remount, reads no byte of the file:
+  // a 100 MB header would otherwise be read and parsed under the caller's
+  // stat.
+  const std::string source = MakeSafetensors({{"w", "U8", {3}, "abc"}}, R"({"format": "pt"})");
+  WriteFile(src_ + "/model/model.safetensors", source);
+  const std::string through = mnt_ + "/by-name/model/model.safetensors";
+  for (int mount = 0; mount < 2; ++mount) {
+    auto m = MountStamped("model");
+    struct stat st {};
+    ASSERT_EQ(::stat(through.c_str(), &st), 0) << std::strerror(errno) << "\n" << m->Log();
+    const auto stats = QueryMount(kCtl, "stats", mnt_);
+    EXPECT_EQ(stats.value("source_bytes_read", uint64_t{1}), 0u) << "mount " << mount << ": " << stats.dump();
+    const std::string served = ReadFile(through);
+    EXPECT_EQ(static_cast<uint64_t>(st.st_size), served.size());
+    EXPECT_GT(served.size(), source.size());  // stamped
+    EXPECT_NE(served.find("ckptfs.checkpoint"), std::string::npos);
+  }
+}
+
 }  // namespace
 }  // namespace ckptfs::testing

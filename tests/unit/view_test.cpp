@@ -141,6 +141,29 @@ TEST(ViewTest, AHeldNodeOutlivesItsWithdrawalUntilTheKernelForgetsIt) {
   EXPECT_LT(view.NodeCount(), with_base);
 }
 
+TEST(ViewTest, AnUnchangedDigestKeepsItsNodesAndAChangedOneIsRebuilt) {
+  View view("/src", kOwner);
+  view.Publish(kTree, {}, {});
+  auto kept = view.Resolve(Digest('a') + "/sub/tokenizer.json");
+  auto other = view.Resolve(Digest('b') + "/model.safetensors");
+  ASSERT_TRUE(kept && other);
+
+  // run7's file changes owner (a chown in SRC): same digest, other inputs.
+  auto changed = kTree;
+  changed[1].files[0].owner = {1000, 1000, 0644};
+  changed[1].files[0].access.self = changed[1].files[0].owner;
+  auto changes = view.Publish(changed, {}, {});
+  EXPECT_EQ(view.Resolve(Digest('a') + "/sub/tokenizer.json"), kept);  // the very same node
+  auto rebuilt = view.Resolve(Digest('b') + "/model.safetensors");
+  ASSERT_NE(rebuilt, nullptr);
+  EXPECT_NE(rebuilt, other);
+  EXPECT_EQ(rebuilt->ino, other->ino);
+  EXPECT_EQ(rebuilt->owner.uid, 1000u);
+  EXPECT_NE(std::find(changes.inodes.begin(), changes.inodes.end(), other->ino), changes.inodes.end());
+  EXPECT_GE(view.LastPublish().reused, 5u);  // digest a's directory, subdirectory and files, digest c's
+  EXPECT_GT(view.LastPublish().built, 0u);
+}
+
 TEST(ViewTest, LookupsGoOnWhileAPublishBuildsItsSnapshot) {
   // A publish of a large tree takes a while to build. Lookups made after it
   // began must complete before it ends: they read the current snapshot
