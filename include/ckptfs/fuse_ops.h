@@ -143,6 +143,10 @@ std::vector<InheritedInode> HandOverOpenInodes(FsContext& ctx);
 // join the mode the kernel holds them in; backing ids left by the
 // predecessor and not inherited are closed; then requests are admitted.
 void InheritOpenInodes(FsContext& ctx, const std::vector<InheritedInode>& inodes);
+// Calls `watch` with every change of an inode's open count (0: none open
+// any more), in order, so that a supervisor can hand the record to the
+// successor of a daemon that crashed.
+void WatchOpenInodes(FsContext& ctx, std::function<void(const InheritedInode&)> watch);
 // "on", "off" or "pending" (before INIT), and why.
 std::pair<std::string, std::string> PassthroughState(const FsContext& ctx);
 

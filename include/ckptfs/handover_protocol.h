@@ -14,6 +14,8 @@
 //                                                         hand the connection over
 //                          {"type":"inherit",             drained: its inodes with
 //                           "inodes":[[INO,OPENS,ID]..]}  open files, for the successor
+//                          {"type":"open-inode",          an inode's open count changed
+//                           "inode":[INO,OPENS,ID]}       (kept for a crash's successor)
 //   supervisor -> daemon   {"type":"drain"}               a successor serves: stop
 //                                                         reading, finish, exit 0
 //                          {"type":"resend",              the predecessor is gone:
@@ -45,7 +47,8 @@ inline constexpr const char* kEnvSupervisorPid = "CKPTFS_SUPERVISOR_PID";
 // The largest message either side sends (an INIT request in hex is ~250 bytes).
 inline constexpr size_t kMaxMessage = 64 * 1024;
 
-Status Send(int fd, const nlohmann::json& message);
+// `wait` false: fail at once rather than block when the peer lags behind.
+Status Send(int fd, const nlohmann::json& message, bool wait = true);
 // One message; an error at end of stream (the peer closed) or on bad JSON.
 Result<nlohmann::json> Receive(int fd);
 

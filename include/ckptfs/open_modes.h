@@ -56,10 +56,18 @@ class OpenModes {
   std::vector<std::pair<uint64_t, Held>> Snapshot() const;
   void Inherit(uint64_t ino, uint64_t opens, Choice choice);
   void ReleaseInherited(uint64_t ino);
+  // Some opens of `ino` were inherited and not yet released.
+  bool HasInherited(uint64_t ino) const;
+  // Told of every change, under the lock (so in order): the inode, its open
+  // count now (0: forgotten) and its choice. For a supervisor that hands
+  // the record to the successor of a daemon that crashed.
+  using Observer = std::function<void(uint64_t ino, uint64_t opens, const Choice& choice)>;
+  void SetObserver(Observer observer);
 
  private:
   mutable std::mutex mu_;
   std::unordered_map<uint64_t, Held> held_;
+  Observer observer_;
 };
 
 }  // namespace ckptfs::daemon

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,8 @@ class Supervisor {
     std::chrono::steady_clock::time_point started;
     bool ready = false;
     bool draining = false;
+    // Its inodes with open files: ino -> (opens, backing id), as it reports them.
+    std::map<uint64_t, std::pair<uint64_t, int>> open_inodes;
   };
   using ChildIt = std::list<Child>::iterator;
 

@@ -67,6 +67,15 @@ void FdHandover::SendInit(const std::vector<uint8_t>& request) {
 void FdHandover::SendReady() { Send({{"type", "ready"}}); }
 
 void FdHandover::Listen(FsContext& ctx) {
+  // Every change of an inode's open count, for the successor should this
+  // daemon crash; never blocking an open on a lagging supervisor.
+  WatchOpenInodes(ctx, [this](const InheritedInode& i) {
+    std::lock_guard lock(send_mu_);
+    const nlohmann::json m{{"type", "open-inode"}, {"inode", {i.ino, i.opens, i.backing_id}}};
+    if (Status s = handover::Send(link_.get(), m, /*wait=*/false); !s.ok() && !open_inodes_lost_.exchange(true)) {
+      spdlog::warn("{}: a daemon that replaces this one after a crash may not know every open file", s.message());
+    }
+  });
   listener_ = std::thread([this, &ctx] {
     for (;;) {
       auto msg = handover::Receive(link_.get());

@@ -66,6 +66,7 @@ class FdHandover {
   int supervisor_pid_ = 0;
   std::thread listener_;
   std::atomic<bool> drained_{false};
+  std::atomic<bool> open_inodes_lost_{false};
   mutable std::mutex failures_mu_;
   uint64_t handover_failures_ = 0;
   std::string last_handover_error_;

@@ -344,7 +344,8 @@ std::shared_ptr<OpenFile> FileOrAdopt(fuse_req_t req, fuse_ino_t ino, uint64_t f
     return nullptr;
   }
   if (form.ok()) f->key = form->key;
-  if (ctx.handles->AdoptFile(fh, f)) {
+  f->inherited = ctx.open_modes.HasInherited(ino);  // already counted
+  if (ctx.handles->AdoptFile(fh, f) && !f->inherited) {
     ++ctx.open_files;
     // The kernel holds this inode in page-cache mode: opens that join it
     // must take the chunk path too until the last one is released.
@@ -492,7 +493,7 @@ void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   auto& ctx = Ctx(req);
   auto f = ctx.handles->TakeFile(fi->fh);
   fuse_reply_err(req, 0);
-  if (!f) {  // opened by a daemon this one took over from, never read here
+  if (!f || f->inherited) {  // opened by a daemon this one took over from
     ctx.open_modes.ReleaseInherited(ino);
     return;
   }
@@ -652,6 +653,13 @@ std::vector<InheritedInode> HandOverOpenInodes(FsContext& ctx) {
     out.push_back({ino, held.opens, passthrough ? KernelPassthrough::BackingId(*held.choice.backing) : 0});
   }
   return out;
+}
+
+void WatchOpenInodes(FsContext& ctx, std::function<void(const InheritedInode&)> watch) {
+  ctx.open_modes.SetObserver([watch = std::move(watch)](uint64_t ino, uint64_t opens, const OpenModes::Choice& c) {
+    const bool passthrough = c.passthrough && c.backing;
+    watch({ino, opens, passthrough ? KernelPassthrough::BackingId(*c.backing) : 0});
+  });
 }
 
 void InheritOpenInodes(FsContext& ctx, const std::vector<InheritedInode>& inodes) {

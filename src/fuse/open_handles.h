@@ -34,6 +34,9 @@ struct OpenFile {
   FileCache::CopyPtr copy;  // a resident copy it reads from (or passthrough's backing)
   std::atomic<uint64_t> next_offset{0};
   std::atomic<uint64_t> readahead_until{0};  // chunks below this were requested
+  // Opened by the daemon this one took over from, and counted in the open
+  // modes it handed over (released as an inherited open).
+  bool inherited = false;
 };
 
 // A directory listing fixed at opendir, so offsets stay meaningful while the

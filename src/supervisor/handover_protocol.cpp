@@ -6,12 +6,12 @@
 
 namespace ckptfs::handover {
 
-Status Send(int fd, const nlohmann::json& message) {
+Status Send(int fd, const nlohmann::json& message, bool wait) {
   const std::string text = message.dump();
   if (text.size() > kMaxMessage) return Status::Error("handover message too long");
   ssize_t n;
   do {
-    n = ::send(fd, text.data(), text.size(), MSG_NOSIGNAL);
+    n = ::send(fd, text.data(), text.size(), MSG_NOSIGNAL | (wait ? 0 : MSG_DONTWAIT));
   } while (n < 0 && errno == EINTR);
   if (n != static_cast<ssize_t>(text.size())) return Status::FromErrno("send to the supervisor link", errno);
   return Status::Ok();

@@ -93,7 +93,7 @@ bool Supervisor::Spawn(const std::string& binary, const std::string& why) {
     return false;
   }
   if (pid == 0) ExecDaemon(binary, config_.args, config_.fuse_fd, theirs.get(), env);
-  children_.push_back(Child{pid, std::move(ours), binary, Clock::now(), false, false});
+  children_.push_back(Child{pid, std::move(ours), binary, Clock::now(), false, false, {}});
   spdlog::info("supervisor: started serving daemon pid {} ({}; {})", pid, binary, why);
   return true;
 }
@@ -126,6 +126,13 @@ void Supervisor::OnMessage(ChildIt child, const nlohmann::json& message) {
     if (init_request_.empty()) {
       init_request_ = handover::FromHex(message.value("request", std::string()));
       if (config_.on_init_request) config_.on_init_request(init_request_);
+    }
+  } else if (type == "open-inode") {
+    const auto& i = message.value("inode", nlohmann::json());
+    if (i.is_array() && i.size() == 3 && i[0].is_number_unsigned() && i[1].is_number_unsigned() &&
+        i[2].is_number_integer()) {
+      if (i[1].get<uint64_t>() == 0) child->open_inodes.erase(i[0].get<uint64_t>());
+      else child->open_inodes[i[0].get<uint64_t>()] = {i[1].get<uint64_t>(), i[2].get<int>()};
     }
   } else if (type == "inherit") {
     if (message.contains("inodes") && message["inodes"].is_array()) inherited_ = message["inodes"];
@@ -171,7 +178,10 @@ void Supervisor::OnReady(ChildIt child) {
     spdlog::info("supervisor: daemon pid {} serves now; pid {} drains and exits", child->pid, other.pid);
   }
   // What the dead predecessor had read but not answered is queued again.
-  if (!predecessor_alive) Send(*child, {{"type", "resend"}, {"inodes", nlohmann::json::array()}});
+  if (!predecessor_alive) {
+    Send(*child, {{"type", "resend"}, {"inodes", inherited_}});
+    inherited_ = nlohmann::json::array();
+  }
 }
 
 bool Supervisor::MountGone() const {
@@ -194,7 +204,8 @@ void Supervisor::ReapChildren() {
 }
 
 void Supervisor::OnExit(ChildIt child, int wait_status) {
-  const Child dead{child->pid, UniqueFd(), child->binary, child->started, child->ready, child->draining};
+  const Child dead{child->pid, UniqueFd(), child->binary, child->started, child->ready, child->draining,
+                   std::move(child->open_inodes)};
   children_.erase(child);
   const std::string cause = DescribeExit(wait_status);
   const double ran = Seconds(Clock::now() - dead.started);
@@ -203,6 +214,9 @@ void Supervisor::OnExit(ChildIt child, int wait_status) {
   if (dead.draining) {
     last_exit_ = "handed over (" + cause + ")";
     spdlog::info("supervisor: daemon pid {} handed the mount over and {}", dead.pid, cause);
+    if (inherited_.empty()) {  // it died before it could say: what it reported as it went
+      for (const auto& [ino, held] : dead.open_inodes) inherited_.push_back({ino, held.first, held.second});
+    }
     if (serving != children_.end()) Send(*serving, {{"type", "resend"}, {"inodes", inherited_}});
     inherited_ = nlohmann::json::array();
     return;
@@ -225,6 +239,11 @@ void Supervisor::OnExit(ChildIt child, int wait_status) {
                   dead.binary, cause, serving->pid);
     Send(*serving, {{"type", "handover-failed"}, {"error", "new daemon " + dead.binary + " " + cause}});
     return;
+  }
+  // Its successor inherits the files it had open (the kernel holds them).
+  if (dead.ready) {
+    inherited_ = nlohmann::json::array();
+    for (const auto& [ino, held] : dead.open_inodes) inherited_.push_back({ino, held.first, held.second});
   }
   const RestartPolicy::Decision d = policy_.OnDeath(dead.ready, Clock::now() - dead.started);
   spdlog::warn("supervisor: serving daemon pid {} {} after {:.1f} s{}; restarting it in {} ms (restart {})",
