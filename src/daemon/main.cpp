@@ -429,6 +429,9 @@ int main(int argc, char** argv) {
       return 1;
     }
     (*log)->BeforeDaemonize();
+    // The first daemon of a daemonized mount still holds its starter's
+    // streams (for the errors of a failed start); not from here on.
+    if (!o.foreground) daemon::DetachStandardStreams();
   } else if (fuse_set_signal_handlers(se) != 0 || fuse_session_mount(se, o.mountpoint.c_str()) != 0) {
     spdlog::critical("cannot mount {} at {} (is /dev/fuse there, and fusermount3 installed?)", o.source,
                      o.mountpoint);

@@ -71,13 +71,13 @@ Result<UniqueFd> DaemonizeWaitingForStart() {
   return write_end;
 }
 
+}  // namespace
+
 void DetachStandardStreams() {
   UniqueFd null(::open("/dev/null", O_RDWR | O_CLOEXEC));
   if (!null.valid()) return;
   for (int fd : {STDIN_FILENO, STDOUT_FILENO, STDERR_FILENO}) ::dup2(null.get(), fd);
 }
-
-}  // namespace
 
 int RunSupervisor(fuse_session* se, const MountOptions& o, int argc, char** argv, DaemonLog& log) {
   supervisor::SupervisorConfig c;

@@ -18,4 +18,8 @@ namespace ckptfs::daemon {
 // passed on to the daemon with the paths replaced by them.
 int RunSupervisor(fuse_session* se, const MountOptions& o, int argc, char** argv, DaemonLog& log);
 
+// Points standard input, output and error at /dev/null, as fuse_daemonize
+// does: a daemonized process must not hold its starter's terminal or pipe.
+void DetachStandardStreams();
+
 }  // namespace ckptfs::daemon
