@@ -12,7 +12,9 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -78,6 +80,10 @@ struct CheckpointSource {
   Sha256Digest WalkFingerprint() const;
 };
 
+// The walked tree as a scan left it, kept by the caller for the next scan to
+// take unchanged directories from (opaque; see RewalkHint).
+struct WalkTree;
+
 struct CatalogScan {
   std::string root;       // as given
   std::string real_root;  // canonical
@@ -89,6 +95,21 @@ struct CatalogScan {
   std::vector<HubRef> hub_refs;
   // Problems outside every checkpoint (they invalidate nothing).
   std::vector<std::string> warnings;
+  std::shared_ptr<WalkTree> tree;
+  uint64_t dirs_reused = 0;  // directories taken from the previous tree unread
+};
+
+// What a rescan may skip: the previous scan's tree, and the directories
+// (relative to the root) that inotify reported a change in since. A
+// directory that is not dirty, with nothing dirty below it, whose own owner
+// and mode and whose path of search permissions are unchanged, is taken
+// from `previous` as it is, provided its subtree was self-contained: no
+// symlink followed, no file with more than one link (a write through a link
+// elsewhere raises no event here), no problem met. Everything else is
+// walked. The previous tree is consumed.
+struct RewalkHint {
+  std::shared_ptr<WalkTree> previous;
+  std::set<std::string> dirty_dirs;
 };
 
 // True for the weight-file suffixes of DESIGN.md section 1.
@@ -97,6 +118,7 @@ bool IsWeightFileName(std::string_view name);
 // Walks `root` and returns its checkpoints. Fails only when the root itself
 // cannot be used (missing, not a directory, unreadable); problems below it are
 // reported in the result.
-Result<CatalogScan> ScanSourceTree(const std::string& root, const CatalogOptions& options);
+Result<CatalogScan> ScanSourceTree(const std::string& root, const CatalogOptions& options,
+                                   RewalkHint* hint = nullptr);
 
 }  // namespace ckptfs

@@ -10,6 +10,8 @@
 // that sees the change, and its new digest appears once it has settled.
 #pragma once
 
+#include <sys/inotify.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -93,6 +95,8 @@ class CatalogWatcher {
   // checkpoint, not the tree (status shows this).
   struct ScanStats {
     double seconds = 0;                // walk, index lookups and publish; not hashing
+    bool incremental = false;          // only the directories inotify named were read
+    uint64_t dirs_reused = 0;          // directories taken unread from the walk before
     uint64_t checkpoints = 0;          // valid checkpoints walked
     uint64_t checkpoints_kept = 0;     // unchanged since shown: not looked up again
     uint64_t files_looked_up = 0;      // index lookups of member files
@@ -105,6 +109,7 @@ class CatalogWatcher {
   void ScanOnce(bool index_unknown = true);
   void UpdateWatches(const CatalogScan& scan);
   bool DrainInotify();  // true if any event arrived
+  void NoteDirty(const inotify_event& ev);
   void SetState(CheckpointState state);
   // Publishes the exposed checkpoints with the last scan's directories and
   // hub refs.
@@ -118,6 +123,12 @@ class CatalogWatcher {
   UniqueFd inotify_;
   UniqueFd wake_;  // eventfd: Stop() and RequestRescan() interrupt the wait
   std::map<int, std::string> watches_;  // wd -> directory
+  // For incremental rescans (see RewalkHint); used only on the scanning thread.
+  std::string watched_root_;                 // the root as the watches name it
+  std::shared_ptr<WalkTree> last_tree_;      // of the last walk
+  std::set<std::string> dirty_dirs_;         // relative to the root, since that walk
+  bool full_walk_needed_ = true;
+  bool followup_scan_ = false;  // new watches were added: read their directories once more
   bool watch_limit_logged_ = false;
 
   std::thread thread_;

@@ -123,6 +123,8 @@ unsigned FillDepth(const MountOptions& o) { return o.fill_depth ? o.fill_depth :
 
 nlohmann::json LastScanJson(const CatalogWatcher::ScanStats& s) {
   return {{"seconds", s.seconds},
+          {"incremental", s.incremental},
+          {"dirs_reused", s.dirs_reused},
           {"checkpoints", s.checkpoints},
           {"checkpoints_kept", s.checkpoints_kept},
           {"files_looked_up", s.files_looked_up},

@@ -42,9 +42,21 @@ struct DirNode {
     AccessPath access;
   };
   std::vector<File> files;
-  std::vector<std::unique_ptr<DirNode>> subdirs;
+  std::vector<std::unique_ptr<DirNode>> subdirs;  // ascending rel
   std::vector<Problem> problems;  // each names the path and the cause
+  // Nothing in this subtree can change without an inotify event in it: no
+  // symlink followed, no file with other links, no problem (see RewalkHint).
+  bool self_contained = true;
 };
+
+}  // namespace
+
+struct WalkTree {
+  std::string real_root;
+  DirNode top;
+};
+
+namespace {
 
 std::string JoinRel(const std::string& dir, const std::string& name) {
   return dir.empty() ? name : dir + "/" + name;
@@ -104,7 +116,13 @@ class TreeWalker {
     chains_[real_root_] = ExtendChain(nullptr, root_owner);
   }
 
-  void Walk(const std::string& abs, DirNode& node, std::set<std::pair<dev_t, ino_t>>& ancestors) {
+  // `hint`: what an incremental rescan may reuse (null: walk everything).
+  void set_hint(RewalkHint* hint) { hint_ = hint; }
+  uint64_t dirs_reused() const { return dirs_reused_; }
+
+  // `previous`: the same directory in the previous tree, if any.
+  void Walk(const std::string& abs, DirNode& node, std::set<std::pair<dev_t, ino_t>>& ancestors,
+            DirNode* previous = nullptr) {
     std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(abs.c_str()), ::closedir);
     if (!dir) {
       node.problems.push_back(Plain("cannot read directory " + Quote(abs) + ": " + std::strerror(errno)));
@@ -120,12 +138,31 @@ class TreeWalker {
       node.problems.push_back(Plain("cannot list directory " + Quote(abs) + ": " + std::strerror(errno)));
     }
     std::sort(names.begin(), names.end());
-    for (const std::string& name : names) VisitEntry(abs, name, node, ancestors);
+    for (const std::string& name : names) VisitEntry(abs, name, node, ancestors, previous);
+    if (!node.problems.empty()) node.self_contained = false;
+    for (const auto& sub : node.subdirs) node.self_contained = node.self_contained && sub->self_contained;
   }
 
  private:
+  // The subdirectory `rel` of `previous`, if it has one.
+  static DirNode* PreviousChild(DirNode* previous, const std::string& rel) {
+    if (previous == nullptr) return nullptr;
+    auto it = std::lower_bound(previous->subdirs.begin(), previous->subdirs.end(), rel,
+                               [](const std::unique_ptr<DirNode>& d, const std::string& r) { return d->rel < r; });
+    return it != previous->subdirs.end() && (*it)->rel == rel ? it->get() : nullptr;
+  }
+
+  // Whether inotify reported a change in `rel` or below it.
+  bool DirtyAtOrBelow(const std::string& rel) const {
+    const auto& dirty = hint_->dirty_dirs;
+    if (dirty.count(rel)) return true;
+    const std::string prefix = rel + "/";
+    auto it = dirty.lower_bound(prefix);
+    return it != dirty.end() && it->compare(0, prefix.size(), prefix) == 0;
+  }
+
   void VisitEntry(const std::string& abs, const std::string& name, DirNode& node,
-                  std::set<std::pair<dev_t, ino_t>>& ancestors) {
+                  std::set<std::pair<dev_t, ino_t>>& ancestors, DirNode* previous) {
     const std::string child = abs + "/" + name;
     const std::string rel = JoinRel(node.rel, name);
     if (IsExcluded(child)) return;
@@ -139,7 +176,9 @@ class TreeWalker {
     // What must be searched to reach the entry: this directory's chain, and
     // for a link also the chain down to its target's parent.
     Chain reach = node.inside;
-    if (S_ISLNK(st.st_mode)) {
+    const bool via_link = S_ISLNK(st.st_mode);
+    if (via_link) {
+      node.self_contained = false;  // its target changes raise no event here
       if (IsWeightFileName(name)) node.has_weight_file = true;  // a bad weight link still marks it
       auto resolved = FollowLink(child, &node);
       if (!resolved) return;
@@ -154,16 +193,29 @@ class TreeWalker {
                                       Quote(target)));
         return;
       }
+      const AccessPath access{reach, Ownership::FromStat(st)};
+      DirNode* before = via_link ? nullptr : PreviousChild(previous, rel);
+      if (hint_ != nullptr && before != nullptr && before->self_contained && before->access == access &&
+          !DirtyAtOrBelow(rel)) {
+        // Taken whole; the emptied node keeps its name so that the previous
+        // tree stays sorted for the lookups of the entries still to come.
+        node.subdirs.push_back(std::make_unique<DirNode>(std::move(*before)));
+        before->rel = rel;
+        before->self_contained = false;
+        ++dirs_reused_;
+        return;
+      }
       auto sub = std::make_unique<DirNode>();
       sub->rel = rel;
-      sub->access = {reach, Ownership::FromStat(st)};
+      sub->access = access;
       sub->inside = ExtendChain(reach, sub->access.self);
       ancestors.insert(key);
-      Walk(target, *sub, ancestors);
+      Walk(target, *sub, ancestors, hint_ != nullptr ? before : nullptr);
       ancestors.erase(key);
       node.subdirs.push_back(std::move(sub));
     } else if (S_ISREG(st.st_mode)) {
       if (IsWeightFileName(name)) node.has_weight_file = true;
+      if (st.st_nlink > 1) node.self_contained = false;  // written through another name, no event here
       const Ownership owner = Ownership::FromStat(st);
       node.files.push_back({rel, target, FileStamp::FromStat(st), owner, {reach, owner}});
     }
@@ -311,6 +363,8 @@ class TreeWalker {
   std::string real_root_;
   const CatalogOptions& options_;
   std::map<std::string, Chain> chains_;  // canonical directory -> ChainInto(it)
+  RewalkHint* hint_ = nullptr;
+  uint64_t dirs_reused_ = 0;
 };
 
 // Adds the files of `node`'s subtree to `cp`, stopping at nested checkpoints,
@@ -428,7 +482,7 @@ uint64_t CheckpointSource::TotalSize() const {
   return total;
 }
 
-Result<CatalogScan> ScanSourceTree(const std::string& root, const CatalogOptions& options) {
+Result<CatalogScan> ScanSourceTree(const std::string& root, const CatalogOptions& options, RewalkHint* hint) {
   struct stat st;
   if (::stat(root.c_str(), &st) != 0) return Status::FromErrno("source " + Quote(root), errno);
   if (!S_ISDIR(st.st_mode)) return Status::Error("source " + Quote(root) + ": Not a directory");
@@ -444,11 +498,23 @@ Result<CatalogScan> ScanSourceTree(const std::string& root, const CatalogOptions
   while (scan.root.size() > 1 && scan.root.back() == '/') scan.root.pop_back();
   scan.real_root = *real_root;
 
-  DirNode top;
+  scan.tree = std::make_shared<WalkTree>();
+  scan.tree->real_root = *real_root;
+  DirNode& top = scan.tree->top;
   top.access = {nullptr, Ownership::FromStat(st)};
   top.inside = ExtendChain(nullptr, top.access.self);
   std::set<std::pair<dev_t, ino_t>> ancestors{{st.st_dev, st.st_ino}};
-  TreeWalker(*real_root, top.access.self, options).Walk(*real_root, top, ancestors);
+  TreeWalker walker(*real_root, top.access.self, options);
+  // The root itself is always listed; below it, unchanged directories may
+  // come from the previous tree when it is of this same root and access.
+  DirNode* previous = nullptr;
+  if (hint != nullptr && hint->previous && hint->previous->real_root == *real_root &&
+      hint->previous->top.access == top.access) {
+    walker.set_hint(hint);
+    previous = &hint->previous->top;
+  }
+  walker.Walk(*real_root, top, ancestors, previous);
+  scan.dirs_reused = walker.dirs_reused();
   CutIntoCheckpoints(top, scan.root, scan, /*inside_checkpoint=*/false, /*hub_repo=*/"");
   return scan;
 }

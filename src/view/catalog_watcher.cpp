@@ -144,9 +144,11 @@ void CatalogWatcher::Run() {
   double next_debounced = std::numeric_limits<double>::infinity();
   double last_scan_end = -std::numeric_limits<double>::infinity();
   constexpr double kReadTriggeredEveryS = 1.0;
+  bool read_triggered = false;
   while (!stop_) {
     const double now = MonotonicSeconds();
     if (soon_requested_.exchange(false)) {
+      read_triggered = true;
       next_debounced = std::min(next_debounced, std::max(now + kDebounceS, last_scan_end + kReadTriggeredEveryS));
     }
     std::map<std::string, std::string> withdrawals;
@@ -167,12 +169,20 @@ void CatalogWatcher::Run() {
       }
     }
     if (!withdrawals.empty()) PublishExposed();
-    if (rescan_requested_.exchange(false) || now >= next_periodic || now >= next_debounced ||
-        (next_settle_deadline_ > 0 && now >= next_settle_deadline_)) {
+    const bool asked = rescan_requested_.exchange(false);
+    const bool periodic = now >= next_periodic;
+    if (asked || periodic || now >= next_debounced || (next_settle_deadline_ > 0 && now >= next_settle_deadline_)) {
+      // A rescan asked for (SIGHUP, ckptfsctl rescan, a read that found a
+      // source changed, a withdrawal) or the periodic one walks everything:
+      // they are how changes that raise no inotify event are found. One
+      // that only inotify or settling started re-reads the dirty directories.
+      if (asked || periodic || !withdrawals.empty() || read_triggered) full_walk_needed_ = true;
+      read_triggered = false;
       next_debounced = std::numeric_limits<double>::infinity();
       next_settle_deadline_ = 0;
       ScanOnce();
       ++scans_;
+      if (std::exchange(followup_scan_, false)) next_debounced = MonotonicSeconds() + kDebounceS;
       last_scan_end = MonotonicSeconds();
       next_periodic = options_.rescan_s > 0 ? MonotonicSeconds() + options_.rescan_s
                                             : std::numeric_limits<double>::infinity();
@@ -203,6 +213,7 @@ bool CatalogWatcher::DrainInotify() {
     if (n <= 0) break;
     for (char* p = buf; p < buf + n;) {
       auto* ev = reinterpret_cast<inotify_event*>(p);
+      NoteDirty(*ev);
       if (ev->mask & IN_IGNORED) watches_.erase(ev->wd);
       any = true;
       p += sizeof(inotify_event) + ev->len;
@@ -211,10 +222,34 @@ bool CatalogWatcher::DrainInotify() {
   return any;
 }
 
+// The directory an event happened in is dirty, and so is a subdirectory it
+// names (created, removed, moved or chmod'ed); an event from an unknown
+// watch, or a lost queue, leaves nothing to trust but a full walk.
+void CatalogWatcher::NoteDirty(const inotify_event& ev) {
+  auto w = watches_.find(ev.wd);
+  if ((ev.mask & IN_Q_OVERFLOW) || w == watches_.end()) {
+    full_walk_needed_ = true;
+    return;
+  }
+  const std::string& root = watched_root_;
+  const std::string& path = w->second;
+  std::string rel;
+  if (path != root) {
+    if (path.compare(0, root.size() + 1, root + "/") != 0) {
+      full_walk_needed_ = true;
+      return;
+    }
+    rel = path.substr(root.size() + 1);
+  }
+  dirty_dirs_.insert(rel);
+  if (ev.len > 0 && (ev.mask & IN_ISDIR)) dirty_dirs_.insert(rel.empty() ? ev.name : rel + "/" + ev.name);
+}
+
 void CatalogWatcher::UpdateWatches(const CatalogScan& scan) {
   if (!inotify_.valid()) return;
   std::set<std::string> watched;
   for (const auto& [wd, path] : watches_) watched.insert(path);
+  watched_root_ = scan.root;
   for (const auto& [rel, owner] : scan.dirs) {
     const std::string path = rel.empty() ? scan.root : scan.root + "/" + rel;
     if (watched.count(path)) continue;
@@ -227,6 +262,12 @@ void CatalogWatcher::UpdateWatches(const CatalogScan& scan) {
         watch_limit_logged_ = true;
       }
       continue;
+    }
+    // A directory walked before its watch existed may have changed in
+    // between, unseen: the next scan reads it again, and comes soon.
+    if (!watches_.count(wd)) {
+      dirty_dirs_.insert(rel);
+      followup_scan_ = true;
     }
     watches_[wd] = path;
   }
@@ -261,7 +302,17 @@ CatalogWatcher::ScanStats CatalogWatcher::LastScan() const {
 
 void CatalogWatcher::ScanOnce(bool index_unknown) {
   const double started = MonotonicSeconds();
-  auto result = ScanSourceTree(options_.source, options_.catalog);
+  // Events that arrive from here on are for the next scan. Without inotify
+  // every scan walks everything.
+  RewalkHint hint;
+  const bool incremental = !full_walk_needed_ && last_tree_ && inotify_.valid();
+  if (incremental) hint = {std::move(last_tree_), std::move(dirty_dirs_)};
+  last_tree_.reset();
+  dirty_dirs_.clear();
+  full_walk_needed_ = false;
+  followup_scan_ = false;
+  auto result = ScanSourceTree(options_.source, options_.catalog, incremental ? &hint : nullptr);
+  if (result.ok()) last_tree_ = result->tree;
   if (!result.ok()) {
     if (result.status().message() != last_scan_error_) {
       spdlog::error("cannot scan source: {}; withdrawing every checkpoint until it is back",
@@ -329,6 +380,8 @@ void CatalogWatcher::ScanOnce(bool index_unknown) {
   std::map<std::string, Sha256Digest> fingerprints;
   ScanStats stats;
   stats.checkpoints = valid.size();
+  stats.incremental = incremental;
+  stats.dirs_reused = scan.dirs_reused;
   {
     std::vector<const CheckpointSource*> changed;
     for (const auto* cp : valid) {

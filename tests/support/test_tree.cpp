@@ -45,8 +45,9 @@ void WriteFile(const std::string& path, const std::string& bytes) {
 }
 
 std::string ReadFile(const std::string& path) {
+  errno = 0;
   std::ifstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error("cannot read " + path);
+  if (!f) throw std::runtime_error("cannot read " + path + ": " + std::strerror(errno));
   std::ostringstream ss;
   ss << f.rdbuf();
   return ss.str();
@@ -133,7 +134,13 @@ void WriteHubSnapshot(const std::string& repo_dir, const std::string& commit,
     const std::string tmp = repo_dir + "/blobs/.incoming";
     WriteFile(tmp, bytes);
     const std::string sha = RunCommand("sha256sum " + ShellQuote(tmp)).out.substr(0, 64);
-    fs::rename(tmp, repo_dir + "/blobs/" + sha);
+    // As huggingface_hub does: a blob already there is not written again
+    // (replacing it would change the files of every snapshot that links it).
+    if (fs::exists(repo_dir + "/blobs/" + sha)) {
+      fs::remove(tmp);
+    } else {
+      fs::rename(tmp, repo_dir + "/blobs/" + sha);
+    }
     std::string up = "../../";
     for (char c : name) up += c == '/' ? "../" : "";
     Symlink(up + "blobs/" + sha, repo_dir + "/snapshots/" + commit + "/" + name);
