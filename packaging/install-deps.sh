@@ -14,6 +14,7 @@ packages=(
   nlohmann-json3-dev          # JSON output and safetensors headers
   libcli11-dev                # ckptfsctl argument parsing
   libgtest-dev                # the test suite
+  libsystemd-dev              # the fd store that keeps a mount across a supervisor restart (ckptfs@.service)
   clang libclang-rt-14-dev    # the libFuzzer target (tests/fuzz)
   coreutils findutils attr util-linux python3   # tools the tests compare against
   lintian python3-debian      # the package test: Debian's checks, and a DEP-5 parser for the copyright file

@@ -122,6 +122,7 @@ class ControlServer {
   Handler handler_;
   ControlLimits limits_;
   UniqueFd listen_;
+  ino_t bound_ino_ = 0;  // the socket file this server bound (Stop removes only that one)
   UniqueFd wake_;
   UniqueFd epoll_;
   UniqueFd reserve_;  // closed to accept-and-refuse a client when descriptors run out

@@ -25,18 +25,20 @@ inline constexpr std::string_view kPreload = "preload";
 inline constexpr std::string_view kUnpin = "unpin";
 inline constexpr std::string_view kEvict = "evict";
 inline constexpr std::string_view kRescan = "rescan";
+inline constexpr std::string_view kRestart = "restart";  // hand the mount to a new daemon
 
 struct CommandInfo {
   std::string_view name;
   bool needs_owner;  // a change: root or the mount's owner only
 };
-inline constexpr std::array<CommandInfo, 7> kCommands = {{{kStatus, false},
+inline constexpr std::array<CommandInfo, 8> kCommands = {{{kStatus, false},
                                                           {kLs, false},
                                                           {kStats, false},
                                                           {kPreload, true},
                                                           {kUnpin, true},
                                                           {kEvict, true},
-                                                          {kRescan, true}}};
+                                                          {kRescan, true},
+                                                          {kRestart, true}}};
 
 // Whether `command` is a change (unknown commands are treated as one).
 constexpr bool NeedsOwner(std::string_view command) {

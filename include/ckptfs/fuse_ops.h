@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "ckptfs/chunk_cache.h"
 #include "ckptfs/refused_files.h"
@@ -30,6 +31,8 @@ namespace ckptfs::daemon {
 class HeaderStamper;
 class FileFiller;
 class KernelPassthrough;
+class ConnectionIo;
+class OpenHandles;
 
 // When a file is copied into the host tier (mount option fill=).
 enum class FillPolicy {
@@ -38,6 +41,8 @@ enum class FillPolicy {
   kPreload,  // only by ckptfsctl preload
   kOff,      // never: no host tier of whole files, every read takes the chunk path
 };
+
+std::shared_ptr<OpenHandles> MakeOpenHandles();
 
 // How opens were answered, for stats: passthrough, or the chunk path and why.
 class OpenCounts {
@@ -56,7 +61,11 @@ struct FsContext {
   FileCache* files = nullptr;   // the host tier of whole files
   FileFiller* filler = nullptr;
   FillPolicy fill = FillPolicy::kOpen;
-  std::shared_ptr<KernelPassthrough> passthrough;  // set by AttachPassthrough
+  std::shared_ptr<KernelPassthrough> passthrough;  // set by AttachConnection
+  std::shared_ptr<ConnectionIo> connection;        // set by AttachConnection
+  // Open files and directories by the number the kernel holds (fh), so that
+  // a daemon that took the connection over can serve handles it never gave.
+  std::shared_ptr<OpenHandles> handles = MakeOpenHandles();
   OpenModes open_modes;
   OpenCounts opens;
   SourceReader* reader = nullptr;
@@ -100,10 +109,44 @@ struct FsContext {
 // source; failures are reported to the context's callbacks.
 Result<ChunkCache::Ref> FetchChunk(FsContext& ctx, const View::NodePtr& file, uint64_t index, bool readahead);
 
-// Kernel passthrough for this session (after fuse_session_mount, before the
-// loop); `wanted` false with passthrough=off. The session's userdata must be
-// `ctx`.
-Status AttachPassthrough(FsContext& ctx, fuse_session* se, bool wanted);
+// How the session talks to /dev/fuse (ConnectionIo, src/fuse/connection_io.h).
+struct ConnectionSetup {
+  int fd = -1;                        // the connection's /dev/fuse descriptor
+  std::vector<uint8_t> adopted_init;  // takeover: the connection's INIT request
+  bool shared_device = false;         // a supervisor shares the device (O_NONBLOCK)
+  std::function<void(const std::vector<uint8_t>&)> on_init_request;  // the first INIT, as sent
+};
+
+// The session's custom io and kernel passthrough (after fuse_session_mount,
+// or instead of it for an inherited descriptor; before the loop);
+// `passthrough_wanted` false with passthrough=off. The session's userdata
+// must be `ctx`. Fails only when the custom io cannot be installed.
+Status AttachConnection(FsContext& ctx, fuse_session* se, bool passthrough_wanted, ConnectionSetup setup);
+// Ends the session loop without taking another request (a hand-over).
+void DrainConnection(FsContext& ctx);
+// FUSE_NOTIFY_RESEND: requests read by a dead daemon are queued again.
+Status ResendRequests(FsContext& ctx);
+// The kernel's INIT offered FUSE_HAS_RESEND (protocol 7.40).
+bool KernelHasResend(const FsContext& ctx);
+
+// An inode with open files at a hand-over: how many, and the kernel backing
+// id its passthrough opens use (0: the chunk path).
+struct InheritedInode {
+  uint64_t ino = 0;
+  uint64_t opens = 0;
+  int backing_id = 0;
+};
+// The draining daemon's side: its inodes with open files; its backing ids
+// stay open when it exits.
+std::vector<InheritedInode> HandOverOpenInodes(FsContext& ctx);
+// The successor's side, before it reads a request: opens of those inodes
+// join the mode the kernel holds them in; backing ids left by the
+// predecessor and not inherited are closed; then requests are admitted.
+void InheritOpenInodes(FsContext& ctx, const std::vector<InheritedInode>& inodes);
+// Calls `watch` with every change of an inode's open count (0: none open
+// any more), in order, so that a supervisor can hand the record to the
+// successor of a daemon that crashed.
+void WatchOpenInodes(FsContext& ctx, std::function<void(const InheritedInode&)> watch);
 // "on", "off" or "pending" (before INIT), and why.
 std::pair<std::string, std::string> PassthroughState(const FsContext& ctx);
 

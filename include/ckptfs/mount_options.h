@@ -46,6 +46,9 @@ struct MountOptions {
   std::string fill = "open";
   unsigned fill_depth = 0;  // fill_depth=N: chunk reads in flight per fill; 0 = one per CPU, at most 4
   bool allow_other = false;
+  // supervise=on|off: a supervisor process holds the mount and restarts the
+  // serving daemon when it dies (README, "Restart and upgrade").
+  bool supervise = true;
   bool stamp_headers = false;  // stamp_headers: see HeaderStamper
   std::string fsname;         // fsname=, default: SRC
   // The shared manifest store (issue 15): manifests=DIR, the trusted public

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "ckptfs/file_cache.h"
 #include "ckptfs/sealed_copy.h"
@@ -42,13 +43,31 @@ class OpenModes {
   bool Release(uint64_t ino);
   size_t inodes() const;
 
- private:
+  // Hand-over between daemons (ckptfsctl restart): the inodes with open
+  // files, how many, and how they are served; the successor takes them on
+  // with Inherit, so that its opens join the mode the kernel holds. Opens
+  // inherited are ended by ReleaseInherited (a release for a handle the
+  // successor never gave).
   struct Held {
     uint64_t opens = 0;
+    uint64_t inherited = 0;
     Choice choice;
   };
+  std::vector<std::pair<uint64_t, Held>> Snapshot() const;
+  void Inherit(uint64_t ino, uint64_t opens, Choice choice);
+  void ReleaseInherited(uint64_t ino);
+  // Some opens of `ino` were inherited and not yet released.
+  bool HasInherited(uint64_t ino) const;
+  // Told of every change, under the lock (so in order): the inode, its open
+  // count now (0: forgotten) and its choice. For a supervisor that hands
+  // the record to the successor of a daemon that crashed.
+  using Observer = std::function<void(uint64_t ino, uint64_t opens, const Choice& choice)>;
+  void SetObserver(Observer observer);
+
+ private:
   mutable std::mutex mu_;
   std::unordered_map<uint64_t, Held> held_;
+  Observer observer_;
 };
 
 }  // namespace ckptfs::daemon

@@ -125,7 +125,8 @@ set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_RELEASE ${_deb_revision})
 set(CPACK_DEBIAN_PACKAGE_MAINTAINER "${CKPTFS_DEB_MAINTAINER}")
 set(CPACK_DEBIAN_PACKAGE_SECTION admin)
-# Libraries found by dpkg-shlibdeps, plus fuse3 for fusermount3 and mount.fuse3.
+# Libraries found by dpkg-shlibdeps (libsystemd0 among them), plus fuse3 for
+# fusermount3 and mount.fuse3.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_DEPENDS "fuse3")
 # The packaged binaries are stripped (28 MB and 24 MB become under 2 MB);

@@ -28,8 +28,14 @@ int CudaDeviceCount() {
 #endif
 }
 
+// CMake -DCKPTFS_VERSION_SUFFIX=... marks a build (a packager's revision;
+// the restart tests' second binary).
+#ifndef CKPTFS_VERSION_SUFFIX
+#define CKPTFS_VERSION_SUFFIX ""
+#endif
+
 std::string BuildDescription() {
-  std::string s = "ckptfs " CKPTFS_VERSION;
+  std::string s = "ckptfs " CKPTFS_VERSION CKPTFS_VERSION_SUFFIX;
 #ifdef CKPTFS_HAVE_CUDA
   int rt = 0;
   cudaRuntimeGetVersion(&rt);

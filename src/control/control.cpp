@@ -245,6 +245,8 @@ Status ControlServer::Start() {
   }
   // Everyone may connect; what they may do is decided per request.
   ::chmod(path_.c_str(), 0666);
+  struct stat bound {};
+  if (::stat(path_.c_str(), &bound) == 0) bound_ino_ = bound.st_ino;
   if (::listen(listen_.get(), 128) != 0) return Status::FromErrno("listen " + path_, errno);
   wake_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
@@ -272,7 +274,9 @@ void ControlServer::Stop() {
   // Queued requests are answered "stopping"; running handlers watch stop_.
   query_pool_.reset();
   long_pool_.reset();
-  ::unlink(path_.c_str());
+  // A daemon that handed the mount over leaves the successor's socket alone.
+  struct stat now {};
+  if (::stat(path_.c_str(), &now) == 0 && now.st_ino == bound_ino_) ::unlink(path_.c_str());
 }
 
 void ControlServer::Run() {

@@ -53,6 +53,16 @@ int RunStatus(const MountArgs& args) {
   const auto& c = j["counts"];
   std::printf("source       %s\n", j["source"].get<std::string>().c_str());
   std::printf("mountpoint   %s (daemon pid %d)\n", j["mountpoint"].get<std::string>().c_str(), j["pid"].get<int>());
+  if (j.contains("daemon")) {
+    const auto& d = j["daemon"];
+    std::printf("daemon       %s, started %s, %llu restart(s), last exit: %s%s\n",
+                d.value("version", std::string("?")).c_str(), When(d.value("started_at", int64_t{0})).c_str(),
+                static_cast<unsigned long long>(d.value("restarts", uint64_t{0})),
+                d.value("last_exit", std::string("none")).c_str(),
+                d.value("supervised", false)
+                    ? (", supervisor pid " + std::to_string(d.value("supervisor_pid", 0))).c_str()
+                    : ", no supervisor");
+  }
   std::printf("state        %s (index %s)\n", j["state_dir"].get<std::string>().c_str(),
               j["index"].get<std::string>().c_str());
   PrintFleetLines(j);

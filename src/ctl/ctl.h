@@ -118,6 +118,13 @@ int RunStatus(const MountArgs& args);
 int RunLs(const MountArgs& args);
 int RunRescan(const MountArgs& args);
 
+struct RestartArgs {
+  std::string path;    // the mount point or any path inside the mount
+  std::string binary;  // the new daemon; empty: the binary the supervisor runs now
+  bool json = false;
+};
+int RunRestart(const RestartArgs& args);
+
 struct CacheArgs {
   std::string command;  // preload, unpin or evict
   std::string path;

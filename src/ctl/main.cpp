@@ -91,6 +91,17 @@ int main(int argc, char** argv) {
   cmd_rescan->add_option("PATH", rescan_args.path, "A ckptfs mount point or any path inside one")->required();
   cmd_rescan->add_flag("--json", rescan_args.json, "Print JSON");
 
+  RestartArgs restart_args;
+  auto* cmd_restart = app.add_subcommand(
+      "restart", "Hand a mount to a new daemon without unmounting it (root or the mount's owner; needs\n"
+                 "supervise=on): the supervisor starts the new binary, it takes the FUSE connection over, the old\n"
+                 "daemon finishes the requests in hand and exits. Waits until the new daemon serves");
+  cmd_restart->add_option("PATH", restart_args.path, "A ckptfs mount point or any path inside one")->required();
+  cmd_restart->add_option("--binary", restart_args.binary,
+                          "The ckptfs to run (an absolute path; default: the one installed where the running\n"
+                          "one was started from, e.g. after a package upgrade)");
+  cmd_restart->add_flag("--json", restart_args.json, "Print JSON");
+
   CacheArgs preload_args, unpin_args, evict_args;
   preload_args.command = protocol::kPreload;
   unpin_args.command = protocol::kUnpin;
@@ -161,6 +172,7 @@ int main(int argc, char** argv) {
   if (*cmd_status) return RunStatus(status_args);
   if (*cmd_ls) return RunLs(ls_args);
   if (*cmd_rescan) return RunRescan(rescan_args);
+  if (*cmd_restart) return RunRestart(restart_args);
   if (*cmd_preload) return RunCacheCommand(preload_args);
   if (*cmd_unpin) return RunCacheCommand(unpin_args);
   if (*cmd_evict) return RunCacheCommand(evict_args);

@@ -13,6 +13,7 @@
 #include "cache_sizing.h"
 #include "gpu_probe.h"
 #include "kernel_tuning.h"
+#include "supervised_mount.h"
 #include "test_hooks.h"
 
 namespace ckptfs::daemon {
@@ -32,8 +33,9 @@ Status CheckDirectory(const std::string& what, const std::string& path, struct s
 
 }  // namespace
 
-Result<std::unique_ptr<Daemon>> Daemon::Create(MountOptions o, DaemonLog* log, const char* argv0) {
-  std::unique_ptr<Daemon> d(new Daemon(std::move(o), log));
+Result<std::unique_ptr<Daemon>> Daemon::Create(MountOptions o, DaemonLog* log, const char* argv0,
+                                               std::unique_ptr<FdHandover> handover) {
+  std::unique_ptr<Daemon> d(new Daemon(std::move(o), log, std::move(handover)));
   struct stat source_st;
   if (Status s = d->CheckPaths(&source_st); !s.ok()) return s;
   // The GPU tier, decided before mounting so a bad gpu= option stops us here.
@@ -41,7 +43,16 @@ Result<std::unique_ptr<Daemon>> Daemon::Create(MountOptions o, DaemonLog* log, c
   if (!cuda_device.ok()) return cuda_device.status();
   d->cuda_device_ = *cuda_device;
   if (Status s = d->OpenIndexAndView(source_st, argv0); !s.ok()) return s;
+  // The supervisor only holds the mount: its children watch and serve.
+  if (d->supervising()) return d;
+  if (d->handover_ && FailStartForTest()) return Status::Error("failing this start for a test (CKPTFS_TEST_FAIL_START)");
+  d->StartWatcher();
   return d;
+}
+
+int Daemon::RunSupervisor(int argc, char** argv) {
+  index_.reset();
+  return daemon::RunSupervisor(session_->Release(), options_, argc, argv, *log_);
 }
 
 // Everything about the paths that can be refused is refused before
@@ -49,14 +60,18 @@ Result<std::unique_ptr<Daemon>> Daemon::Create(MountOptions o, DaemonLog* log, c
 Status Daemon::CheckPaths(struct stat* source_st) {
   MountOptions& o = options_;
   if (Status s = CheckDirectory("source", o.source, source_st); !s.ok()) return s;
+  // A supervised daemon's mount point is mounted already, by its supervisor:
+  // a stat would wait on the very connection this process is to serve.
   struct stat mount_st;
-  if (Status s = CheckDirectory("mount point", o.mountpoint, &mount_st); !s.ok()) return s;
+  if (!handover_) {
+    if (Status s = CheckDirectory("mount point", o.mountpoint, &mount_st); !s.ok()) return s;
+  }
   state_dir_ = o.state_dir.empty() ? DefaultStateDir() : o.state_dir;
   if (Status s = PrepareStateDir(state_dir_); !s.ok()) {
     return Status::Error(s.message() + " (choose another with -o state=DIR)");
   }
   const std::string real_source = RealPath(o.source);
-  const std::string real_mountpoint = RealPath(o.mountpoint);
+  const std::string real_mountpoint = handover_ ? o.mountpoint : RealPath(o.mountpoint);
   if (real_source == real_mountpoint) return Status::Error("mount point " + o.mountpoint + " is the source itself");
   std::vector<std::string> warnings;
   auto manifests = OpenManifestStore(o, &warnings);
@@ -86,7 +101,10 @@ Status Daemon::OpenIndexAndView(const struct stat& source_st, const char* argv0)
   for (const auto& w : warnings) spdlog::warn("{}", w);
   if (!index.ok()) return index.status();
   index_ = std::move(*index);
+  return Status::Ok();
+}
 
+void Daemon::StartWatcher() {
   CatalogWatcher::Options wo;
   wo.source = options_.source;
   wo.catalog.symlinks = options_.symlinks;
@@ -103,19 +121,25 @@ Status Daemon::OpenIndexAndView(const struct stat& source_st, const char* argv0)
     for (InodeId ino : changes.inodes) se->InvalidateInode(ino, -1, 0);
   });
   watcher_->ShowIndexed();
-  return Status::Ok();
 }
 
 Status Daemon::Mount() {
-  if (!session_->Mount(options_.mountpoint).ok()) {
-    return Status::Error("cannot mount " + options_.source + " at " + options_.mountpoint +
-                         " (is /dev/fuse there, and fusermount3 installed?)");
+  if (handover_) {
+    if (Status s = AttachToConnection(); !s.ok()) return s;
+  } else {
+    if (!session_->Mount(options_.mountpoint).ok()) {
+      return Status::Error("cannot mount " + options_.source + " at " + options_.mountpoint +
+                           " (is /dev/fuse there, and fusermount3 installed?)");
+    }
+    log_->BeforeDaemonize();
+    ConnectionSetup setup;
+    setup.fd = fuse_session_fd(session_->get());
+    if (Status s = AttachConnection(ctx_, session_->get(), options_.passthrough, std::move(setup)); !s.ok()) {
+      spdlog::warn("kernel passthrough off: {}", s.message());
+    }
   }
-  log_->BeforeDaemonize();
-  if (Status s = AttachPassthrough(ctx_, session_->get(), options_.passthrough); !s.ok()) {
-    spdlog::warn("kernel passthrough off: {}", s.message());
-  }
-  if (fuse_daemonize(options_.foreground) != 0) return Status::Error("cannot daemonize");
+  // The supervisor mounted and daemonized already.
+  if (fuse_daemonize(options_.foreground || handover_ != nullptr) != 0) return Status::Error("cannot daemonize");
   log_->AfterMount();
   // Another path to our own mount (a bind mount inside SRC) is refused by
   // its device, known only now that it is mounted.
@@ -131,6 +155,28 @@ Status Daemon::Mount() {
   spdlog::info("mounted {} at {} (state {}, index {})", options_.source, options_.mountpoint, state_dir_,
                index_->path());
   watcher_->Start();
+  if (handover_) {
+    handover_->Listen(ctx_);
+    handover_->SendReady();
+  }
+  return Status::Ok();
+}
+
+// Serves the supervisor's /dev/fuse descriptor: as its first daemon, or
+// taking over from one that died or is handing over (then with the
+// connection's INIT request, replayed to libfuse).
+Status Daemon::AttachToConnection() {
+  FdHandover* handover = handover_.get();
+  ConnectionSetup setup{handover->fuse_fd(), handover->adopted_init(), /*shared_device=*/true,
+                        [handover](const std::vector<uint8_t>& init) { handover->SendInit(init); }};
+  Status s = AttachConnection(ctx_, session_->get(), options_.passthrough, std::move(setup));
+  if (!session_->InstallSignalHandlers() || !s.ok()) {
+    return Status::Error("cannot serve the supervisor's FUSE connection: " + s.message());
+  }
+  log_->BeforeDaemonize();
+  // The first daemon of a daemonized mount still holds its starter's streams
+  // (for the errors of a failed start); not from here on.
+  if (!options_.foreground) DetachStandardStreams();
   return Status::Ok();
 }
 
@@ -171,6 +217,12 @@ void Daemon::StartCaches() {
 }
 
 void Daemon::StartControl() {
+  // What was pinned is pinned again by a daemon that takes the mount over; a
+  // new mount starts with nothing pinned.
+  pins_ = std::make_unique<PinList>(state_dir_, options_.mountpoint);
+  const bool taking_over = handover_ && !handover_->adopted_init().empty();
+  if (!taking_over) pins_->Clear();
+  if (taking_over) repin_ = std::thread([this] { RestorePins(ctx_, *pins_, stop_repin_); });
   commands_ = std::make_unique<CommandTable>(MakeCommands());
   control_ = std::make_unique<ControlServer>(ControlSocketPath(options_.mountpoint, state_dir_), commands_->AsHandler());
   if (Status s = control_->Start(); !s.ok()) {
@@ -180,7 +232,12 @@ void Daemon::StartControl() {
   }
 }
 
-bool Daemon::Serve() { return session_->Loop(std::max(4u, 2 * EffectiveThreads(options_.threads))) == 0; }
+// A cloned descriptor is this process's own: at a crash the kernel fails the
+// requests read from it. Under a supervisor every request is read from the
+// shared descriptor, so the successor's resend retries them.
+bool Daemon::Serve() {
+  return session_->Loop(std::max(4u, 2 * EffectiveThreads(options_.threads)), /*clone_fd=*/!handover_) == 0;
+}
 
 void Daemon::RequestRescan() {
   if (watcher_) watcher_->RequestRescan();
@@ -194,8 +251,11 @@ void Daemon::Shutdown() {
   if (readahead_setter_.joinable()) readahead_setter_.join();
   // Intake first: no new commands, fills or read-ahead. Queued read-ahead is
   // dropped, not run: it would call into the watcher and the index.
+  if (handover_) handover_->Stop(ctx_);  // a drained daemon hands its open inodes over
   if (control_) control_->Stop();
+  stop_repin_ = true;
   if (filler_) filler_->Stop();
+  if (repin_.joinable()) repin_.join();
   if (readahead_pool_) readahead_pool_->Cancel();
   // The watcher's thread: an in-progress walk or hash stops at its next step.
   if (watcher_) watcher_->Stop();

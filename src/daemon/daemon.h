@@ -11,6 +11,8 @@
 // fuse_daemonize, because a fork keeps only the thread that called it.
 #pragma once
 
+#include <ctime>
+
 #include <atomic>
 #include <memory>
 #include <string>
@@ -26,6 +28,8 @@
 #include "ckptfs/fuse_ops.h"
 #include "ckptfs/header_stamper.h"
 #include "ckptfs/index.h"
+#include "fd_handover.h"
+#include "pin_list.h"
 #include "ckptfs/manifest_store.h"
 #include "ckptfs/source_filesystem.h"
 #include "ckptfs/mount_options.h"
@@ -44,12 +48,24 @@ class Daemon {
   // an index that cannot be opened. Puts every checkpoint the index knows in
   // the view, so that when `mount` returns they are visible. Mounts nothing.
   // `log` must outlive the daemon.
-  static Result<std::unique_ptr<Daemon>> Create(MountOptions o, DaemonLog* log, const char* argv0);
+  // `handover`: set when a supervisor started this process to serve the
+  // mount it holds (FdHandover::FromEnvironment); then the mount point is
+  // not looked at (a stat would wait on the connection this process is to
+  // serve).
+  static Result<std::unique_ptr<Daemon>> Create(MountOptions o, DaemonLog* log, const char* argv0,
+                                                std::unique_ptr<FdHandover> handover);
   ~Daemon();  // Shutdown()
   Daemon(const Daemon&) = delete;
   Daemon& operator=(const Daemon&) = delete;
 
-  // Mounts, daemonizes (unless -f), then builds the cache tiers and starts
+  // With supervise=on and no supervisor yet, this process becomes the
+  // supervisor: it mounts, and children serve (supervised_mount.h).
+  bool supervising() const { return options_.supervise && !handover_; }
+  // Gives the FUSE session to the supervisor and runs it; its exit status.
+  int RunSupervisor(int argc, char** argv);
+
+  // Mounts (or, under a supervisor, attaches to its connection), daemonizes
+  // (unless -f), then builds the cache tiers and starts
   // every thread: fills, read-ahead, the watcher, the control server.
   Status Mount();
   // Serves FUSE requests until unmounted or signalled; false when the loop
@@ -65,10 +81,15 @@ class Daemon {
   void RequestRescan();
 
  private:
-  Daemon(MountOptions o, DaemonLog* log) : options_(std::move(o)), log_(log) {}
+  Daemon(MountOptions o, DaemonLog* log, std::unique_ptr<FdHandover> handover)
+      : options_(std::move(o)), log_(log), handover_(std::move(handover)), started_at_(std::time(nullptr)) {}
 
   Status CheckPaths(struct stat* source_st);
   Status OpenIndexAndView(const struct stat& source_st, const char* argv0);
+  void StartWatcher();
+  Status AttachToConnection();
+  nlohmann::json DaemonStatusJson();
+  nlohmann::json RecordPins(const ControlServer::Request& r, nlohmann::json reply);
   void StartCaches();
   void StartControl();
   CommandTable MakeCommands();
@@ -77,6 +98,8 @@ class Daemon {
   // and the destructor take them down from the bottom up.
   MountOptions options_;  // with canonical source and mount point
   DaemonLog* log_;
+  std::unique_ptr<FdHandover> handover_;  // the supervisor's link, if one started us
+  const int64_t started_at_;              // seconds since the epoch
   std::string state_dir_;
   SourceFilesystem source_fs_;                // what SRC is on; decides the rescan default
   std::unique_ptr<ManifestStore> manifests_;  // manifests=DIR (a fleet's shared records), or null
@@ -94,6 +117,9 @@ class Daemon {
   std::unique_ptr<ThreadPool> readahead_pool_;
   HeaderStamper stamper_;
   std::unique_ptr<FileFiller> filler_;
+  std::unique_ptr<PinList> pins_;  // pinned paths, re-pinned by a daemon that takes the mount over
+  std::atomic<bool> stop_repin_{false};
+  std::thread repin_;
   std::unique_ptr<CommandTable> commands_;
   std::unique_ptr<ControlServer> control_;
   std::thread readahead_setter_;  // raises the BDI read-ahead after INIT

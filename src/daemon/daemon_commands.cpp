@@ -22,6 +22,7 @@ CommandTable Daemon::MakeCommands() {
             const MountFacts facts{&options_, state_dir_, index_->path(), log_->destination()};
             auto status = StatusJson(visible(r), *watcher_, facts, ctx_);
             AddFleetStatus(status, manifests_.get(), source_fs_, options_);
+            status["daemon"] = DaemonStatusJson();
             return status;
           }),
       row(protocol::kLs, [this, visible](const Request& r) { return LsJson(visible(r), *view_, options_.source); }),
@@ -29,15 +30,36 @@ CommandTable Daemon::MakeCommands() {
           [this, visible](const Request& r) {
             return HandleStats(ctx_, VisibleByName(visible(r), *view_, options_.source));
           }),
-      row(protocol::kPreload, [this](const Request& r) { return HandlePreload(ctx_, r); }),
-      row(protocol::kUnpin, [this](const Request& r) { return HandleUnpin(ctx_, r); }),
-      row(protocol::kEvict, [this](const Request& r) { return HandleEvict(ctx_, r); }),
+      // A daemon that takes the mount over pins what was pinned (pin_list.h).
+      row(protocol::kPreload, [this](const Request& r) { return RecordPins(r, HandlePreload(ctx_, r)); }),
+      row(protocol::kUnpin, [this](const Request& r) { return RecordPins(r, HandleUnpin(ctx_, r)); }),
+      row(protocol::kEvict, [this](const Request& r) { return RecordPins(r, HandleEvict(ctx_, r)); }),
       row(protocol::kRescan,
           [this](const Request&) {
             watcher_->RequestRescan();
             return protocol::OkReply();
           }),
+      row(protocol::kRestart,
+          [this](const Request& r) {
+            if (handover_) return handover_->HandleRestart(r);
+            return nlohmann::json{{protocol::kOk, false},
+                                  {protocol::kError,
+                                   "this mount has no supervisor (supervise=off): unmount and mount it again"}};
+          }),
   });
+}
+
+nlohmann::json Daemon::RecordPins(const ControlServer::Request& r, nlohmann::json reply) {
+  pins_->Record(r, reply);
+  return reply;
+}
+
+// Start time, restarts and the last exit (from the supervisor), and whether
+// the kernel retries the requests a dead daemon held.
+nlohmann::json Daemon::DaemonStatusJson() {
+  nlohmann::json j = handover_ ? handover_->StatusJson() : UnsupervisedStatusJson(started_at_);
+  j["kernel_resend"] = KernelHasResend(ctx_);
+  return j;
 }
 
 }  // namespace ckptfs::daemon

@@ -1,5 +1,7 @@
 #include "fuse_session.h"
 
+#include <utility>
+
 #include <algorithm>
 
 namespace ckptfs::daemon {
@@ -34,9 +36,21 @@ Status FuseSession::Mount(const std::string& mountpoint) {
   return Status::Ok();
 }
 
-int FuseSession::Loop(unsigned max_threads) {
+bool FuseSession::InstallSignalHandlers() {
+  handlers_ = handlers_ || fuse_set_signal_handlers(se_) == 0;
+  return handlers_;
+}
+
+fuse_session* FuseSession::Release() {
+  if (handlers_) fuse_remove_signal_handlers(se_);
+  handlers_ = false;
+  mounted_ = false;
+  return std::exchange(se_, nullptr);
+}
+
+int FuseSession::Loop(unsigned max_threads, bool clone_fd) {
   fuse_loop_config* cfg = fuse_loop_cfg_create();
-  fuse_loop_cfg_set_clone_fd(cfg, 1);
+  fuse_loop_cfg_set_clone_fd(cfg, clone_fd ? 1 : 0);
   fuse_loop_cfg_set_max_threads(cfg, max_threads);
   const int rc = fuse_session_loop_mt(se_, cfg);
   fuse_loop_cfg_destroy(cfg);

@@ -27,7 +27,14 @@ class FuseSession {
   Status Mount(const std::string& mountpoint);
   // Serves requests on `max_threads` threads at most, each with its own
   // /dev/fuse descriptor, until unmounted or signalled; libfuse's result.
-  int Loop(unsigned max_threads);
+  // `clone_fd` false: every thread reads the session's own descriptor.
+  int Loop(unsigned max_threads, bool clone_fd = true);
+  // libfuse's signal handlers (INT, TERM, HUP end the loop) without
+  // mounting: for a descriptor a supervisor mounted.
+  bool InstallSignalHandlers();
+  // Hands the session over (to the supervisor, which mounts and destroys
+  // it); this object then owns nothing.
+  fuse_session* Release();
   // Unmounts (if mounted) and removes the signal handlers; the destructor
   // also does this.
   void Unmount();

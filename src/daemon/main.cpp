@@ -54,7 +54,10 @@ int main(int argc, char** argv) {
   // is a relic of select(), and running out would turn reads into EIO.
   if (auto limit = RaiseOpenFileLimit(); !limit.ok()) spdlog::warn("{}", limit.status().message());
 
-  auto daemon = daemon::Daemon::Create(std::move(*parsed), log->get(), argv[0]);
+  // Set when a supervisor started this process to serve its mount.
+  auto handover = daemon::FdHandover::FromEnvironment();
+  auto daemon = daemon::Daemon::Create(std::move(*parsed), log->get(), argv[0], std::move(handover));
+  if (daemon.ok() && (*daemon)->supervising()) return (*daemon)->RunSupervisor(argc, argv);
   Status started = daemon.ok() ? (*daemon)->Mount() : daemon.status();
   if (!started.ok()) {
     spdlog::critical("{}", started.message());

@@ -140,6 +140,9 @@ Status ApplyOption(const std::string& opt, MountOptions& o) {
       return Status::Error("option fill=" + value + ": expected open, wait, preload or off");
     }
     o.fill = value;
+  } else if (key == "supervise") {
+    if (value != "on" && value != "off") return Status::Error("option supervise=" + value + ": expected on or off");
+    o.supervise = value == "on";
   } else if (key == "fsname") {
     if (Status s = need_value(); !s.ok()) return s;
     o.fsname = value;
@@ -329,6 +332,12 @@ ckptfs options (-o):
   manifest_sign=FILE   Ed25519 private key (PEM, from ckptfsctl keygen) that
                        signs the records this node publishes; its public
                        half is trusted too
+  supervise=on|off     on (default): a small supervisor process holds the
+                       mount and runs the serving daemon as its child; when
+                       the daemon dies it starts another, which takes the
+                       mount over (no "Transport endpoint is not connected"),
+                       and `ckptfsctl restart` upgrades it in place; off: one
+                       process, and the mount dies with it
   stamp_headers        serve each *.safetensors file with "ckptfs.checkpoint"
                        and "ckptfs.sha256" added to its header's __metadata__,
                        so caches keyed on raw headers tell checkpoints apart
@@ -348,9 +357,12 @@ fstab: type ckptfs (through mount.ckptfs) or fuse.ckptfs (through mount.fuse3):
   SRC  /models  ckptfs       ro,allow_other,nofail  0 0
   SRC  /models  fuse.ckptfs  ro,allow_other,nofail  0 0
 
-Recovery after the daemon was killed ("Transport endpoint is not
-connected"): fusermount3 -u -z MOUNTPOINT (or umount -l MOUNTPOINT), then
-mount again.
+Restart and upgrade: with supervise=on a daemon that dies is restarted and
+resumes the mount; `ckptfsctl restart MOUNTPOINT` hands it to a new binary.
+SIGTERM to the supervisor (the process mount started) unmounts.
+Recovery after the whole mount died ("Transport endpoint is not connected";
+supervise=off, or the supervisor was killed): fusermount3 -u -z MOUNTPOINT
+(or umount -l MOUNTPOINT), then mount again.
 )";
 }
 

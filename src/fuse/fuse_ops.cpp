@@ -18,6 +18,8 @@
 #include "ckptfs/file_filler.h"
 #include "ckptfs/header_stamper.h"
 #include "ckptfs/unique_fd.h"
+#include "connection_io.h"
+#include "open_handles.h"
 #include "passthrough_shim.h"
 #include "request_caller.h"
 
@@ -171,22 +173,18 @@ void ReadLink(fuse_req_t req, fuse_ino_t ino) {
   fuse_reply_readlink(req, n->link_target.c_str());
 }
 
-// A directory listing fixed at opendir, so offsets stay meaningful while the
-// view changes underneath.
-struct DirHandle {
-  std::vector<std::pair<std::string, View::NodePtr>> entries;
-};
-
-void OpenDir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+// The listing of directory `ino` as this request's caller sees it, or null
+// after replying with why not.
+std::shared_ptr<DirHandle> ListDir(fuse_req_t req, fuse_ino_t ino) {
   auto& ctx = Ctx(req);
   auto n = NodeOrReply(req, ino);
-  if (!n) return;
+  if (!n) return nullptr;
   if (n->kind != View::Kind::kDir) {
     fuse_reply_err(req, ENOTDIR);
-    return;
+    return nullptr;
   }
-  if (!Allowed(req, *n, kWantRead)) return;
-  auto h = std::make_unique<DirHandle>();
+  if (!Allowed(req, *n, kWantRead)) return nullptr;
+  auto h = std::make_shared<DirHandle>();
   h->entries.emplace_back(".", n);
   // ".." as the directory that lists this one; the mount root's parent lies
   // outside the filesystem, so its ".." is itself, as in every FUSE root.
@@ -200,14 +198,28 @@ void OpenDir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     auto c = ctx.view->Get(child);
     if (c && (!filter || MayAccess(c->access, caller, 0))) h->entries.emplace_back(name, c);
   }
-  fi->fh = reinterpret_cast<uint64_t>(h.release());
-  fi->cache_readdir = n->immutable && OpenToEveryone(n->access, kWantRead | kWantSearch);
-  fi->keep_cache = n->immutable;
-  fuse_reply_open(req, fi);
+  return h;
 }
 
-void ReadDir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
-  auto* h = reinterpret_cast<DirHandle*>(fi->fh);
+void OpenDir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  auto& ctx = Ctx(req);
+  auto h = ListDir(req, ino);
+  if (!h) return;
+  const View::Node& n = *h->entries.front().second;
+  fi->fh = ctx.handles->AddDir(h);
+  fi->cache_readdir = n.immutable && OpenToEveryone(n.access, kWantRead | kWantSearch);
+  fi->keep_cache = n.immutable;
+  if (fuse_reply_open(req, fi) == -ENOENT) ctx.handles->RemoveDir(fi->fh);  // interrupted: no release comes
+}
+
+void ReadDir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
+  auto& ctx = Ctx(req);
+  auto h = ctx.handles->Dir(fi->fh);
+  if (!h) {  // opened by the daemon this one took over from: list it again
+    h = ListDir(req, ino);
+    if (!h) return;
+    ctx.handles->AdoptDir(fi->fh, h);
+  }
   std::vector<char> buf(size);
   size_t used = 0;
   for (size_t i = static_cast<size_t>(off); i < h->entries.size(); ++i) {
@@ -221,20 +233,9 @@ void ReadDir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info*
 }
 
 void ReleaseDir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
-  delete reinterpret_cast<DirHandle*>(fi->fh);
+  Ctx(req).handles->RemoveDir(fi->fh);  // unknown (a predecessor's): nothing to free
   fuse_reply_err(req, 0);
 }
-
-// Per open file: how it is served (see Open) and, on the chunk path, where
-// the last read ended, to spot a sequential reader, and how far ahead chunks
-// have been requested.
-struct OpenFile {
-  View::NodePtr node;
-  FileKey key;                // its host-tier key in the form it is served
-  FileCache::CopyPtr copy;    // a resident copy it reads from (or passthrough's backing)
-  std::atomic<uint64_t> next_offset{0};
-  std::atomic<uint64_t> readahead_until{0};  // chunks below this were requested
-};
 
 // The first open of an inode chooses: passthrough when the file is resident
 // and the kernel gives backing files, else the chunk path (see OpenModes).
@@ -278,13 +279,13 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   }
   if (!Allowed(req, *n, kWantRead)) return;
   if (n->content) {  // a file the daemon holds itself (a hub ref): no source, no copy
-    auto f = std::make_unique<OpenFile>();
+    auto f = std::make_shared<OpenFile>();
     f->node = n;
     ++ctx.open_files;
-    fi->fh = reinterpret_cast<uint64_t>(f.release());
+    fi->fh = ctx.handles->AddFile(f);
     fi->keep_cache = 1;
     fi->noflush = 1;
-    fuse_reply_open(req, fi);
+    if (fuse_reply_open(req, fi) == -ENOENT && ctx.handles->TakeFile(fi->fh)) --ctx.open_files;
     return;
   }
   auto form = ServedFormOf(ctx, n);
@@ -298,7 +299,7 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       spdlog::debug("{}: not copied at open: {}", n->source_path, filled.status().message());
     }
   }
-  auto f = std::make_unique<OpenFile>();
+  auto f = std::make_shared<OpenFile>();
   f->node = n;
   f->key = form->key;
   ++ctx.open_files;
@@ -306,7 +307,7 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       ino, [&] { return ChooseMode(ctx, req, form->key); },
       [&] { return ctx.files != nullptr ? ctx.files->Find(form->key, /*use=*/false) : nullptr; });
   f->copy = choice.copy;
-  fi->fh = reinterpret_cast<uint64_t>(f.get());
+  fi->fh = ctx.handles->AddFile(f);
   int sent;
   if (choice.passthrough) {
     ctx.opens.Count("passthrough");
@@ -320,10 +321,39 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   }
   if (sent == -ENOENT) {  // the open was interrupted: no release will come
     ctx.open_modes.Release(ino);
+    ctx.handles->TakeFile(fi->fh);
     --ctx.open_files;
-    return;
   }
-  (void)f.release();
+}
+
+// The open file `fh`. One opened by the daemon this one took over from is
+// rebuilt from its inode, which names the file (inode numbers are derived
+// from what a node is), and served by the chunk path: passthrough opens
+// never send reads. Null after replying EIO (a node no longer in the view).
+std::shared_ptr<OpenFile> FileOrAdopt(fuse_req_t req, fuse_ino_t ino, uint64_t fh) {
+  auto& ctx = Ctx(req);
+  if (auto f = ctx.handles->File(fh)) return f;
+  auto n = ctx.view->Get(ino);
+  auto f = std::make_shared<OpenFile>();
+  f->node = n;
+  Result<ServedForm> form = Status::Error("not a file");
+  if (n && n->kind == View::Kind::kFile && !n->content) form = ServedFormOf(ctx, n);
+  if (!n || n->kind != View::Kind::kFile || (!n->content && !form.ok())) {
+    ++ctx.failed_reads;
+    fuse_reply_err(req, EIO);
+    return nullptr;
+  }
+  if (form.ok()) f->key = form->key;
+  f->inherited = ctx.open_modes.HasInherited(ino);  // already counted
+  if (ctx.handles->AdoptFile(fh, f) && !f->inherited) {
+    ++ctx.open_files;
+    // The kernel holds this inode in page-cache mode: opens that join it
+    // must take the chunk path too until the last one is released.
+    ctx.open_modes.Open(
+        ino, [] { return OpenModes::Choice{false, nullptr, nullptr, "opened before a restart"}; },
+        [] { return FileCache::CopyPtr(); });
+  }
+  return f;
 }
 
 // Requests the chunks after `last_chunk` on the read-ahead pool, so the
@@ -395,9 +425,10 @@ void ReadFromCopy(FsContext& ctx, fuse_req_t req, const SealedCopy& copy, size_t
   fuse_reply_buf(req, reinterpret_cast<const char*>(copy.data() + off), n);
 }
 
-void Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
   auto& ctx = Ctx(req);
-  auto* f = reinterpret_cast<OpenFile*>(fi->fh);
+  auto f = FileOrAdopt(req, ino, fi->fh);
+  if (!f) return;
   if (f->node->content) {
     ReadInMemory(req, *f->node->content, size, off);
     return;
@@ -460,9 +491,13 @@ void Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi
 
 void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   auto& ctx = Ctx(req);
-  std::unique_ptr<OpenFile> f(reinterpret_cast<OpenFile*>(fi->fh));
-  --ctx.open_files;
+  auto f = ctx.handles->TakeFile(fi->fh);
   fuse_reply_err(req, 0);
+  if (!f || f->inherited) {  // opened by a daemon this one took over from
+    ctx.open_modes.ReleaseInherited(ino);
+    return;
+  }
+  --ctx.open_files;
   // The last chunk-path reader of a file that is resident now: the next open
   // passes through, and the kernel drops an inode's page cache at every open
   // without keep_cache (passthrough forbids it), on the opener's time; do it
@@ -586,9 +621,62 @@ std::map<std::string, uint64_t> OpenCounts::Get() const {
   return counts_;
 }
 
-Status AttachPassthrough(FsContext& ctx, fuse_session* se, bool wanted) {
-  ctx.passthrough = std::make_shared<KernelPassthrough>(wanted);
-  return ctx.passthrough->Attach(se);
+Status AttachConnection(FsContext& ctx, fuse_session* se, bool passthrough_wanted, ConnectionSetup setup) {
+  ctx.passthrough = std::make_shared<KernelPassthrough>(passthrough_wanted);
+  if (Status s = ctx.passthrough->Attach(setup.fd); !s.ok()) ctx.passthrough->Disable(s.message());
+  ConnectionIo::Options io;
+  io.adopted_init = std::move(setup.adopted_init);
+  io.shared_device = setup.shared_device;
+  io.on_init_request = std::move(setup.on_init_request);
+  io.passthrough = ctx.passthrough.get();
+  ctx.connection = std::make_shared<ConnectionIo>(std::move(io));
+  return ctx.connection->Install(se, setup.fd);
+}
+
+void DrainConnection(FsContext& ctx) {
+  if (ctx.passthrough) ctx.passthrough->KeepBackingsOpen();  // the successor may inherit them
+  if (ctx.connection) ctx.connection->Drain();
+}
+
+Status ResendRequests(FsContext& ctx) {
+  if (!ctx.connection) return Status::Error("no FUSE connection");
+  return ctx.connection->Resend();
+}
+
+bool KernelHasResend(const FsContext& ctx) { return ctx.connection && ctx.connection->kernel_has_resend(); }
+
+std::vector<InheritedInode> HandOverOpenInodes(FsContext& ctx) {
+  if (ctx.passthrough) ctx.passthrough->KeepBackingsOpen();
+  std::vector<InheritedInode> out;
+  for (const auto& [ino, held] : ctx.open_modes.Snapshot()) {
+    const bool passthrough = held.choice.passthrough && held.choice.backing;
+    out.push_back({ino, held.opens, passthrough ? KernelPassthrough::BackingId(*held.choice.backing) : 0});
+  }
+  return out;
+}
+
+void WatchOpenInodes(FsContext& ctx, std::function<void(const InheritedInode&)> watch) {
+  ctx.open_modes.SetObserver([watch = std::move(watch)](uint64_t ino, uint64_t opens, const OpenModes::Choice& c) {
+    const bool passthrough = c.passthrough && c.backing;
+    watch({ino, opens, passthrough ? KernelPassthrough::BackingId(*c.backing) : 0});
+  });
+}
+
+void InheritOpenInodes(FsContext& ctx, const std::vector<InheritedInode>& inodes) {
+  std::vector<int> kept;
+  for (const auto& i : inodes) {
+    OpenModes::Choice c;
+    if (i.backing_id > 0 && ctx.passthrough) {
+      c.passthrough = true;
+      c.backing = ctx.passthrough->AdoptBacking(i.backing_id);
+      kept.push_back(i.backing_id);
+    } else {
+      c.why = "open through the chunk path before a restart";
+    }
+    ctx.open_modes.Inherit(i.ino, i.opens, std::move(c));
+  }
+  if (ctx.passthrough) ctx.passthrough->CloseStaleBackings(kept);
+  if (ctx.connection) ctx.connection->Admit();
 }
 
 std::pair<std::string, std::string> PassthroughState(const FsContext& ctx) {

@@ -10,8 +10,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
-#include <vector>
 
 #include <spdlog/spdlog.h>
 
@@ -21,7 +21,6 @@ namespace {
 
 // The kernel ABI, include/uapi/linux/fuse.h 7.40 (Debian 12's linux-libc-dev
 // is 7.38 and has none of it). Offsets are those of the packed wire structs.
-constexpr uint32_t kOpInit = 26;
 constexpr size_t kInHeaderSize = 40;        // struct fuse_in_header
 constexpr size_t kOutHeaderSize = 16;       // struct fuse_out_header
 constexpr size_t kInitInFlags = 12;         // fuse_init_in.flags
@@ -102,34 +101,10 @@ void KernelPassthrough::Settle(Mode mode, const std::string& why) {
 
 void KernelPassthrough::Disable(const std::string& why) { Settle(Mode::kOff, why); }
 
-namespace {
-
-// The session's userdata is the FsContext; its passthrough is this object.
-ssize_t ShimRead(int fd, void* buf, size_t len, void* userdata) {
-  return static_cast<FsContext*>(userdata)->passthrough->Read(fd, buf, len);
-}
-ssize_t ShimWritev(int fd, struct iovec* iov, int count, void* userdata) {
-  return static_cast<FsContext*>(userdata)->passthrough->Writev(fd, iov, count);
-}
-
-}  // namespace
-
-Status KernelPassthrough::Attach(fuse_session* se) {
-  dev_.reset(::fcntl(fuse_session_fd(se), F_DUPFD_CLOEXEC, 3));
+Status KernelPassthrough::Attach(int fd) {
+  dev_.reset(::fcntl(fd, F_DUPFD_CLOEXEC, 3));
   if (!dev_.valid()) return Status::FromErrno("cannot duplicate the /dev/fuse descriptor", errno);
-  if (!wanted_) return Status::Ok();
-#if CKPTFS_LIBFUSE_PASSTHROUGH
   return Status::Ok();
-#else
-  fuse_custom_io io{};
-  io.read = ShimRead;
-  io.writev = ShimWritev;
-  if (int rc = fuse_session_custom_io(se, &io, fuse_session_fd(se)); rc != 0) {
-    Disable("libfuse refused the custom io that watches INIT (" + std::string(std::strerror(-rc)) + ")");
-    return Status::Ok();
-  }
-  return Status::Ok();
-#endif
 }
 
 void KernelPassthrough::OnInit([[maybe_unused]] fuse_conn_info* conn) {
@@ -147,14 +122,9 @@ void KernelPassthrough::OnInit([[maybe_unused]] fuse_conn_info* conn) {
 #endif
 }
 
-ssize_t KernelPassthrough::Read(int fd, void* buf, size_t len) {
-  const ssize_t n = ::read(fd, buf, len);
-  if (n < static_cast<ssize_t>(kInHeaderSize + kInitInFlags2 + 4) || init_seen_.load(std::memory_order_relaxed)) return n;
-  const auto* p = static_cast<const uint8_t*>(buf);
-  if (Load32(p + 4) != kOpInit) return n;
-  uint64_t unique;
-  std::memcpy(&unique, p + 8, sizeof unique);
-  init_unique_ = unique;
+void KernelPassthrough::OnInitRequest([[maybe_unused]] const uint8_t* p, [[maybe_unused]] size_t n) {
+#if !CKPTFS_LIBFUSE_PASSTHROUGH
+  if (!wanted_ || n < kInHeaderSize + kInitInFlags2 + 4) return;
   const uint32_t flags = Load32(p + kInHeaderSize + kInitInFlags);
   const uint32_t flags2 = (flags & kInitExt) ? Load32(p + kInHeaderSize + kInitInFlags2) : 0;
   if (!(flags2 & kPassthroughFlags2)) {
@@ -164,44 +134,31 @@ ssize_t KernelPassthrough::Read(int fd, void* buf, size_t len) {
   } else {
     ask_ = true;
   }
-  init_seen_ = true;
-  return n;
+#endif
 }
 
-ssize_t KernelPassthrough::Writev(int fd, struct iovec* iov, int count) {
-  size_t total = 0;
-  for (int i = 0; i < count; ++i) total += iov[i].iov_len;
-  if (!ask_ || total != kOutHeaderSize + kInitOutSize || count < 1 || iov[0].iov_len < kOutHeaderSize) {
-    return ::writev(fd, iov, count);
-  }
-  uint64_t unique;
-  std::memcpy(&unique, static_cast<const uint8_t*>(iov[0].iov_base) + 8, sizeof unique);
-  if (unique != init_unique_.load() || !ask_.exchange(false)) return ::writev(fd, iov, count);  // one INIT per connection
-  // The reply, copied so that libfuse's own buffer is left as it was.
-  std::vector<uint8_t> reply(total);
-  size_t at = 0;
-  for (int i = 0; i < count; ++i) {
-    std::memcpy(reply.data() + at, iov[i].iov_base, iov[i].iov_len);
-    at += iov[i].iov_len;
-  }
+bool KernelPassthrough::PatchInitReply(std::vector<uint8_t>& reply) {
+  if (!ask_.exchange(false) || reply.size() != kOutHeaderSize + kInitOutSize) return false;
   uint8_t* out = reply.data() + kOutHeaderSize;
   const uint32_t flags = Load32(out + kInitOutFlags);
   if (Load32(reply.data() + 4) != 0 || (flags & kWritebackCache)) {
     Disable("the INIT reply is an error or asks for the writeback cache, which passthrough excludes");
-    return ::writev(fd, iov, count);
+    return false;
   }
   Store32(out + kInitOutFlags, flags | kInitExt);
   Store32(out + kInitOutFlags2, Load32(out + kInitOutFlags2) | kPassthroughFlags2);
   Store32(out + kInitOutStackDepth, kMaxStackDepth);
-  const ssize_t n = ::write(fd, reply.data(), reply.size());
-  // The kernel processed the reply inside that write: settle the mode now.
-  if (n == static_cast<ssize_t>(reply.size())) ProbeBacking();
-  return n;
+  return true;
+}
+
+void KernelPassthrough::AfterInitReply(bool adopted) {
+  if (mode() == Mode::kOff) return;
+  ProbeBacking(adopted);
 }
 
 // Whether the kernel gives this daemon backing files: one BACKING_OPEN of an
 // empty memfd, closed at once.
-void KernelPassthrough::ProbeBacking() {
+void KernelPassthrough::ProbeBacking(bool adopted) {
   UniqueFd probe(::memfd_create("ckptfs-probe", MFD_CLOEXEC));
   if (!probe.valid()) {
     Disable("memfd_create failed: " + std::string(std::strerror(errno)));
@@ -216,7 +173,31 @@ void KernelPassthrough::ProbeBacking() {
     return;
   }
   CloseBacking(id);
-  Settle(Mode::kOn, "the kernel accepted passthrough at INIT and gives backing files");
+  probe_id_ = id;
+  Settle(Mode::kOn, adopted ? "the kernel gives backing files on the adopted connection"
+                            : "the kernel accepted passthrough at INIT and gives backing files");
+}
+
+// The kernel hands out backing ids from 1 upwards (cyclically), so a
+// predecessor's ids lie below our first one, or just above it where an id
+// was freed. Closing an id only drops the connection's table entry: a file
+// opened with it keeps its own reference to the backing file.
+void KernelPassthrough::CloseStaleBackings(const std::vector<int>& keep) const {
+  constexpr int kMaxSweep = 1 << 20, kMissesAbove = 1024;
+  const int probe_id = probe_id_.load();
+  if (probe_id <= 0) return;  // passthrough never worked on this connection
+  int closed = 0;
+  for (int id = 1, misses = 0; id < kMaxSweep && (id < probe_id || misses < kMissesAbove); ++id) {
+    if (std::find(keep.begin(), keep.end(), id) != keep.end()) continue;
+    uint32_t raw = static_cast<uint32_t>(id);
+    if (::ioctl(dev_.get(), kBackingClose, &raw) == 0) {
+      ++closed;
+      misses = 0;
+    } else if (id > probe_id) {
+      ++misses;
+    }
+  }
+  if (closed > 0) spdlog::info("closed {} backing file id(s) left by the previous daemon", closed);
 }
 
 Result<std::shared_ptr<CopyAttachment>> KernelPassthrough::OpenBacking([[maybe_unused]] fuse_req_t req, int fd) {
@@ -240,7 +221,16 @@ Result<std::shared_ptr<CopyAttachment>> KernelPassthrough::OpenBacking([[maybe_u
   return std::shared_ptr<CopyAttachment>(std::make_shared<KernelBacking>(shared_from_this(), id));
 }
 
+int KernelPassthrough::BackingId(const CopyAttachment& backing) {
+  return static_cast<const KernelBacking&>(backing).id();
+}
+
+std::shared_ptr<CopyAttachment> KernelPassthrough::AdoptBacking(int id) {
+  return std::make_shared<KernelBacking>(shared_from_this(), id);
+}
+
 void KernelPassthrough::CloseBacking(int id) const {
+  if (keep_backings_) return;
   uint32_t raw = static_cast<uint32_t>(id);
   if (::ioctl(dev_.get(), kBackingClose, &raw) != 0 && errno != ENODEV && errno != ENOTCONN) {
     spdlog::debug("FUSE_DEV_IOC_BACKING_CLOSE {}: {}", id, std::strerror(errno));

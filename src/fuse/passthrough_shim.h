@@ -12,9 +12,10 @@
 //             max_stack_depth = 1 (the backing memfd is on shmem, depth 0);
 //             the kernel offers passthrough by setting the same bit in the
 //             INIT request's flags2. libfuse 3.14 builds the reply itself and
-//             knows neither field, so fuse_session_custom_io() is used to see
-//             the request the kernel sends and to patch the reply libfuse
-//             writes (64 bytes of fuse_init_out after the 16-byte header).
+//             knows neither field, so ConnectionIo (the session's custom io)
+//             shows this class the request the kernel sends and lets it
+//             patch the reply libfuse writes (64 bytes of fuse_init_out
+//             after the 16-byte header).
 //             The negotiated minor stays libfuse's: the kernel only looks at
 //             the flag and the depth.
 //   ioctl     FUSE_DEV_IOC_BACKING_OPEN = _IOW(229, 1, struct fuse_backing_map
@@ -26,11 +27,13 @@
 //             A flag outside the kernel's passthrough mask (FOPEN_KEEP_CACHE
 //             among them) makes the open fail with EIO; FOPEN_NOFLUSH is in it.
 //
-// clone_fd and custom io combine: libfuse 3.14 calls the custom read and
-// writev with the descriptor of the channel at hand (`ch ? ch->fd :
-// se->fd`), and clones channels from se->fd, which stays the /dev/fuse
-// descriptor of the mount. The custom io has no splice hooks, so libfuse
-// offers no splice to the kernel; ckptfs replies with iovecs anyway.
+// Takeover (a daemon that adopts a connection from a dead or draining one):
+// the kernel negotiated passthrough with the first daemon, so the adopted
+// INIT is not answered again; AfterInitReply(adopted) closes the backing ids
+// the predecessor left in the connection (the kernel keeps them until
+// unmount, and each pins a memfd; open files hold their own reference) and
+// then probes, which settles the mode as the kernel has it. This daemon's
+// bookkeeping starts empty: it closes only ids it opened itself.
 #pragma once
 
 #define FUSE_USE_VERSION 312
@@ -41,6 +44,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "ckptfs/sealed_copy.h"
 #include "ckptfs/status.h"
@@ -61,10 +65,8 @@ class KernelPassthrough : public std::enable_shared_from_this<KernelPassthrough>
   // `wanted`: false with passthrough=off (then every open takes the chunk path).
   explicit KernelPassthrough(bool wanted);
 
-  // After fuse_session_mount: keeps a descriptor of the connection for the
-  // ioctls and, without libfuse's API, installs the custom io that watches
-  // INIT. The session's userdata must be the FsContext that points here.
-  Status Attach(fuse_session* se);
+  // Keeps a descriptor of the connection (`fd`) for the ioctls.
+  Status Attach(int fd);
 
   // From the init operation: asks libfuse (3.17+) for passthrough.
   void OnInit(fuse_conn_info* conn);
@@ -83,25 +85,38 @@ class KernelPassthrough : public std::enable_shared_from_this<KernelPassthrough>
   // returns what the reply's send returned (-ENOENT: the open was interrupted).
   int ReplyOpen(fuse_req_t req, fuse_file_info* fi, const CopyAttachment& backing);
 
-  // The custom io (only without libfuse's API).
-  ssize_t Read(int fd, void* buf, size_t len);
-  ssize_t Writev(int fd, struct iovec* iov, int count);
+  // From ConnectionIo (only without libfuse's API): the INIT request the
+  // kernel sent, and the reply to it, patched in place to ask for
+  // passthrough; true if patched.
+  void OnInitRequest(const uint8_t* msg, size_t len);
+  bool PatchInitReply(std::vector<uint8_t>& reply);
+  // The INIT reply reached the kernel (or, `adopted`, it had long ago).
+  void AfterInitReply(bool adopted);
+
+  // Hand-over: this daemon's backing ids stay open when it exits (the
+  // successor serves the inodes that use them); `AdoptBacking` is the
+  // successor's handle on one, closed like its own.
+  void KeepBackingsOpen() { keep_backings_ = true; }
+  static int BackingId(const CopyAttachment& backing);
+  std::shared_ptr<CopyAttachment> AdoptBacking(int id);
+  // After a takeover: closes the backing ids a predecessor left in the
+  // connection (the kernel keeps them until unmount, each pinning a memfd;
+  // open files hold their own reference), except those in `keep`.
+  void CloseStaleBackings(const std::vector<int>& keep) const;
 
  private:
   void CloseBacking(int id) const;
   void Settle(Mode mode, const std::string& why);
-  void ProbeBacking();
+  void ProbeBacking(bool adopted = false);
 
   const bool wanted_;
   UniqueFd dev_;  // a dup of the session's /dev/fuse descriptor
   std::atomic<Mode> mode_{Mode::kPending};
   mutable std::mutex mu_;
   std::string reason_;
-  // INIT, as seen by the custom io (notifications from other threads go
-  // through the same writev).
-  std::atomic<bool> init_seen_{false};
-  std::atomic<uint64_t> init_unique_{0};
-  std::atomic<bool> ask_{false};  // the INIT reply is to ask for passthrough
+  std::atomic<bool> ask_{false};
+  std::atomic<bool> keep_backings_{false};
+  std::atomic<int> probe_id_{0};  // the id the probe got: a predecessor's lie below it  // the INIT reply is to ask for passthrough
   friend class KernelBacking;
 };
 

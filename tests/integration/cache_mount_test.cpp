@@ -234,7 +234,7 @@ TEST_F(CacheMountTest, CacheLargerThanMemoryDoesNotHurtTheDaemon) {
   EXPECT_NE(m->Log().find("cache_size="), std::string::npos) << m->Log();
   EXPECT_TRUE(ReadDirect(mnt_ + "/by-name/m/model.safetensors") == ReadFile(src_ + "/m/model.safetensors"));
   // Memory is taken as the cache fills: the daemon stays small.
-  std::ifstream status("/proc/" + std::to_string(m->pid()) + "/status");
+  std::ifstream status("/proc/" + std::to_string(m->ServingPid()) + "/status");
   std::string line;
   uint64_t rss_kib = 0;
   while (std::getline(status, line)) {

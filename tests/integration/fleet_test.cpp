@@ -113,14 +113,14 @@ TEST_F(FleetTest, SecondNodeReadsNoFileContentAndServesTheSameBytes) {
   ASSERT_TRUE(WaitFor([&] {
     return QueryMount(kCtl, "status", first->mountpoint())["manifests"]["records_published"] == files;
   })) << QueryMount(kCtl, "status", first->mountpoint()).dump();
-  EXPECT_GE(ProcIo(first->pid(), "rchar"), content);  // the first node read every byte
+  EXPECT_GE(ProcIo(first->ServingPid(), "rchar"), content);  // the first node read every byte
   EXPECT_EQ(StoreFiles().first.size(), files);
 
   // The second node: another state directory, only the public key. When its
   // mount is up, every checkpoint is there, and it has read no file's content.
   auto second = Node(2, "manifest_keys=" + key_ + ".pub");
   for (const auto& r : rels) EXPECT_FALSE(Link(*second, r).empty()) << r << " not visible at mount";
-  const uint64_t rchar = ProcIo(second->pid(), "rchar");
+  const uint64_t rchar = ProcIo(second->ServingPid(), "rchar");
   EXPECT_LT(rchar, 1 * kMiB) << "the smallest file is 5 MiB; records, the index and /proc are a few KiB";
   const auto status = QueryMount(kCtl, "status", second->mountpoint());
   EXPECT_EQ(status["manifests"]["records_used"], files) << status.dump();
@@ -222,7 +222,7 @@ TEST_F(FleetTest, TrustedRecordWithAWrongChunkTableGivesEioThenTheFileIsHashed) 
     return Link(*node, "m") == name && ReadDirect(node->mountpoint() + "/by-name/m/model.safetensors") == bytes;
   })) << node->Log();
   EXPECT_NE(node->Log().find("model.safetensors"), std::string::npos);
-  EXPECT_GE(ProcIo(node->pid(), "rchar"), bytes.size());  // it did read the file this time
+  EXPECT_GE(ProcIo(node->ServingPid(), "rchar"), bytes.size());  // it did read the file this time
 }
 
 // Eight nodes index the same tree at once and publish into one store: one

@@ -538,7 +538,7 @@ TEST_F(MountTest, SigtermStopsCleanlySighupRescansAndOomScoreIsLowered) {
   const std::string socket = Xattr(mnt_, "user.ckptfs.control");
   ASSERT_FALSE(socket.empty());
   EXPECT_TRUE(fs::exists(socket));
-  std::ifstream oom("/proc/" + std::to_string(m->pid()) + "/oom_score_adj");
+  std::ifstream oom("/proc/" + std::to_string(m->ServingPid()) + "/oom_score_adj");
   int score = 0;
   oom >> score;
   // Lowered, or (where the sandbox refuses it even to root) the refusal was said.

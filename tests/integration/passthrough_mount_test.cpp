@@ -150,7 +150,7 @@ TEST_F(PassthroughMountTest, EveryBackingMemfdIsSealed) {
   SKIP_WITHOUT_PASSTHROUGH();
   ASSERT_EQ(RunCommand(kCtl + " preload --pin " + mnt_ + "/by-name/m").exit_code, 0);
   ExpectEveryFileEqual();  // every copy is a backing file now
-  const auto memfds = HostTierMemfds(m->pid());
+  const auto memfds = HostTierMemfds(m->ServingPid());
   EXPECT_EQ(memfds.size(), 6u);
   for (const auto& fd_path : memfds) {
     const int fd = ::open(fd_path.c_str(), O_RDWR);
@@ -290,11 +290,11 @@ TEST_F(PassthroughMountTest, EvictionUnderOpenReadersKeepsTheirBytes) {
 
   ::close(fb);  // b's copy is let go: its backing id closed, its memfd gone
   EXPECT_TRUE(WaitFor([&] { return Stats(mnt_)["held_by_readers"] == PageBytes(a.size()); }));
-  EXPECT_EQ(HostTierMemfds(m->pid()).size(), 1u);
+  EXPECT_EQ(HostTierMemfds(m->ServingPid()).size(), 1u);
   ::munmap(map, a.size());
   ::close(fa);
   EXPECT_TRUE(WaitFor([&] { return Stats(mnt_)["held_by_readers"] == 0 && Stats(mnt_)["open_inodes"] == 0; }));
-  EXPECT_TRUE(HostTierMemfds(m->pid()).empty());
+  EXPECT_TRUE(HostTierMemfds(m->ServingPid()).empty());
   // Not resident any more: the chunk path serves it (and fills it again).
   EXPECT_TRUE(ReadBuffered(dir + "/b.safetensors") == b);
   EXPECT_EQ(Opens(Stats(mnt_), "chunk path: not resident"), 1u);
@@ -330,7 +330,7 @@ TEST_F(PassthroughMountTest, OpensAndClosesDoNotAccumulateBackingIdsOrInodes) {
   ASSERT_EQ(RunCommand(kCtl + " preload " + mnt_ + "/by-name/m").exit_code, 0);
   for (int round = 0; round < 20; ++round) ExpectEveryFileEqual();
   EXPECT_TRUE(WaitFor([&] { return Stats(mnt_)["open_inodes"] == 0; }));
-  EXPECT_EQ(HostTierMemfds(m->pid()).size(), 6u);  // one per copy, however often opened
+  EXPECT_EQ(HostTierMemfds(m->ServingPid()).size(), 6u);  // one per copy, however often opened
   EXPECT_EQ(Opens(Stats(mnt_), "passthrough"), 20u * 17);
 }
 
@@ -459,7 +459,7 @@ TEST_F(FaultySourceTest, AReadFailureDuringAFillAbandonsIt) {
   EXPECT_EQ(s["tiers"]["host"]["files"], 0);
   EXPECT_EQ(s["tiers"]["host"]["filling"], 0);
   EXPECT_GE(s["fills"]["abandoned"].get<uint64_t>(), 1u);
-  EXPECT_TRUE(HostTierMemfds(mount_->pid()).empty());  // nothing partial is kept, let alone handed over
+  EXPECT_TRUE(HostTierMemfds(mount_->ServingPid()).empty());  // nothing partial is kept, let alone handed over
   EXPECT_TRUE(ReadDirect(Through(), 0, kMiB) == data_.substr(0, kMiB));  // the chunk path goes on
   EXPECT_EQ(ReadDirect(Through(), 8 * kMiB, kMiB), "<read: Input/output error>");
   ::unlink(trigger_.c_str());
@@ -478,7 +478,7 @@ TEST_F(FaultySourceTest, ASourceChangedUnderAFillAbandonsItAndIsIndexedAgain) {
   EXPECT_NE(pre.exit_code, 0);
   EXPECT_NE(pre.out.find("source changed"), std::string::npos) << pre.out;
   EXPECT_EQ(Stats(mnt_)["tiers"]["host"]["files"], 0);
-  EXPECT_TRUE(HostTierMemfds(mount_->pid()).empty());
+  EXPECT_TRUE(HostTierMemfds(mount_->ServingPid()).empty());
   // The fill asked for a rescan: the file is hashed again under its new
   // stamp, and its (unchanged) content is served again.
   ASSERT_TRUE(WaitFor([&] { return ReadDirect(Through(), 0, kMiB) == data_.substr(0, kMiB); })) << mount_->Log();

@@ -124,7 +124,7 @@ TEST_F(ControlRobustnessTest, IdleConnectionFloodLeavesReadsAndStatusWorking) {
   char socket[4096];
   const ssize_t n = ::getxattr(mnt_.c_str(), "user.ckptfs.control", socket, sizeof socket);
   ASSERT_GT(n, 0);
-  const std::string proc_fd = "/proc/" + std::to_string(mount_->pid()) + "/fd";
+  const std::string proc_fd = "/proc/" + std::to_string(mount_->ServingPid()) + "/fd";
   const size_t fds_before = CountEntries(proc_fd);
 
   IdleConnectionFlood flood(std::string(socket, static_cast<size_t>(n)), 65534, 1100);

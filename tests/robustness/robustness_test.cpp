@@ -273,7 +273,7 @@ TEST_F(RobustnessTest, MemoryStaysFlatAcrossManyVersionsOfACheckpoint) {
   auto m = Mount();
   ASSERT_TRUE(WaitFor([&] { return !Digest("m").empty(); })) << m->Log();
   auto rss_kib = [&] {
-    std::ifstream status("/proc/" + std::to_string(m->pid()) + "/status");
+    std::ifstream status("/proc/" + std::to_string(m->ServingPid()) + "/status");
     std::string line;
     while (std::getline(status, line)) {
       if (line.rfind("VmRSS:", 0) == 0) return std::stoul(line.substr(6));

@@ -87,7 +87,7 @@ TEST_F(StampRobustnessTest, DeeplyNestedHeaderIsServedUnstampedAndTheDaemonLives
             std::string::npos)
       << m->Log();
   // Still up, and still stamping the files that deserve it.
-  EXPECT_TRUE(DaemonRunning(m->pid()));
+  EXPECT_TRUE(DaemonRunning(m->ServingPid()));
   EXPECT_NE(ReadFile(mnt_ + "/by-name/ok/model.safetensors").find("ckptfs.checkpoint"), std::string::npos);
   EXPECT_TRUE(IsMounted(mnt_));
 
@@ -123,7 +123,7 @@ TEST_F(StampRobustnessTest, MillionKeyHeaderStatsAndReadsStamped) {
   EXPECT_EQ(stamps[0].first, "ckptfs.checkpoint");
   EXPECT_EQ(stamps[0].second, digest);
   EXPECT_EQ(stamps[1].first, "ckptfs.sha256");
-  EXPECT_TRUE(DaemonRunning(m->pid()));
+  EXPECT_TRUE(DaemonRunning(m->ServingPid()));
 }
 
 TEST_F(StampRobustnessTest, StatOfAStampedFileReadsNothingFromTheSource) {

@@ -1,10 +1,12 @@
 #include "mounted_ckptfs.h"
 
 #include <fcntl.h>
+#include <cerrno>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -83,7 +85,11 @@ void MountedCkptfs::Unmount() {
   }
   mounted_ = false;
   if (pid_ <= 0) return;
-  const bool exited = WaitFor([&] { return ::waitpid(pid_, nullptr, WNOHANG) == pid_; }, std::chrono::seconds(10));
+  // ECHILD: a test reaped it itself.
+  const bool exited = WaitFor([&] {
+    const pid_t r = ::waitpid(pid_, nullptr, WNOHANG);
+    return r == pid_ || (r < 0 && errno == ECHILD);
+  }, std::chrono::seconds(10));
   if (!exited) {
     ::kill(pid_, SIGKILL);
     ::waitpid(pid_, nullptr, 0);
@@ -97,6 +103,24 @@ bool MountedCkptfs::WaitForExit(std::chrono::milliseconds timeout) {
   pid_ = -1;
   mounted_ = false;
   return true;
+}
+
+pid_t MountedCkptfs::ServingPid() const {
+  if (pid_ <= 0) return -1;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    // pid (comm) state ppid ...; comm may hold spaces, so parse after ')'.
+    const auto close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 1));
+    char state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == pid_) return static_cast<pid_t>(std::stol(entry.path().filename().string()));
+  }
+  return pid_;
 }
 
 void MountedCkptfs::KillDashNine() {

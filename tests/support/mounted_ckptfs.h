@@ -33,7 +33,11 @@ class MountedCkptfs {
   MountedCkptfs& operator=(const MountedCkptfs&) = delete;
 
   bool ok() const { return mounted_; }
+  // The process started: with supervise=on (the default) the supervisor.
   pid_t pid() const { return pid_; }
+  // The process serving the mount now: the supervisor's child, or pid()
+  // itself with supervise=off (-1 if none).
+  pid_t ServingPid() const;
   const std::string& mountpoint() const { return mnt_; }
   std::string Log() const;
 

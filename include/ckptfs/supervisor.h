@@ -1,0 +1,104 @@
+// Supervisor: the process that holds a mount's /dev/fuse descriptor so that
+// the mount outlives the daemon serving it (README, "Restart and upgrade").
+//
+// It runs the serving daemon (this same ckptfs binary, or the one `ckptfsctl
+// restart --binary` names) as a child with the descriptor inherited, and
+// when the child dies starts another, which takes the connection over
+// (ConnectionIo: the INIT request kept here, FUSE_NOTIFY_RESEND). It does no
+// FUSE work itself, except answering EIO while in a crash loop
+// (RestartPolicy), and so has little to crash on. One line is logged per
+// restart, with its cause.
+//
+// SIGTERM or SIGINT: unmounts (lazily, as fusermount3 -u -z), stops the
+// children and exits 0. SIGHUP is passed on to the serving daemon (rescan).
+// The mount unmounted by someone else: the daemon's loop ends with status 0,
+// the descriptor reports POLLERR, and the supervisor exits 0 too.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ckptfs/unique_fd.h"
+#include "ckptfs/restart_policy.h"
+
+namespace ckptfs::supervisor {
+
+struct SupervisorConfig {
+  std::string binary;             // the daemon to run (an absolute path)
+  std::vector<std::string> args;  // its arguments, argv[1] on
+  int fuse_fd = -1;               // the mount's /dev/fuse descriptor (O_NONBLOCK)
+  std::string mountpoint;
+  std::function<void()> unmount;  // lazily unmounts; called once
+  // A daemonized start's waiting parent: one byte, the exit status it is to
+  // return, once the first daemon serves (0) or could not start (1).
+  UniqueFd ready_pipe;
+  // Called once, when the first daemon serves (to detach from the terminal).
+  std::function<void()> on_started;
+  // A connection initialized before this supervisor (handed back by
+  // systemd's fd store): its INIT request, which every daemon adopts.
+  std::vector<uint8_t> adopted_init;
+  // Called with the INIT request the first daemon reports (to store it).
+  std::function<void(const std::vector<uint8_t>&)> on_init_request;
+  RestartPolicy::Limits limits;
+};
+
+class Supervisor {
+ public:
+  explicit Supervisor(SupervisorConfig config);
+  // Runs until the mount is gone; the exit status for main.
+  int Run();
+
+ private:
+  struct Child {
+    pid_t pid = -1;
+    UniqueFd link;  // SOCK_SEQPACKET to it
+    std::string binary;
+    std::chrono::steady_clock::time_point started;
+    bool ready = false;
+    bool draining = false;
+    // Its inodes with open files: ino -> (opens, backing id), as it reports them.
+    std::map<uint64_t, std::pair<uint64_t, int>> open_inodes;
+  };
+  using ChildIt = std::list<Child>::iterator;
+
+  bool Spawn(const std::string& binary, const std::string& why);
+  void OnMessage(ChildIt child, const nlohmann::json& message);
+  void OnReady(ChildIt child);
+  void ReapChildren();
+  void OnExit(ChildIt child, int wait_status);
+  void Stop(const std::string& why);
+  void ReportStart(uint8_t status);
+  void Send(Child& child, const nlohmann::json& message);
+  ChildIt Serving();  // the newest child not draining, or end()
+  bool MountGone() const;
+  int PollTimeoutMs() const;
+  void PollOnce();
+
+  SupervisorConfig config_;
+  RestartPolicy policy_;
+  UniqueFd signals_;  // signalfd: TERM, INT, HUP, CHLD
+  std::list<Child> children_;
+  std::vector<uint8_t> init_request_;  // as the kernel sent it to the first daemon
+  nlohmann::json inherited_ = nlohmann::json::array();  // a drained daemon's open inodes
+  uint64_t restarts_ = 0;
+  std::string last_exit_ = "none";
+  int64_t mounted_at_ = 0;
+  bool stopping_ = false;
+  bool started_ = false;   // the first daemon became ready
+  bool crash_loop_ = false;
+  int exit_status_ = 0;
+  // A restart waits for its back-off to pass.
+  bool restart_pending_ = false;
+  std::chrono::steady_clock::time_point restart_at_;
+};
+
+}  // namespace ckptfs::supervisor

@@ -1,0 +1,38 @@
+// Under systemd, the service manager's file descriptor store keeps a
+// supervised mount's /dev/fuse descriptor and its INIT request
+// (FileDescriptorStoreMax= in mount/ckptfs@.service). If the supervisor
+// itself dies, systemd restarts it (Restart=always) and hands both back
+// (LISTEN_FDS, LISTEN_FDNAMES "fuse" and "fuse-init"): the new supervisor
+// takes the mount over instead of mounting, and readers never see ENOTCONN.
+// Outside systemd (no NOTIFY_SOCKET) every call here does nothing.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ckptfs/status.h"
+#include "ckptfs/unique_fd.h"
+
+namespace ckptfs::supervisor {
+
+struct StoredConnection {
+  UniqueFd fuse;
+  std::vector<uint8_t> init_request;  // empty if the INIT was never stored
+};
+
+// The connection systemd passed to this process, if any; the descriptors
+// are removed from the environment's count (sd_listen_fds unsets it).
+std::optional<StoredConnection> TakeStoredConnection();
+
+// systemd's notification socket is set (Type=notify).
+bool UnderSystemd();
+// FDSTORE=1 with FDNAME=fuse.
+Status StoreFuseFd(int fd);
+// FDSTORE=1 with FDNAME=fuse-init: the INIT request in a sealed memfd.
+Status StoreInitRequest(const std::vector<uint8_t>& request);
+// READY=1 (and STATUS=): the first daemon serves.
+void NotifyReady(const std::string& status);
+
+}  // namespace ckptfs::supervisor

@@ -1,0 +1,74 @@
+// ckptfsctl restart: hands a supervised mount to a new daemon (the same
+// binary, or --binary PATH) without unmounting: the supervisor starts it,
+// it takes the FUSE connection over, and the old one drains and exits.
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "ctl.h"
+
+namespace ckptfs::ctl {
+
+namespace {
+
+constexpr auto kTakeoverTimeout = std::chrono::seconds(120);
+
+// The mount's status, or null when no daemon answers (mid hand-over).
+nlohmann::json StatusOf(const std::string& mountpoint) {
+  auto r = CallMount(mountpoint, {{"cmd", "status"}});
+  return r.ok() ? *r : nlohmann::json();
+}
+
+}  // namespace
+
+int RunRestart(const RestartArgs& args) {
+  auto where = LocateInMount(args.path);
+  if (!where.ok()) {
+    PrintError(where.status().message());
+    return kExitFatal;
+  }
+  const std::string mountpoint = where->first;
+  const nlohmann::json before = StatusOf(mountpoint);
+  if (!before.is_object() || !before.contains("pid")) {
+    PrintError(mountpoint + ": no daemon answers on its control socket");
+    return kExitFailure;
+  }
+  const int old_pid = before["pid"];
+  const uint64_t old_failures = before.value("daemon", nlohmann::json::object()).value("handover_failures", uint64_t{0});
+  auto r = CallMount(mountpoint, {{"cmd", "restart"}, {"binary", args.binary}});
+  if (!r.ok()) {
+    PrintError(mountpoint + ": " + r.status().message());
+    return kExitFailure;
+  }
+  // The new daemon answers on the same socket once it serves.
+  const auto deadline = std::chrono::steady_clock::now() + kTakeoverTimeout;
+  nlohmann::json after;
+  while (std::chrono::steady_clock::now() < deadline) {
+    after = StatusOf(mountpoint);
+    if (after.is_object() && after.contains("pid") && after["pid"] != old_pid) break;
+    if (after.is_object() && after.value("daemon", nlohmann::json::object()).value("handover_failures", uint64_t{0}) >
+                                 old_failures) {
+      PrintError(mountpoint + ": the restart failed, daemon pid " + std::to_string(old_pid) +
+                 " goes on serving: " + after["daemon"].value("last_handover_error", std::string("?")));
+      return kExitFailure;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (!after.is_object() || !after.contains("pid") || after["pid"] == old_pid) {
+    PrintError(mountpoint + ": no new daemon took over within 120 s (pid " + std::to_string(old_pid) +
+               " still serves if it answers; the supervisor's log says why)");
+    return kExitFailure;
+  }
+  const nlohmann::json& d = after["daemon"];
+  if (args.json) {
+    std::printf("%s\n", nlohmann::json{{"ok", true}, {"old_pid", old_pid}, {"pid", after["pid"]}, {"daemon", d}}
+                            .dump()
+                            .c_str());
+  } else {
+    std::printf("%s: daemon pid %d handed over to pid %d (%s)\n", mountpoint.c_str(), old_pid,
+                after["pid"].get<int>(), d.value("version", std::string("?")).c_str());
+  }
+  return kExitOk;
+}
+
+}  // namespace ckptfs::ctl

@@ -1,0 +1,166 @@
+#include "fd_handover.h"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <ctime>
+
+#include <spdlog/spdlog.h>
+
+#include "ckptfs/build_info.h"
+#include "ckptfs/handover_protocol.h"
+
+namespace ckptfs::daemon {
+
+namespace {
+
+// The variable's value, removed from the environment.
+std::string TakeEnv(const char* name) {
+  const char* v = std::getenv(name);
+  std::string value = v != nullptr ? v : "";
+  ::unsetenv(name);
+  return value;
+}
+
+int64_t ToInt(const std::string& s) { return s.empty() ? 0 : std::strtoll(s.c_str(), nullptr, 10); }
+
+}  // namespace
+
+std::unique_ptr<FdHandover> FdHandover::FromEnvironment() {
+  const std::string fuse = TakeEnv(handover::kEnvFuseFd), link = TakeEnv(handover::kEnvLinkFd);
+  const std::string init = TakeEnv(handover::kEnvInit), restarts = TakeEnv(handover::kEnvRestarts);
+  const std::string last_exit = TakeEnv(handover::kEnvLastExit), mounted_at = TakeEnv(handover::kEnvMountedAt);
+  const std::string supervisor = TakeEnv(handover::kEnvSupervisorPid);
+  if (fuse.empty() || link.empty()) return nullptr;
+  std::unique_ptr<FdHandover> h(new FdHandover());
+  h->fuse_fd_ = static_cast<int>(ToInt(fuse));
+  h->link_.reset(static_cast<int>(ToInt(link)));
+  // Neither may leak into what this daemon runs (CUDA probes, fusermount3).
+  ::fcntl(h->fuse_fd_, F_SETFD, FD_CLOEXEC);
+  ::fcntl(h->link_.get(), F_SETFD, FD_CLOEXEC);
+  h->adopted_init_ = handover::FromHex(init);
+  h->restarts_ = static_cast<uint64_t>(ToInt(restarts));
+  h->last_exit_ = last_exit.empty() ? "none" : last_exit;
+  h->mounted_at_ = ToInt(mounted_at);
+  h->started_at_ = static_cast<int64_t>(std::time(nullptr));
+  h->supervisor_pid_ = static_cast<int>(ToInt(supervisor));
+  return h;
+}
+
+FdHandover::~FdHandover() {
+  if (!listener_.joinable()) return;
+  ::shutdown(link_.get(), SHUT_RDWR);
+  listener_.join();
+}
+
+void FdHandover::Send(const nlohmann::json& message) {
+  std::lock_guard lock(send_mu_);
+  if (Status s = handover::Send(link_.get(), message); !s.ok()) spdlog::warn("{}", s.message());
+}
+
+void FdHandover::SendInit(const std::vector<uint8_t>& request) {
+  Send({{"type", "init"}, {"request", handover::ToHex(request)}});
+}
+
+void FdHandover::SendReady() { Send({{"type", "ready"}}); }
+
+void FdHandover::Listen(FsContext& ctx) {
+  // Every change of an inode's open count, for the successor should this
+  // daemon crash; never blocking an open on a lagging supervisor.
+  WatchOpenInodes(ctx, [this](const InheritedInode& i) {
+    std::lock_guard lock(send_mu_);
+    const nlohmann::json m{{"type", "open-inode"}, {"inode", {i.ino, i.opens, i.backing_id}}};
+    if (Status s = handover::Send(link_.get(), m, /*wait=*/false); !s.ok() && !open_inodes_lost_.exchange(true)) {
+      spdlog::warn("{}: a daemon that replaces this one after a crash may not know every open file", s.message());
+    }
+  });
+  listener_ = std::thread([this, &ctx] {
+    for (;;) {
+      auto msg = handover::Receive(link_.get());
+      if (!msg.ok()) return;  // Stop, or the supervisor is gone (and kills us)
+      const std::string type = (*msg)["type"];
+      if (type == "drain") {
+        spdlog::info("a new daemon serves this mount now; finishing the requests in hand and exiting");
+        drained_ = true;
+        DrainConnection(ctx);
+      } else if (type == "handover-failed") {
+        const std::string why = msg->value("error", std::string("?"));
+        spdlog::error("restart failed, this daemon goes on serving: {}", why);
+        std::lock_guard lock(failures_mu_);
+        ++handover_failures_;
+        last_handover_error_ = why;
+      } else if (type == "resend") {
+        std::vector<InheritedInode> inodes;
+        for (const auto& i : msg->value("inodes", nlohmann::json::array())) {
+          if (i.is_array() && i.size() == 3 && i[0].is_number_unsigned() && i[1].is_number_unsigned() &&
+              i[2].is_number_integer()) {
+            inodes.push_back({i[0].get<uint64_t>(), i[1].get<uint64_t>(), i[2].get<int>()});
+          }
+        }
+        InheritOpenInodes(ctx, inodes);
+        if (!inodes.empty()) spdlog::info("took over {} inode(s) with open files from the previous daemon", inodes.size());
+        if (Status s = ResendRequests(ctx); s.ok()) {
+          spdlog::info("asked the kernel to resend the requests the previous daemon left unanswered");
+        } else {
+          spdlog::warn("{}: requests the previous daemon read but did not answer stay unanswered until the "
+                       "mount is aborted or unmounted",
+                       s.message());
+        }
+      }
+    }
+  });
+}
+
+void FdHandover::Stop(FsContext& ctx) {
+  if (drained_) {
+    nlohmann::json inodes = nlohmann::json::array();
+    for (const auto& i : HandOverOpenInodes(ctx)) inodes.push_back({i.ino, i.opens, i.backing_id});
+    Send({{"type", "inherit"}, {"inodes", inodes}});
+  }
+  if (!listener_.joinable()) return;
+  ::shutdown(link_.get(), SHUT_RDWR);  // wakes the listener's recv
+  listener_.join();
+}
+
+nlohmann::json FdHandover::HandleRestart(const ControlServer::Request& r) {
+  if (!r.privileged) {
+    return {{"ok", false},
+            {"error", "restart is for root or the mount's owner (uid " + std::to_string(::geteuid()) + "); you are uid " +
+                          std::to_string(r.peer_uid)}};
+  }
+  const std::string binary = r.body.value("binary", std::string());
+  if (!binary.empty() && (binary[0] != '/' || ::access(binary.c_str(), X_OK) != 0)) {
+    return {{"ok", false}, {"error", "binary " + binary + ": not an absolute path to an executable file"}};
+  }
+  Send({{"type", "restart"}, {"binary", binary}});
+  return {{"ok", true}, {"pid", ::getpid()}};
+}
+
+nlohmann::json FdHandover::StatusJson() const {
+  std::lock_guard lock(failures_mu_);
+  return {{"version", BuildDescription()},
+          {"supervised", true},
+          {"supervisor_pid", supervisor_pid_},
+          {"started_at", started_at_},
+          {"mounted_at", mounted_at_},
+          {"restarts", restarts_},
+          {"last_exit", last_exit_},
+          {"handover_failures", handover_failures_},
+          {"last_handover_error", last_handover_error_}};
+}
+
+bool FailStartForTest() {
+  const char* file = std::getenv("CKPTFS_TEST_FAIL_START");
+  if (file == nullptr || ::access(file, F_OK) != 0) return false;
+  spdlog::critical("failing at start on purpose: {} exists (CKPTFS_TEST_FAIL_START)", file);
+  return true;
+}
+
+nlohmann::json UnsupervisedStatusJson(int64_t started_at) {
+  return {{"version", BuildDescription()}, {"supervised", false}, {"started_at", started_at},
+          {"mounted_at", started_at},      {"restarts", 0},       {"last_exit", "none"}};
+}
+
+}  // namespace ckptfs::daemon

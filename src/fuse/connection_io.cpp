@@ -1,0 +1,195 @@
+#include "connection_io.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "ckptfs/fuse_ops.h"
+#include "passthrough_shim.h"
+
+namespace ckptfs::daemon {
+
+namespace {
+
+// The kernel ABI, include/uapi/linux/fuse.h (offsets of the packed structs).
+constexpr uint32_t kOpInit = 26;
+constexpr size_t kInHeaderSize = 40;     // struct fuse_in_header
+constexpr size_t kOutHeaderSize = 16;    // struct fuse_out_header
+constexpr size_t kInitInMinor = 4;       // fuse_init_in.minor
+constexpr size_t kInitInFlags = 12;      // fuse_init_in.flags
+constexpr size_t kInitInFlags2 = 16;     // fuse_init_in.flags2
+constexpr uint32_t kInitExt = 1u << 30;  // FUSE_INIT_EXT
+constexpr uint32_t kHasResendFlags2 = 1u << (39 - 32);  // FUSE_HAS_RESEND
+constexpr int32_t kNotifyResend = 7;     // FUSE_NOTIFY_RESEND
+constexpr std::chrono::seconds kAdmitTimeout{30};
+
+uint32_t Load32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+uint64_t Load64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+ConnectionIo& IoOf(void* userdata) { return *static_cast<FsContext*>(userdata)->connection; }
+ssize_t IoRead(int fd, void* buf, size_t len, void* userdata) { return IoOf(userdata).Read(fd, buf, len); }
+ssize_t IoWritev(int fd, struct iovec* iov, int count, void* userdata) { return IoOf(userdata).Writev(fd, iov, count); }
+
+}  // namespace
+
+ConnectionIo::ConnectionIo(Options options) : options_(std::move(options)) {}
+
+Status ConnectionIo::Install(fuse_session* se, int fd) {
+  fd_ = fd;
+  drain_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!drain_.valid()) return Status::FromErrno("eventfd for the FUSE connection", errno);
+  fuse_custom_io io{};
+  io.read = IoRead;
+  io.writev = IoWritev;
+  if (int rc = fuse_session_custom_io(se, &io, fd); rc != 0) {
+    return Status::Error("libfuse refused the custom io of the FUSE connection: " + std::string(std::strerror(-rc)));
+  }
+  return Status::Ok();
+}
+
+void ConnectionIo::Admit() {
+  std::lock_guard lock(mu_);
+  admitted_ = true;
+  init_cv_.notify_all();
+}
+
+void ConnectionIo::Drain() {
+  draining_ = true;
+  uint64_t one = 1;
+  if (::write(drain_.get(), &one, sizeof one) < 0) {
+    // The eventfd cannot be full after one write; draining_ is set anyway.
+  }
+  std::lock_guard lock(mu_);
+  init_cv_.notify_all();
+}
+
+Status ConnectionIo::Resend() {
+  // struct fuse_out_header: len, error (the notify code), unique 0.
+  uint8_t msg[kOutHeaderSize] = {};
+  const uint32_t len = kOutHeaderSize;
+  std::memcpy(msg, &len, 4);
+  std::memcpy(msg + 4, &kNotifyResend, 4);
+  if (::write(fd_, msg, sizeof msg) != static_cast<ssize_t>(sizeof msg)) {
+    return Status::FromErrno("FUSE_NOTIFY_RESEND (it needs Linux 6.9+)", errno);
+  }
+  return Status::Ok();
+}
+
+std::vector<uint8_t> ConnectionIo::init_request() const {
+  std::lock_guard lock(mu_);
+  return init_request_;
+}
+
+void ConnectionIo::SeeInitRequest(const uint8_t* p, size_t n) {
+  init_unique_ = Load64(p + 8);
+  if (n >= kInHeaderSize + kInitInFlags2 + 4) {
+    const uint32_t minor = Load32(p + kInHeaderSize + kInitInMinor);
+    const uint32_t flags = Load32(p + kInHeaderSize + kInitInFlags);
+    const uint32_t flags2 = (flags & kInitExt) ? Load32(p + kInHeaderSize + kInitInFlags2) : 0;
+    has_resend_ = minor >= 40 && (flags2 & kHasResendFlags2) != 0;
+  }
+  if (options_.passthrough != nullptr) options_.passthrough->OnInitRequest(p, n);
+  {
+    std::lock_guard lock(mu_);
+    init_request_.assign(p, p + n);
+  }
+  if (options_.adopted_init.empty() && options_.on_init_request) options_.on_init_request(init_request());
+}
+
+void ConnectionIo::InitDone() {
+  std::lock_guard lock(mu_);
+  init_done_ = true;
+  init_cv_.notify_all();
+}
+
+ssize_t ConnectionIo::Read(int fd, void* buf, size_t len) {
+  const auto& adopted = options_.adopted_init;
+  if (!adopted.empty()) {
+    if (!adopted_handed_.exchange(true)) {
+      if (len < adopted.size()) {
+        errno = EINVAL;
+        return -1;
+      }
+      std::memcpy(buf, adopted.data(), adopted.size());
+      SeeInitRequest(adopted.data(), adopted.size());
+      return static_cast<ssize_t>(adopted.size());
+    }
+    // libfuse answers EIO to anything read before INIT is processed. A
+    // supervisor that never admits (it died) must not leave us deaf for
+    // ever: after a while we serve anyway.
+    std::unique_lock lock(mu_);
+    const bool admitted = init_cv_.wait_for(lock, kAdmitTimeout, [&] {
+      return (init_done_ && admitted_) || draining_.load();
+    });
+    if (!admitted && !admitted_) {
+      admitted_ = true;
+      spdlog::warn("the supervisor did not admit this daemon within {} s; serving anyway", kAdmitTimeout.count());
+    }
+    init_cv_.wait(lock, [&] { return init_done_ || draining_.load(); });
+  }
+  return ReadDevice(fd, buf, len);
+}
+
+ssize_t ConnectionIo::ReadDevice(int fd, void* buf, size_t len) {
+  for (;;) {
+    if (draining_) {
+      errno = ENODEV;  // libfuse ends the session loop on it
+      return -1;
+    }
+    if (options_.shared_device) {
+      pollfd p[2] = {{fd, POLLIN, 0}, {drain_.get(), POLLIN, 0}};
+      if (::poll(p, 2, -1) < 0) return -1;  // EINTR: libfuse reads again
+      if (p[1].revents != 0) continue;
+    }
+    const ssize_t n = ::read(fd, buf, len);
+    if (n < 0 && errno == EAGAIN && options_.shared_device) continue;  // another reader took it
+    if (n >= static_cast<ssize_t>(kInHeaderSize) && init_unique_.load(std::memory_order_relaxed) == 0 &&
+        Load32(static_cast<const uint8_t*>(buf) + 4) == kOpInit) {
+      SeeInitRequest(static_cast<const uint8_t*>(buf), static_cast<size_t>(n));
+    }
+    return n;
+  }
+}
+
+ssize_t ConnectionIo::Writev(int fd, struct iovec* iov, int count) {
+  bool init_pending;
+  {
+    std::lock_guard lock(mu_);
+    init_pending = !init_done_ && init_unique_.load() != 0;
+  }
+  if (!init_pending || count < 1 || iov[0].iov_len < kOutHeaderSize ||
+      Load64(static_cast<const uint8_t*>(iov[0].iov_base) + 8) != init_unique_.load()) {
+    return ::writev(fd, iov, count);
+  }
+  // The INIT reply, copied so that libfuse's own buffer is left as it was.
+  std::vector<uint8_t> reply;
+  for (int i = 0; i < count; ++i) {
+    const auto* b = static_cast<const uint8_t*>(iov[i].iov_base);
+    reply.insert(reply.end(), b, b + iov[i].iov_len);
+  }
+  const size_t total = reply.size();
+  if (options_.passthrough != nullptr) options_.passthrough->PatchInitReply(reply);
+  const bool adopted = !options_.adopted_init.empty();
+  // An adopted connection was initialized long ago: the kernel expects no reply.
+  const ssize_t n = adopted ? static_cast<ssize_t>(reply.size()) : ::write(fd, reply.data(), reply.size());
+  if (n != static_cast<ssize_t>(reply.size())) return n;
+  if (options_.passthrough != nullptr) options_.passthrough->AfterInitReply(adopted);
+  InitDone();
+  return static_cast<ssize_t>(total);
+}
+
+}  // namespace ckptfs::daemon

@@ -1,0 +1,106 @@
+// ConnectionIo: every byte between libfuse and /dev/fuse goes through here
+// (fuse_session_custom_io), so that a FUSE connection can outlive the
+// process that serves it (README, "Restart and upgrade").
+//
+//   INIT      the kernel sends INIT once per connection. The first daemon
+//             reads it for real and hands a copy of the request to
+//             `on_init_request` (the supervisor keeps it). A daemon that
+//             takes over a connection whose INIT was answered long ago
+//             (`adopted_init`) gets that copy back as its first read, so
+//             that libfuse 3.14, which has no API for an initialized
+//             connection, negotiates exactly what was negotiated; its INIT
+//             reply is swallowed, since the kernel is not waiting for one.
+//             Until INIT is done, no other read reaches the device: libfuse
+//             answers EIO to a request that comes before INIT. Nor until
+//             Admit(): the predecessor's open inodes must be inherited
+//             first (a hand-over), or known to be none (a crash).
+//   passthrough  the INIT request and reply are shown to KernelPassthrough,
+//             which asks for passthrough in the reply (libfuse < 3.17).
+//   drain     on a hand-over the old daemon stops reading without taking a
+//             request it would then drop: reads wait in poll() on the device
+//             and on an eventfd, and read the device without blocking (the
+//             supervisor sets O_NONBLOCK on the shared open file, so
+//             several processes can read it and none blocks in read()).
+//   resend    FUSE_NOTIFY_RESEND (protocol 7.40, Linux 6.9+) puts every
+//             request that was read but never answered back in the queue:
+//             sent by a daemon that took over once its predecessor is gone,
+//             it turns what the dead daemon held into retried requests
+//             instead of hung ones.
+#pragma once
+
+#define FUSE_USE_VERSION 312
+#include <fuse_lowlevel.h>
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <vector>
+
+#include "ckptfs/status.h"
+#include "ckptfs/unique_fd.h"
+
+namespace ckptfs::daemon {
+
+class KernelPassthrough;
+
+class ConnectionIo {
+ public:
+  struct Options {
+    // The INIT request of the connection being taken over; empty for a
+    // connection this process mounted (or the first daemon of a supervisor).
+    std::vector<uint8_t> adopted_init;
+    // Poll-and-read without blocking (the device is shared with a
+    // supervisor, which set O_NONBLOCK); false: plain blocking reads.
+    bool shared_device = false;
+    // Called with the INIT request the kernel sent (first daemon only).
+    std::function<void(const std::vector<uint8_t>&)> on_init_request;
+    // The passthrough shim, shown INIT (may be null).
+    KernelPassthrough* passthrough = nullptr;
+  };
+
+  explicit ConnectionIo(Options options);
+
+  // Installs the custom io on `se` for descriptor `fd` (the session's own
+  // after fuse_session_mount, or an inherited one). The session's userdata
+  // must be the FsContext that points here.
+  Status Install(fuse_session* se, int fd);
+
+  // Stops reading: every read returns ENODEV from now on, which ends the
+  // session loop once the requests in hand are answered.
+  void Drain();
+  // A connection taken over: requests may be read from now on.
+  void Admit();
+  // FUSE_NOTIFY_RESEND; fails on kernels without it.
+  Status Resend();
+  // The kernel offered FUSE_HAS_RESEND (and protocol 7.40) in its INIT.
+  bool kernel_has_resend() const { return has_resend_.load(); }
+  // The INIT request as the kernel sent it (empty until seen).
+  std::vector<uint8_t> init_request() const;
+
+  ssize_t Read(int fd, void* buf, size_t len);
+  ssize_t Writev(int fd, struct iovec* iov, int count);
+
+ private:
+  ssize_t ReadDevice(int fd, void* buf, size_t len);
+  void SeeInitRequest(const uint8_t* p, size_t n);
+  void InitDone();
+
+  Options options_;
+  int fd_ = -1;
+  UniqueFd drain_;  // eventfd: readable once draining
+  std::atomic<bool> draining_{false};
+  std::atomic<bool> adopted_handed_{false};  // the adopted INIT went to libfuse
+  std::atomic<bool> has_resend_{false};
+  std::atomic<uint64_t> init_unique_{0};
+  mutable std::mutex mu_;
+  std::condition_variable init_cv_;
+  bool init_done_ = false;
+  bool admitted_ = false;
+  std::vector<uint8_t> init_request_;
+};
+
+}  // namespace ckptfs::daemon

@@ -1,0 +1,73 @@
+// OpenHandles: open files and directories by the number the kernel holds
+// for them (fuse_file_info::fh).
+//
+// A handle is a number, not a pointer: after a daemon dies, the kernel goes
+// on sending the fh values the dead one gave, to whichever daemon took the
+// connection over. A number this process never issued is simply unknown
+// here (the operation then rebuilds what it needs from the inode, which
+// names the file), where a pointer would be dereferenced into garbage.
+// Numbers start at a random 64-bit base so that two daemons' handles do not
+// meet.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "ckptfs/file_cache.h"
+#include "ckptfs/view.h"
+
+namespace ckptfs::daemon {
+
+// Per open file: how it is served (see Open in fuse_ops.cpp) and, on the
+// chunk path, where the last read ended, to spot a sequential reader, and
+// how far ahead chunks have been requested.
+struct OpenFile {
+  View::NodePtr node;
+  FileKey key;              // its host-tier key in the form it is served
+  FileCache::CopyPtr copy;  // a resident copy it reads from (or passthrough's backing)
+  std::atomic<uint64_t> next_offset{0};
+  std::atomic<uint64_t> readahead_until{0};  // chunks below this were requested
+  // Opened by the daemon this one took over from, and counted in the open
+  // modes it handed over (released as an inherited open).
+  bool inherited = false;
+};
+
+// A directory listing fixed at opendir, so offsets stay meaningful while the
+// view changes underneath.
+struct DirHandle {
+  std::vector<std::pair<std::string, View::NodePtr>> entries;
+};
+
+class OpenHandles {
+ public:
+  OpenHandles();
+
+  uint64_t AddFile(std::shared_ptr<OpenFile> file);
+  // Registers a handle another daemon issued (rebuilt from its inode); when
+  // a concurrent request adopted it first, `file` becomes that one and the
+  // result is false.
+  bool AdoptFile(uint64_t fh, std::shared_ptr<OpenFile>& file);
+  std::shared_ptr<OpenFile> File(uint64_t fh) const;
+  // Removes and returns it; null for a handle this process does not hold.
+  std::shared_ptr<OpenFile> TakeFile(uint64_t fh);
+
+  uint64_t AddDir(std::shared_ptr<DirHandle> dir);
+  void AdoptDir(uint64_t fh, std::shared_ptr<DirHandle> dir);
+  std::shared_ptr<DirHandle> Dir(uint64_t fh) const;
+  void RemoveDir(uint64_t fh);
+
+ private:
+  mutable std::shared_mutex mu_;
+  std::atomic<uint64_t> next_;
+  std::unordered_map<uint64_t, std::shared_ptr<OpenFile>> files_;
+  std::unordered_map<uint64_t, std::shared_ptr<DirHandle>> dirs_;
+};
+
+}  // namespace ckptfs::daemon

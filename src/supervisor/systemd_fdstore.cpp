@@ -1,0 +1,86 @@
+#include "ckptfs/systemd_fdstore.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace ckptfs::supervisor {
+
+namespace {
+
+constexpr const char* kFuseName = "fuse";
+constexpr const char* kInitName = "fuse-init";
+constexpr size_t kMaxInit = 4096;  // a fuse_in_header and fuse_init_in are ~100 bytes
+
+std::vector<uint8_t> ReadAll(int fd) {
+  std::vector<uint8_t> out(kMaxInit);
+  const ssize_t n = ::pread(fd, out.data(), out.size(), 0);
+  out.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  return out;
+}
+
+Status Store(int fd, const char* name) {
+  const std::string state = std::string("FDSTORE=1\nFDNAME=") + name;
+  const int rc = sd_pid_notify_with_fds(0, 0, state.c_str(), &fd, 1);
+  if (rc < 0) return Status::FromErrno(std::string("systemd fd store (") + name + ")", -rc);
+  if (rc == 0) return Status::Error(std::string("systemd fd store (") + name + "): not run by systemd");
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::optional<StoredConnection> TakeStoredConnection() {
+  char** names = nullptr;
+  const int n = sd_listen_fds_with_names(/*unset_environment=*/1, &names);
+  if (n <= 0) return std::nullopt;
+  StoredConnection c;
+  for (int i = 0; i < n; ++i) {
+    const int fd = SD_LISTEN_FDS_START + i;
+    const std::string name = names != nullptr && names[i] != nullptr ? names[i] : "";
+    if (name == kFuseName && !c.fuse.valid()) {
+      c.fuse.reset(fd);
+    } else if (name == kInitName && c.init_request.empty()) {
+      c.init_request = ReadAll(fd);
+      ::close(fd);
+    } else {
+      ::close(fd);  // nothing of ours
+    }
+  }
+  if (names != nullptr) {
+    for (int i = 0; i < n; ++i) std::free(names[i]);
+    std::free(names);
+  }
+  if (!c.fuse.valid()) return std::nullopt;
+  ::fcntl(c.fuse.get(), F_SETFD, FD_CLOEXEC);
+  return c;
+}
+
+bool UnderSystemd() {
+  const char* s = std::getenv("NOTIFY_SOCKET");
+  return s != nullptr && s[0] != '\0';
+}
+
+Status StoreFuseFd(int fd) { return Store(fd, kFuseName); }
+
+Status StoreInitRequest(const std::vector<uint8_t>& request) {
+  UniqueFd memfd(::memfd_create("ckptfs-fuse-init", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!memfd.valid()) return Status::FromErrno("memfd_create for the INIT request", errno);
+  if (::pwrite(memfd.get(), request.data(), request.size(), 0) != static_cast<ssize_t>(request.size()) ||
+      ::fcntl(memfd.get(), F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return Status::FromErrno("writing the INIT request to a memfd", errno);
+  }
+  return Store(memfd.get(), kInitName);
+}
+
+void NotifyReady(const std::string& status) {
+  sd_notify(0, ("READY=1\nSTATUS=" + status).c_str());
+}
+
+}  // namespace ckptfs::supervisor

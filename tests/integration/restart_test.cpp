@@ -1,0 +1,385 @@
+// The mount outlives its daemon (supervise=on, the default): a serving
+// daemon killed with SIGKILL is replaced and readers never see ENOTCONN nor
+// a wrong byte; listings and xattrs are the same across a kill; ckptfsctl
+// restart hands the mount to another binary under 16 readers without one
+// error; SIGTERM to the supervisor unmounts; a daemon that cannot start
+// drives the supervisor into a logged, backed-off crash loop in which the
+// mount answers EIO instead of hanging, and out of it once it can.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <random>
+#include <thread>
+
+#include "mounted_ckptfs.h"
+#include "test_tree.h"
+
+namespace ckptfs::testing {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kDaemon = CKPTFS_PATH;
+const std::string kNextDaemon = CKPTFS_NEXT_VERSION_PATH;  // the same ckptfs, another version string
+const std::string kCtl = CKPTFSCTL_PATH;
+constexpr size_t kMiB = 1 << 20;
+
+// The pattern of the streamed file: every 8-byte word is a function of its
+// offset, so a byte served from the wrong place or the wrong file shows.
+uint64_t PatternWord(uint64_t offset) { return (offset * 0x9E3779B97F4A7C15ull) ^ 0x5DEECE66Dull; }
+
+void WritePatternFile(const std::string& path, uint64_t size) {
+  MakeDirs(fs::path(path).parent_path());
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(fd, 0) << path << ": " << std::strerror(errno);
+  std::vector<uint64_t> buf(kMiB / 8);
+  for (uint64_t at = 0; at < size; at += kMiB) {
+    for (size_t i = 0; i < buf.size(); ++i) buf[i] = PatternWord(at + i * 8);
+    ASSERT_EQ(::pwrite(fd, buf.data(), kMiB, static_cast<off_t>(at)), static_cast<ssize_t>(kMiB));
+  }
+  ::close(fd);
+}
+
+nlohmann::json Status(const std::string& mnt) { return QueryMount(kCtl, "status", mnt); }
+
+// What a reader saw: bytes checked, reads that failed by errno, and the
+// first wrong byte's offset.
+struct ReaderTally {
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<uint64_t> passes{0};
+  std::atomic<uint64_t> eio{0};
+  std::atomic<uint64_t> enotconn{0};
+  std::atomic<uint64_t> other_errors{0};
+  std::atomic<int64_t> wrong_at{-1};
+  std::atomic<bool> in_read{false};  // inside pread: a request is likely with the daemon
+};
+
+class RestartTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<MountedCkptfs> Mount(const std::string& extra, const std::string& daemon = kDaemon) {
+    auto m = std::make_unique<MountedCkptfs>(daemon, src_, mnt_, "state=" + state_ + ",settle=0,rescan=0," + extra,
+                                             tmp_ / ("daemon-" + std::to_string(++mounts_) + ".log"));
+    EXPECT_TRUE(m->ok()) << m->Log();
+    return m;
+  }
+  bool WaitForLink(const std::string& name) {
+    return WaitFor([&] { return fs::is_symlink(mnt_ + "/by-name/" + name); }, std::chrono::seconds(60));
+  }
+  std::string DigestDir(const std::string& by_name) {
+    return mnt_ + "/" + fs::read_symlink(mnt_ + "/by-name/" + by_name).filename().string();
+  }
+  // SIGKILLs the daemon serving `m` and waits until another one serves.
+  void KillServingDaemon(MountedCkptfs& m) {
+    const pid_t victim = m.ServingPid();
+    ASSERT_GT(victim, 0);
+    ASSERT_NE(victim, m.pid()) << "no supervised daemon to kill";
+    ASSERT_EQ(::kill(victim, SIGKILL), 0);
+    ASSERT_TRUE(WaitFor([&] {
+      const pid_t now = m.ServingPid();
+      return now > 0 && now != victim && now != m.pid() && Status(mnt_).value("pid", 0) == now;
+    })) << m.Log();
+  }
+
+  TempDir tmp_{"ckptfs-restart"};
+  std::string src_ = tmp_ / "src";
+  std::string mnt_ = tmp_ / "mnt";
+  std::string state_ = tmp_ / "state";
+  int mounts_ = 0;
+};
+
+// Reads `path` in 1 MiB preads, pass after pass, until `stop`, checking
+// every word; an EIO is counted and the read retried.
+void StreamAndCheck(const std::string& path, uint64_t size, const std::atomic<bool>& stop, ReaderTally& t) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) {
+    ++t.other_errors;
+    return;
+  }
+  std::vector<uint64_t> buf(kMiB / 8);
+  for (uint64_t at = 0; !stop && t.wrong_at < 0;) {
+    t.in_read = true;
+    const ssize_t n = ::pread(fd, buf.data(), kMiB, static_cast<off_t>(at));
+    t.in_read = false;
+    if (n < 0) {
+      if (errno == ENOTCONN) {
+        ++t.enotconn;
+        break;
+      }
+      (errno == EIO ? t.eio : t.other_errors)++;
+      continue;
+    }
+    for (size_t i = 0; i < static_cast<size_t>(n) / 8; ++i) {
+      if (buf[i] != PatternWord(at + i * 8)) {
+        t.wrong_at = static_cast<int64_t>(at + i * 8);
+        break;
+      }
+    }
+    t.bytes += static_cast<uint64_t>(n);
+    at += static_cast<uint64_t>(n);
+    if (at >= size) {
+      at = 0;
+      ++t.passes;
+    }
+  }
+  ::close(fd);
+}
+
+TEST_F(RestartTest, AGigabyteStreamedThroughFiveKillsNeverSeesENOTCONNNorAWrongByte) {
+  constexpr uint64_t kSize = 1ull << 30;
+  WritePatternFile(src_ + "/big/model.safetensors", kSize);
+  // fill=off: every read comes to the daemon (the chunk path), so each kill
+  // lands among reads in flight, on a handle the next daemon never gave.
+  auto m = Mount("fill=off,cache_size=64M");
+  ASSERT_TRUE(WaitForLink("big")) << m->Log();
+  const std::string file = DigestDir("big") + "/model.safetensors";
+
+  std::atomic<bool> stop{false};
+  ReaderTally t;
+  std::thread reader([&] { StreamAndCheck(file, kSize, stop, t); });
+  std::random_device rd;
+  const unsigned seed = rd();
+  std::mt19937_64 rng(seed);
+  int kills = 0;
+  bool progressing = true;
+  for (int k = 0; k < 5 && progressing && t.enotconn == 0 && t.wrong_at < 0; ++k) {
+    // A random point in the stream, somewhere in the next fifth of the file.
+    const uint64_t until = t.bytes + std::uniform_int_distribution<uint64_t>(1, kSize / 5)(rng);
+    // ... at a moment the reader waits for a read, so the kill leaves one unanswered.
+    progressing = WaitFor([&] { return (t.bytes >= until && t.in_read) || t.enotconn > 0; }, std::chrono::seconds(60));
+    if (!progressing) break;
+    KillServingDaemon(*m);
+    ++kills;
+  }
+  // One whole pass after the last kill, read by the last daemon.
+  const uint64_t passes = t.passes;
+  progressing = progressing && WaitFor([&] { return t.passes > passes + 1 || t.enotconn > 0 || t.wrong_at >= 0; },
+                                       std::chrono::seconds(120));
+  EXPECT_TRUE(progressing) << "the reader hung (a read never answered)\n" << m->Log();
+  // A read the kernel never answers ends only with the connection.
+  if (!progressing) m->KillDashNine();
+  stop = true;
+  reader.join();
+
+  const nlohmann::json status = Status(mnt_);
+  std::cout << "[ figure ] 1 GiB stream, " << kills << " SIGKILLs (seed " << seed << "): " << t.eio
+            << " EIO, " << t.enotconn << " ENOTCONN, " << t.other_errors << " other errors, "
+            << t.bytes / kMiB << " MiB checked; kernel resend: " << status["daemon"].value("kernel_resend", false)
+            << "\n";
+  RecordProperty("eio_reads", std::to_string(t.eio));
+  EXPECT_EQ(kills, 5);
+  EXPECT_EQ(t.enotconn, 0u);
+  EXPECT_EQ(t.wrong_at, -1) << "a wrong byte at offset " << t.wrong_at;
+  EXPECT_EQ(t.other_errors, 0u);
+  // With FUSE_NOTIFY_RESEND the reads a dead daemon held are retried: none fails.
+  if (status["daemon"].value("kernel_resend", false)) {
+    EXPECT_EQ(t.eio, 0u);
+  }
+  EXPECT_EQ(status["daemon"]["restarts"], 5) << status.dump();
+  EXPECT_NE(status["daemon"]["last_exit"].get<std::string>().find("SIGKILL"), std::string::npos);
+  EXPECT_NE(m->Log().find("killed by signal 9 (SIGKILL)"), std::string::npos) << m->Log();
+}
+
+// `ls -lRi` (times left out: the root's and by-name's are the time of the
+// view's publish) and getfattr of every node, as text.
+std::string Listing(const std::string& mnt) {
+  CommandResult ls = RunCommand("ls -lRi --time-style=+ " + ShellQuote(mnt), true);
+  CommandResult attrs = RunCommand("cd " + ShellQuote(mnt) + " && getfattr -R -h -d -m user. . | grep -v ckptfs.control",
+                                   true);
+  return ls.out + "\n--- xattrs\n" + attrs.out;
+}
+
+TEST_F(RestartTest, ListingsAndXattrsAreTheSameAcrossAKill) {
+  WriteModel(src_ + "/org/a", {.seed = 1});
+  WriteModel(src_ + "/org/b", {.seed = 2});
+  WriteModel(src_ + "/run7", {.seed = 3});
+  WriteModel(src_ + "/run7/checkpoint-500", {.seed = 4});
+  auto m = Mount("");
+  ASSERT_TRUE(WaitForLink("org/a") && WaitForLink("org/b") && WaitFor([&] {
+    return fs::is_symlink(mnt_ + "/by-name/run7/checkpoint-500");
+  })) << m->Log();
+  const std::string before = Listing(mnt_);
+  ASSERT_NE(before.find("sha256-"), std::string::npos) << before;
+  ASSERT_NE(before.find("user.ckptfs.digest"), std::string::npos) << before;
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> loops{0}, differing{0};
+  std::string first_difference;
+  std::thread looper([&] {
+    while (!stop) {
+      const std::string now = Listing(mnt_);
+      if (now != before && differing++ == 0) first_difference = now;
+      ++loops;
+    }
+  });
+  for (int k = 0; k < 2; ++k) {
+    const int at = loops;
+    ASSERT_TRUE(WaitFor([&] { return loops > at; }, std::chrono::seconds(60)));
+    KillServingDaemon(*m);
+  }
+  const int after_kills = loops;
+  EXPECT_TRUE(WaitFor([&] { return loops > after_kills + 1; }, std::chrono::seconds(60)));
+  stop = true;
+  looper.join();
+  EXPECT_EQ(differing, 0) << "before:\n" << before << "\nthen:\n" << first_difference;
+  EXPECT_EQ(first_difference.find("not connected"), std::string::npos);
+}
+
+TEST_F(RestartTest, RestartWithAnotherBinaryUnderSixteenReadersGivesNoError) {
+  constexpr int kReaders = 16;
+  std::vector<std::string> data;
+  for (int i = 0; i < kReaders; ++i) {
+    data.push_back(RandomBytes(3 * kMiB + 1000 * i, 100 + i));
+    WriteFile(src_ + "/m/shard-" + std::to_string(i) + ".safetensors", data.back());
+  }
+  auto m = Mount("cache_size=256M");
+  ASSERT_TRUE(WaitForLink("m")) << m->Log();
+  const std::string dir = DigestDir("m");
+  const std::string old_version = Status(mnt_)["daemon"]["version"];
+
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> errors{0}, reads{0};
+  std::vector<std::thread> readers;
+  for (int i = 0; i < kReaders; ++i) {
+    readers.emplace_back([&, i] {
+      while (!stop) {
+        std::string got;
+        try {
+          got = ReadFile(dir + "/shard-" + std::to_string(i) + ".safetensors");
+        } catch (const std::exception&) {
+          ++errors;
+          continue;
+        }
+        if (got != data[static_cast<size_t>(i)]) ++errors;
+        ++reads;
+      }
+    });
+  }
+  ASSERT_TRUE(WaitFor([&] { return reads > 2 * kReaders; }));
+  const pid_t old_pid = m->ServingPid();
+  CommandResult r = RunCommand(kCtl + " restart --binary " + ShellQuote(kNextDaemon) + " " + ShellQuote(mnt_), true);
+  EXPECT_EQ(r.exit_code, 0) << r.out << m->Log();
+  const uint64_t at = reads;
+  EXPECT_TRUE(WaitFor([&] { return reads > at + 2 * kReaders; }));
+  stop = true;
+  for (auto& t : readers) t.join();
+
+  const nlohmann::json status = Status(mnt_);
+  EXPECT_EQ(errors, 0u) << m->Log();
+  EXPECT_NE(status["daemon"]["version"], old_version);
+  EXPECT_NE(status["daemon"]["version"].get<std::string>().find("+next"), std::string::npos) << status.dump();
+  EXPECT_NE(status["pid"], old_pid);
+  EXPECT_TRUE(WaitFor([&] { return ::kill(old_pid, 0) != 0; })) << "the old daemon did not exit";
+  EXPECT_NE(m->Log().find("drains and exits"), std::string::npos) << m->Log();
+}
+
+TEST_F(RestartTest, SigtermToTheSupervisorUnmounts) {
+  WriteModel(src_ + "/m", {.seed = 5});
+  auto m = Mount("");
+  ASSERT_TRUE(WaitForLink("m")) << m->Log();
+  const pid_t serving = m->ServingPid();
+  ASSERT_NE(serving, m->pid());
+  ASSERT_EQ(::kill(m->pid(), SIGTERM), 0);
+  int status = -1;
+  ASSERT_TRUE(WaitFor([&] { return ::waitpid(m->pid(), &status, WNOHANG) == m->pid(); })) << m->Log();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_FALSE(IsMounted(mnt_));
+  EXPECT_TRUE(WaitFor([&] { return ::kill(serving, 0) != 0; }));
+  EXPECT_NE(m->Log().find("unmounting"), std::string::npos) << m->Log();
+}
+
+TEST_F(RestartTest, PassthroughOpensAndPinsSurviveARestartAndAKill) {
+  const std::string data = RandomBytes(8 * kMiB + 5, 77);
+  WriteFile(src_ + "/m/model.safetensors", data);
+  auto m = Mount("cache_size=256M");
+  ASSERT_TRUE(WaitForLink("m")) << m->Log();
+  const std::string file = DigestDir("m") + "/model.safetensors";
+  CommandResult pre = RunCommand(kCtl + " preload --pin " + ShellQuote(mnt_ + "/by-name/m"), true);
+  ASSERT_EQ(pre.exit_code, 0) << pre.out;
+  if (Status(mnt_)["passthrough"]["mode"] != "on") GTEST_SKIP() << "no FUSE passthrough here";
+
+  // An open file, answered with passthrough, read half-way.
+  const int fd = ::open(file.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  std::string got(data.size(), '\0');
+  const size_t half = data.size() / 2;
+  ASSERT_EQ(::pread(fd, got.data(), half, 0), static_cast<ssize_t>(half));
+
+  // A hand-over: new opens of the inode the kernel holds in passthrough join it.
+  CommandResult r = RunCommand(kCtl + " restart " + ShellQuote(mnt_), true);
+  ASSERT_EQ(r.exit_code, 0) << r.out << m->Log();
+  EXPECT_EQ(ReadFile(file), data) << m->Log();
+  EXPECT_EQ(Status(mnt_)["passthrough"]["mode"], "on");
+
+  // A crash: the open file goes on reading from the backing file the kernel holds.
+  KillServingDaemon(*m);
+  ASSERT_EQ(::pread(fd, got.data() + half, data.size() - half, static_cast<off_t>(half)),
+            static_cast<ssize_t>(data.size() - half));
+  // A new open of the inode the kernel holds in passthrough: the supervisor
+  // told the new daemon which backing id it uses (else the kernel fails it).
+  EXPECT_EQ(ReadFile(file), data) << m->Log();
+  ::close(fd);
+  EXPECT_TRUE(got == data);
+  const nlohmann::json status = Status(mnt_);
+  EXPECT_EQ(status["passthrough"]["mode"], "on") << status.dump();
+  // The pin list brought the file back, pinned, into the new daemon's host tier.
+  EXPECT_TRUE(WaitFor([&] { return QueryMount(kCtl, "stats", mnt_)["tiers"]["host"].value("pinned", uint64_t{0}) >= data.size(); }))
+      << QueryMount(kCtl, "stats", mnt_).dump() << m->Log();
+  EXPECT_EQ(ReadFile(file), data);
+  EXPECT_GE(QueryMount(kCtl, "stats", mnt_)["opens"].value("passthrough", 0), 1) << m->Log();
+}
+
+// Runs `stat` of `path` in a child process: its errno (0: it worked), or -1
+// if it was still waiting after 20 s (then it is killed).
+int StatErrnoInChild(const std::string& path) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    struct stat st;
+    ::_exit(::stat(path.c_str(), &st) == 0 ? 0 : errno);
+  }
+  int status = 0;
+  if (!WaitFor([&] { return ::waitpid(pid, &status, WNOHANG) == pid; })) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    return -1;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST_F(RestartTest, ACrashLoopBacksOffAnswersEioAndEndsWhenADaemonStarts) {
+  WriteModel(src_ + "/m", {.seed = 6});
+  const std::string fail_file = tmp_ / "fail-start";
+  ::setenv("CKPTFS_TEST_FAIL_START", fail_file.c_str(), 1);
+  auto m = Mount("");
+  ::unsetenv("CKPTFS_TEST_FAIL_START");
+  ASSERT_TRUE(WaitForLink("m")) << m->Log();
+  WriteFile(fail_file, "");
+  ::kill(m->ServingPid(), SIGKILL);
+  ASSERT_TRUE(WaitFor([&] { return m->Log().find("crash loop") != std::string::npos; })) << m->Log();
+  const std::string log = m->Log();
+  EXPECT_NE(log.find("failing at start on purpose"), std::string::npos) << log;
+  EXPECT_NE(log.find("restarting it in 100 ms"), std::string::npos) << log;
+  EXPECT_NE(log.find("restarting it in 200 ms"), std::string::npos) << log;
+  // In the loop a request is answered, with EIO, instead of waiting forever
+  // (a name never looked up, so that the kernel has to ask).
+  int probe = 0;
+  EXPECT_EQ(StatErrnoInChild(mnt_ + "/by-name/none-" + std::to_string(++probe)), EIO) << m->Log();
+
+  fs::remove(fail_file);
+  EXPECT_TRUE(WaitFor([&] { return StatErrnoInChild(mnt_ + "/by-name/none-" + std::to_string(++probe)) == ENOENT; },
+                      std::chrono::seconds(30)))
+      << m->Log();
+  EXPECT_EQ(StatErrnoInChild(mnt_ + "/by-name/m"), 0);
+  EXPECT_NE(m->Log().find("the crash loop is over"), std::string::npos) << m->Log();
+  EXPECT_TRUE(IsMounted(mnt_));
+}
+
+}  // namespace
+}  // namespace ckptfs::testing
