@@ -124,11 +124,23 @@ pid_t MountedCkptfs::ServingPid() const {
 }
 
 void MountedCkptfs::KillDashNine() {
-  if (pid_ > 0) {
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
+  if (pid_ <= 0) return;
+  // Under a supervisor the serving child dies with it (a parent-death
+  // signal), a moment later: wait for that too, so that what the caller
+  // sees next is a dead connection, not a request cut off mid-way.
+  const pid_t serving = ServingPid();
+  ::kill(pid_, SIGKILL);
+  ::waitpid(pid_, nullptr, 0);
+  if (serving != pid_) {
+    WaitFor([&] {
+      std::ifstream stat("/proc/" + std::to_string(serving) + "/stat");
+      std::string line;
+      if (!std::getline(stat, line)) return true;  // gone
+      const auto close = line.rfind(')');
+      return close != std::string::npos && line.size() > close + 2 && line[close + 2] == 'Z';
+    });
   }
+  pid_ = -1;
 }
 
 }  // namespace ckptfs::testing
