@@ -4,6 +4,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +15,7 @@
 #include <random>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 namespace ckptfs::testing {
 
@@ -32,7 +35,14 @@ TempDir::~TempDir() {
        !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
     if (it->is_directory(ec) && !it->is_symlink(ec)) ::chmod(it->path().c_str(), 0755);
   }
-  fs::remove_all(path_, ec);
+  // A daemon that mount(8) started and umount stopped may still be closing
+  // its index in state/ for a moment (it is not the test's child to wait
+  // for): try again briefly rather than leave the tree behind.
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    fs::remove_all(path_, ec);
+    if (!fs::exists(path_, ec)) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
 }
 
 void MakeDirs(const std::string& path) { fs::create_directories(path); }
