@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "ckptfs/control_protocol.h"
 #include "ctl.h"
 
 namespace ckptfs::ctl {
@@ -35,7 +36,7 @@ int RunRestart(const RestartArgs& args) {
   }
   const int old_pid = before["pid"];
   const uint64_t old_failures = before.value("daemon", nlohmann::json::object()).value("handover_failures", uint64_t{0});
-  auto r = CallMount(mountpoint, {{"cmd", "restart"}, {"binary", args.binary}});
+  auto r = CallMount(mountpoint, {{protocol::kCmd, protocol::kRestart}, {"binary", args.binary}});
   if (!r.ok()) {
     PrintError(mountpoint + ": " + r.status().message());
     return kExitFailure;

@@ -11,6 +11,15 @@
 using namespace ckptfs::ctl;
 namespace protocol = ckptfs::protocol;
 
+namespace {
+
+// The PATH every command that talks to a mount takes.
+void AddMountPath(CLI::App* cmd, std::string& path) {
+  cmd->add_option("PATH", path, "A ckptfs mount point or any path inside one")->required();
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{
       "ckptfsctl - inspect and digest model checkpoints for ckptfs.\n"
@@ -78,25 +87,25 @@ int main(int argc, char** argv) {
       std::string(protocol::kStatus),
       "Show a mount's checkpoints being indexed, pending or invalid (with the reason), its state directory\n"
       "and options");
-  cmd_status->add_option("PATH", status_args.path, "A ckptfs mount point or any path inside one")->required();
+  AddMountPath(cmd_status, status_args.path);
   cmd_status->add_flag("--json", status_args.json, "Print JSON");
   auto* cmd_ls = app.add_subcommand(
       std::string(protocol::kLs),
       "List a mount's digest directories: digest, files, size, indexed at, by-name paths; given a path\n"
       "inside the mount, only the checkpoints at or below it");
-  cmd_ls->add_option("PATH", ls_args.path, "A ckptfs mount point or any path inside one")->required();
+  AddMountPath(cmd_ls, ls_args.path);
   cmd_ls->add_flag("--json", ls_args.json, "Print JSON");
   auto* cmd_rescan = app.add_subcommand(std::string(protocol::kRescan),
                                        "Ask a mount to rescan its source now (root or the mount's owner)");
-  cmd_rescan->add_option("PATH", rescan_args.path, "A ckptfs mount point or any path inside one")->required();
+  AddMountPath(cmd_rescan, rescan_args.path);
   cmd_rescan->add_flag("--json", rescan_args.json, "Print JSON");
 
   RestartArgs restart_args;
   auto* cmd_restart = app.add_subcommand(
-      "restart", "Hand a mount to a new daemon without unmounting it (root or the mount's owner; needs\n"
+      std::string(protocol::kRestart), "Hand a mount to a new daemon without unmounting it (root or the mount's owner; needs\n"
                  "supervise=on): the supervisor starts the new binary, it takes the FUSE connection over, the old\n"
                  "daemon finishes the requests in hand and exits. Waits until the new daemon serves");
-  cmd_restart->add_option("PATH", restart_args.path, "A ckptfs mount point or any path inside one")->required();
+  AddMountPath(cmd_restart, restart_args.path);
   cmd_restart->add_option("--binary", restart_args.binary,
                           "The ckptfs to run (an absolute path; default: the one installed where the running\n"
                           "one was started from, e.g. after a package upgrade)");
@@ -128,7 +137,7 @@ int main(int argc, char** argv) {
       "and capacity, hits, misses, fills, evictions; fill rate, bytes held by readers; verification\n"
       "failures, read-ahead and preload fills; per checkpoint (with its by-name paths) bytes resident and\n"
       "pinned; given a path inside the mount, only the checkpoints at or below it");
-  cmd_stats->add_option("PATH", stats_args.path, "A ckptfs mount point or any path inside one")->required();
+  AddMountPath(cmd_stats, stats_args.path);
   auto* stats_json = cmd_stats->add_flag("--json", stats_args.json, "Print JSON");
   cmd_stats->add_flag("--prometheus", stats_args.prometheus,
                       "Print the Prometheus text format (for node_exporter's textfile collector)")
