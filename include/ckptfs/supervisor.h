@@ -10,7 +10,10 @@
 // restart, with its cause.
 //
 // SIGTERM or SIGINT: unmounts (lazily, as fusermount3 -u -z), stops the
-// children and exits 0. SIGHUP is passed on to the serving daemon (rescan).
+// children and exits 0. Except a SIGTERM that keep_mount_on_term says is
+// the stop half of a restart (systemctl restart, which keeps the descriptor
+// in systemd's fd store): the serving daemon drains, the mount stays, and
+// on_hand_back gets the open-file record for the next supervisor. SIGHUP is passed on to the serving daemon (rescan).
 // The mount unmounted by someone else: the daemon's loop ends with status 0,
 // the descriptor reports POLLERR, and the supervisor exits 0 too.
 #pragma once
@@ -48,6 +51,13 @@ struct SupervisorConfig {
   std::vector<uint8_t> adopted_init;
   // Called with the INIT request the first daemon reports (to store it).
   std::function<void(const std::vector<uint8_t>&)> on_init_request;
+  // The open-file record (JSON array of [ino, opens, backing id]) the
+  // adopted connection's last daemon left, for the first daemon started.
+  nlohmann::json adopted_open_inodes = nlohmann::json::array();
+  // Asked at SIGTERM: true to leave the mount up for a successor.
+  std::function<bool()> keep_mount_on_term;
+  // Called once, after a SIGTERM that kept the mount, with the open-file record.
+  std::function<void(const nlohmann::json&)> on_hand_back;
   RestartPolicy::Limits limits;
 };
 
@@ -76,6 +86,8 @@ class Supervisor {
   void ReapChildren();
   void OnExit(ChildIt child, int wait_status);
   void Stop(const std::string& why);
+  void HandBack(const std::string& why);
+  void OnSignal(int signo);
   void ReportStart(uint8_t status);
   void Send(Child& child, const nlohmann::json& message);
   ChildIt Serving();  // the newest child not draining, or end()
@@ -93,6 +105,7 @@ class Supervisor {
   std::string last_exit_ = "none";
   int64_t mounted_at_ = 0;
   bool stopping_ = false;
+  bool handing_back_ = false;  // stopping, but leaving the mount to a successor
   bool started_ = false;   // the first daemon became ready
   bool crash_loop_ = false;
   int exit_status_ = 0;

@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cache_sizing.h"
+#include "ckptfs/systemd_fdstore.h"
 #include "gpu_probe.h"
 #include "kernel_tuning.h"
 #include "supervised_mount.h"
@@ -60,10 +61,12 @@ int Daemon::RunSupervisor(int argc, char** argv) {
 Status Daemon::CheckPaths(struct stat* source_st) {
   MountOptions& o = options_;
   if (Status s = CheckDirectory("source", o.source, source_st); !s.ok()) return s;
-  // A supervised daemon's mount point is mounted already, by its supervisor:
-  // a stat would wait on the very connection this process is to serve.
+  // A supervised daemon's mount point is mounted already, by its supervisor,
+  // and so is a supervisor's that systemd restarts with the stored
+  // connection: a stat would wait on the very connection it is to serve.
+  const bool mounted_already = handover_ || supervisor::StoredConnectionWaiting();
   struct stat mount_st;
-  if (!handover_) {
+  if (!mounted_already) {
     if (Status s = CheckDirectory("mount point", o.mountpoint, &mount_st); !s.ok()) return s;
   }
   state_dir_ = o.state_dir.empty() ? DefaultStateDir() : o.state_dir;
@@ -71,7 +74,7 @@ Status Daemon::CheckPaths(struct stat* source_st) {
     return Status::Error(s.message() + " (choose another with -o state=DIR)");
   }
   const std::string real_source = RealPath(o.source);
-  const std::string real_mountpoint = handover_ ? o.mountpoint : RealPath(o.mountpoint);
+  const std::string real_mountpoint = mounted_already ? o.mountpoint : RealPath(o.mountpoint);
   if (real_source == real_mountpoint) return Status::Error("mount point " + o.mountpoint + " is the source itself");
   std::vector<std::string> warnings;
   auto manifests = OpenManifestStore(o, &warnings);

@@ -82,7 +82,7 @@ void FdHandover::Listen(FsContext& ctx) {
       if (!msg.ok()) return;  // Stop, or the supervisor is gone (and kills us)
       const std::string type = (*msg)["type"];
       if (type == "drain") {
-        spdlog::info("a new daemon serves this mount now; finishing the requests in hand and exiting");
+        spdlog::info("asked to drain (a hand-over, or a restart under systemd): finishing the requests in hand and exiting");
         drained_ = true;
         DrainConnection(ctx);
       } else if (type == "handover-failed") {

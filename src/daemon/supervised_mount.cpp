@@ -15,6 +15,7 @@
 
 #include "ckptfs/supervisor.h"
 #include "ckptfs/systemd_fdstore.h"
+#include "ckptfs/systemd_job.h"
 
 namespace ckptfs::daemon {
 
@@ -71,6 +72,41 @@ Result<UniqueFd> DaemonizeWaitingForStart() {
   return write_end;
 }
 
+// The open-file record a supervisor stopped for a restart left in the fd
+// store; an empty record if there is none or it does not parse.
+nlohmann::json AdoptedOpenInodes(const std::string& text) {
+  if (text.empty()) return nlohmann::json::array();
+  nlohmann::json record = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (record.is_array()) return record;
+  spdlog::warn("supervisor: the open-file record in systemd's fd store does not parse; new opens of files held "
+               "open through passthrough may fail with EIO");
+  return nlohmann::json::array();
+}
+
+// Under systemd: the descriptor (and, once known, the INIT request) go to
+// the fd store; a SIGTERM that is part of `systemctl restart` then leaves
+// the mount up, with the open-file record stored for the next supervisor.
+void KeepConnectionInFdStore(int fuse_fd, supervisor::SupervisorConfig& c) {
+  if (Status s = supervisor::StoreFuseFd(fuse_fd); !s.ok()) {
+    spdlog::warn("{}; systemctl restart will unmount", s.message());
+    return;
+  }
+  c.on_init_request = [](const std::vector<uint8_t>& init) {
+    if (Status s = supervisor::StoreInitRequest(init); !s.ok()) spdlog::warn("{}", s.message());
+  };
+  c.keep_mount_on_term = [] {
+    std::string why;
+    const bool restart = supervisor::StoppingForRestart(&why);
+    spdlog::info("supervisor: SIGTERM: {}; {}", why, restart ? "keeping the mount" : "unmounting");
+    return restart;
+  };
+  c.on_hand_back = [](const nlohmann::json& open_inodes) {
+    if (Status s = supervisor::StoreOpenInodes(open_inodes.dump()); !s.ok()) {
+      spdlog::warn("{}: the next daemon will not know which files are open", s.message());
+    }
+  };
+}
+
 }  // namespace
 
 void DetachStandardStreams() {
@@ -87,6 +123,7 @@ int RunSupervisor(fuse_session* se, const MountOptions& o, int argc, char** argv
   if (stored) {
     spdlog::info("supervisor: took the FUSE connection of {} back from systemd's fd store", o.mountpoint);
     c.adopted_init = stored->init_request;
+    c.adopted_open_inodes = AdoptedOpenInodes(stored->open_inodes);
   } else if (fuse_session_mount(se, o.mountpoint.c_str()) != 0) {
     spdlog::critical("cannot mount {} at {} (is /dev/fuse there, and fusermount3 installed?)", o.source, o.mountpoint);
     fuse_session_destroy(se);
@@ -96,12 +133,7 @@ int RunSupervisor(fuse_session* se, const MountOptions& o, int argc, char** argv
   // or a draining daemon could not stop without taking a request.
   const int fd = stored ? stored->fuse.get() : fuse_session_fd(se);
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-  if (supervisor::UnderSystemd()) {
-    if (Status s = supervisor::StoreFuseFd(fd); !s.ok()) spdlog::warn("{}", s.message());
-    c.on_init_request = [](const std::vector<uint8_t>& init) {
-      if (Status s = supervisor::StoreInitRequest(init); !s.ok()) spdlog::warn("{}", s.message());
-    };
-  }
+  if (supervisor::UnderSystemd()) KeepConnectionInFdStore(fd, c);
   log.BeforeDaemonize();
   if (!o.foreground) {
     auto ready = DaemonizeWaitingForStart();
@@ -129,9 +161,10 @@ int RunSupervisor(fuse_session* se, const MountOptions& o, int argc, char** argv
     }
   };
   const bool detach = !o.foreground;
-  c.on_started = [&log, detach, &o] {
+  c.on_started = [&log, detach, &o, adopted = stored.has_value()] {
     if (detach) DetachStandardStreams();
     log.AfterMount();
+    if (adopted) supervisor::ForgetOpenInodes();  // the first daemon has it; stale from now on
     supervisor::NotifyReady("serving " + o.mountpoint);
   };
   supervisor::Supervisor supervisor(std::move(c));

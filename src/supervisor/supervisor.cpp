@@ -166,7 +166,7 @@ void Supervisor::OnReady(ChildIt child) {
     ReportStart(0);
     if (config_.on_started) config_.on_started();
     // A connection adopted from the fd store: its last daemon died with us.
-    if (!config_.adopted_init.empty()) Send(*child, {{"type", "resend"}, {"inodes", nlohmann::json::array()}});
+    if (!config_.adopted_init.empty()) Send(*child, {{"type", "resend"}, {"inodes", config_.adopted_open_inodes}});
     return;
   }
   bool predecessor_alive = false;
@@ -209,7 +209,13 @@ void Supervisor::OnExit(ChildIt child, int wait_status) {
   children_.erase(child);
   const std::string cause = DescribeExit(wait_status);
   const double ran = Seconds(Clock::now() - dead.started);
-  if (stopping_) return;
+  if (stopping_) {
+    // Handing back: what a daemon that died before its final record reported as it went.
+    if (handing_back_ && dead.ready && inherited_.empty()) {
+      for (const auto& [ino, held] : dead.open_inodes) inherited_.push_back({ino, held.first, held.second});
+    }
+    return;
+  }
   const ChildIt serving = Serving();
   if (dead.draining) {
     last_exit_ = "handed over (" + cause + ")";
@@ -267,6 +273,38 @@ void Supervisor::Stop(const std::string& why) {
   restart_at_ = Clock::now() + kStopGrace;  // the deadline for the children
 }
 
+void Supervisor::HandBack(const std::string& why) {
+  if (stopping_) return;
+  stopping_ = true;
+  handing_back_ = true;
+  inherited_ = nlohmann::json::array();
+  spdlog::info("supervisor: {}: leaving {} mounted for the next supervisor; the serving daemon drains", why,
+               config_.mountpoint);
+  for (auto& c : children_) {
+    if (c.ready && !c.draining) {
+      c.draining = true;
+      Send(c, {{"type", "drain"}});
+    } else if (!c.draining) {
+      ::kill(c.pid, SIGTERM);  // a start not yet serving has nothing to hand over
+    }
+  }
+  restart_at_ = Clock::now() + kStopGrace;  // the deadline for the children
+}
+
+void Supervisor::OnSignal(int signo) {
+  const std::string name = std::string("signal ") + sigabbrev_np(signo);
+  if (signo == SIGCHLD) {
+    ReapChildren();
+  } else if (signo == SIGHUP) {
+    if (auto s = Serving(); s != children_.end()) ::kill(s->pid, SIGHUP);
+  } else if (signo == SIGTERM && !stopping_ && started_ && config_.keep_mount_on_term &&
+             config_.keep_mount_on_term()) {
+    HandBack(name + " for a restart");
+  } else {
+    Stop(name);
+  }
+}
+
 int Supervisor::PollTimeoutMs() const {
   if (!restart_pending_ && !stopping_) return -1;
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(restart_at_ - Clock::now()).count();
@@ -295,15 +333,7 @@ void Supervisor::PollOnce() {
   }
   if (answer_eio && fds.back().revents != 0) AnswerQueuedWithEio(config_.fuse_fd);
   signalfd_siginfo si;
-  while (::read(signals_.get(), &si, sizeof si) == sizeof si) {
-    if (si.ssi_signo == SIGCHLD) {
-      ReapChildren();
-    } else if (si.ssi_signo == SIGHUP) {
-      if (auto s = Serving(); s != children_.end()) ::kill(s->pid, SIGHUP);
-    } else {
-      Stop(std::string("signal ") + sigabbrev_np(static_cast<int>(si.ssi_signo)));
-    }
-  }
+  while (::read(signals_.get(), &si, sizeof si) == sizeof si) OnSignal(static_cast<int>(si.ssi_signo));
   ReapChildren();  // a SIGCHLD merged with one read above is not lost
   const auto now = Clock::now();
   if (stopping_ && now >= restart_at_) {
@@ -332,6 +362,7 @@ int Supervisor::Run() {
     return 1;
   }
   while (!(stopping_ && children_.empty())) PollOnce();
+  if (handing_back_ && config_.on_hand_back) config_.on_hand_back(inherited_);
   return exit_status_;
 }
 

@@ -17,13 +17,30 @@ namespace {
 
 constexpr const char* kFuseName = "fuse";
 constexpr const char* kInitName = "fuse-init";
+constexpr const char* kOpenInodesName = "fuse-open-inodes";
 constexpr size_t kMaxInit = 4096;  // a fuse_in_header and fuse_init_in are ~100 bytes
 
-std::vector<uint8_t> ReadAll(int fd) {
-  std::vector<uint8_t> out(kMaxInit);
+std::vector<uint8_t> ReadAll(int fd, size_t limit) {
+  std::vector<uint8_t> out(limit);
   const ssize_t n = ::pread(fd, out.data(), out.size(), 0);
   out.resize(n > 0 ? static_cast<size_t>(n) : 0);
   return out;
+}
+
+size_t FileSize(int fd) {
+  struct stat st {};
+  return ::fstat(fd, &st) == 0 && st.st_size > 0 ? static_cast<size_t>(st.st_size) : 0;
+}
+
+// A sealed memfd holding `bytes`: nobody changes it while systemd keeps it.
+Result<UniqueFd> SealedMemfd(const char* name, const void* bytes, size_t size) {
+  UniqueFd memfd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!memfd.valid()) return Status::FromErrno(std::string("memfd_create for ") + name, errno);
+  if (::pwrite(memfd.get(), bytes, size, 0) != static_cast<ssize_t>(size) ||
+      ::fcntl(memfd.get(), F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return Status::FromErrno(std::string("writing ") + name + " to a memfd", errno);
+  }
+  return memfd;
 }
 
 Status Store(int fd, const char* name) {
@@ -47,7 +64,11 @@ std::optional<StoredConnection> TakeStoredConnection() {
     if (name == kFuseName && !c.fuse.valid()) {
       c.fuse.reset(fd);
     } else if (name == kInitName && c.init_request.empty()) {
-      c.init_request = ReadAll(fd);
+      c.init_request = ReadAll(fd, kMaxInit);
+      ::close(fd);
+    } else if (name == kOpenInodesName && c.open_inodes.empty()) {
+      const std::vector<uint8_t> json = ReadAll(fd, FileSize(fd));
+      c.open_inodes.assign(json.begin(), json.end());
       ::close(fd);
     } else {
       ::close(fd);  // nothing of ours
@@ -62,6 +83,18 @@ std::optional<StoredConnection> TakeStoredConnection() {
   return c;
 }
 
+bool StoredConnectionWaiting() {
+  char** names = nullptr;
+  const int n = sd_listen_fds_with_names(/*unset_environment=*/0, &names);
+  bool found = false;
+  for (int i = 0; i < n && names != nullptr; ++i) {
+    found = found || (names[i] != nullptr && std::strcmp(names[i], kFuseName) == 0);
+    std::free(names[i]);
+  }
+  std::free(names);
+  return found;
+}
+
 bool UnderSystemd() {
   const char* s = std::getenv("NOTIFY_SOCKET");
   return s != nullptr && s[0] != '\0';
@@ -70,13 +103,18 @@ bool UnderSystemd() {
 Status StoreFuseFd(int fd) { return Store(fd, kFuseName); }
 
 Status StoreInitRequest(const std::vector<uint8_t>& request) {
-  UniqueFd memfd(::memfd_create("ckptfs-fuse-init", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!memfd.valid()) return Status::FromErrno("memfd_create for the INIT request", errno);
-  if (::pwrite(memfd.get(), request.data(), request.size(), 0) != static_cast<ssize_t>(request.size()) ||
-      ::fcntl(memfd.get(), F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    return Status::FromErrno("writing the INIT request to a memfd", errno);
-  }
-  return Store(memfd.get(), kInitName);
+  auto memfd = SealedMemfd("ckptfs-fuse-init", request.data(), request.size());
+  return memfd.ok() ? Store(memfd->get(), kInitName) : memfd.status();
+}
+
+Status StoreOpenInodes(const std::string& json) {
+  ForgetOpenInodes();
+  auto memfd = SealedMemfd("ckptfs-open-inodes", json.data(), json.size());
+  return memfd.ok() ? Store(memfd->get(), kOpenInodesName) : memfd.status();
+}
+
+void ForgetOpenInodes() {
+  sd_notify(0, (std::string("FDSTOREREMOVE=1\nFDNAME=") + kOpenInodesName).c_str());
 }
 
 void NotifyReady(const std::string& status) {
