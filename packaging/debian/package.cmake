@@ -135,7 +135,8 @@ set(CPACK_DEBIAN_PACKAGE_DEPENDS "fuse3")
 # package: CMake 3.25's (CPACK_DEBIAN_DEBUGINFO_PACKAGE) lists absolute build
 # paths in its md5sums and has neither copyright nor changelog.
 set(CPACK_STRIP_FILES ON)
-# postrm removes /var/lib/ckptfs and /run/ckptfs on purge.
-set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA ${_pkg}/postrm)
+# postinst moves running ckptfs@ mounts to an upgrade's binaries without
+# unmounting; postrm removes /var/lib/ckptfs and /run/ckptfs on purge.
+set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA ${_pkg}/postinst ${_pkg}/postrm)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION TRUE)
 include(CPack)

@@ -359,7 +359,8 @@ fstab: type ckptfs (through mount.ckptfs) or fuse.ckptfs (through mount.fuse3):
 
 Restart and upgrade: with supervise=on a daemon that dies is restarted and
 resumes the mount; `ckptfsctl restart MOUNTPOINT` hands it to a new binary.
-SIGTERM to the supervisor (the process mount started) unmounts.
+SIGTERM to the supervisor (the process mount started) unmounts, except under
+systemd during a restart job (systemctl restart ckptfs@X), which keeps it.
 Recovery after the whole mount died ("Transport endpoint is not connected";
 supervise=off, or the supervisor was killed): fusermount3 -u -z MOUNTPOINT
 (or umount -l MOUNTPOINT), then mount again.
