@@ -3,9 +3,10 @@
 // fake_service_manager.h: the fd store, LISTEN_FDS, and the bus that says
 // which job runs) with real processes and a real mount: the supervisor
 // told SIGTERM during a restart job leaves the mount up, its connection and
-// open-file record in the store; the next supervisor takes them back and
-// a reader looping over a file the whole time sees no error, ENOTCONN
-// included; SIGTERM during a stop job still unmounts.
+// open-file record in the store; a read made while no supervisor runs
+// waits and gets the right bytes; the next supervisor takes the connection
+// back and a reader looping over a file the whole time sees no error,
+// ENOTCONN included; SIGTERM during a stop job still unmounts.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -18,6 +19,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "ckptfs/unique_fd.h"
 #include "fake_service_manager.h"
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
@@ -64,22 +66,56 @@ void ReadInLoop(const std::string& path, const std::string& expected, const std:
   }
 }
 
-// Kills and reaps what it was given, and lazily unmounts, unless released.
-struct Cleanup {
+// The supervisors started: each is reaped by ExitStatus or, at the end of
+// a failed test, killed; then the mount point is lazily unmounted.
+struct Supervisors {
   std::string mnt;
   std::vector<pid_t> pids;
-  ~Cleanup() {
-    for (pid_t p : pids) ::kill(p, SIGKILL);
+  ~Supervisors() {
+    for (pid_t p : pids) ::kill(p, SIGKILL);  // its daemons die with it (PR_SET_PDEATHSIG)
     for (pid_t p : pids) ::waitpid(p, nullptr, 0);
     if (IsMounted(mnt)) RunCommand("fusermount3 -u -z " + ShellQuote(mnt));
   }
+  // Its exit status once it exits (within 30 s), else -1 and left to the destructor.
+  int ExitStatus(pid_t pid) {
+    int status = -1;
+    if (!WaitFor([&] { return ::waitpid(pid, &status, WNOHANG) == pid; }, std::chrono::seconds(30))) return -1;
+    pids.erase(std::remove(pids.begin(), pids.end(), pid), pids.end());
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
 };
 
-int ExitStatusOf(pid_t pid) {
-  int status = -1;
-  if (!WaitFor([&] { return ::waitpid(pid, &status, WNOHANG) == pid; }, std::chrono::seconds(30))) return -1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+// The file's bytes, or the error as text ("error: ...").
+std::string ReadWhole(const std::string& path) {
+  try {
+    return ReadFile(path);
+  } catch (const std::exception& e) {
+    return std::string("error: ") + e.what();
+  }
 }
+
+// Where the kernel has thread `tid` of this process wait ("request_wait_answer":
+// on a FUSE request).
+std::string WaitChannel(pid_t tid) {
+  std::string text;
+  try {
+    text = ReadFile("/proc/self/task/" + std::to_string(tid) + "/wchan");
+  } catch (const std::exception&) {
+  }
+  return text;
+}
+
+// Stops and joins a reader thread, at the end of the scope whatever failed.
+// Declared before the manager: a reader waiting on a connection nobody
+// serves is let go once the manager closes the stored descriptor.
+struct ReaderThread {
+  std::atomic<bool> stop{false};
+  std::thread thread;
+  ~ReaderThread() {
+    stop = true;
+    if (thread.joinable()) thread.join();
+  }
+};
 
 class SystemdRestartTest : public ::testing::Test {
  protected:
@@ -101,11 +137,13 @@ TEST_F(SystemdRestartTest, RestartJobKeepsTheMountAndTheReaderNeverFailsStopJobU
   WriteFile(src_ + "/m/model.safetensors", data);
   MakeDirs(mnt_);
   MakeDirs(tmp_ / "manager");
+  LoopTally tally;
+  ReaderThread reader, gap_reader;
   FakeServiceManager manager(tmp_ / "manager");
-  Cleanup cleanup{mnt_, {}};
+  Supervisors supervisors{mnt_, {}};
 
   const pid_t first = manager.Start(Argv(), log_);
-  cleanup.pids.push_back(first);
+  supervisors.pids.push_back(first);
   ASSERT_TRUE(WaitFor([&] { return manager.ReadyCount() == 1; }, std::chrono::seconds(60))) << Log();
   ASSERT_TRUE(WaitFor([&] { return fs::is_symlink(mnt_ + "/by-name/m"); })) << Log();
   const std::string file = mnt_ + "/" + fs::read_symlink(mnt_ + "/by-name/m").filename().string() + "/model.safetensors";
@@ -113,37 +151,45 @@ TEST_F(SystemdRestartTest, RestartJobKeepsTheMountAndTheReaderNeverFailsStopJobU
   ASSERT_EQ(pre.exit_code, 0) << pre.out;
   // Held open across the restart: with passthrough the kernel keeps its
   // backing id, and new opens fail with EIO unless the next daemon learns it.
-  const int held = ::open(file.c_str(), O_RDONLY);
-  ASSERT_GE(held, 0);
+  const UniqueFd held(::open(file.c_str(), O_RDONLY));
+  ASSERT_TRUE(held.valid());
   ASSERT_EQ(ReadFile(file), data);
   EXPECT_TRUE(WaitFor([&] {
     const auto names = manager.StoredNames();
     return std::count(names.begin(), names.end(), "fuse") == 1 && std::count(names.begin(), names.end(), "fuse-init") == 1;
   })) << Log();
 
-  LoopTally tally;
-  std::atomic<bool> stop{false};
-  std::thread reader([&] { ReadInLoop(file, data, stop, tally); });
+  reader.thread = std::thread([&] { ReadInLoop(file, data, reader.stop, tally); });
   ASSERT_TRUE(WaitFor([&] { return tally.reads >= 3; })) << Log();
 
   // systemctl restart: the stop half.
   manager.SetJobType("restart");
   ASSERT_EQ(::kill(first, SIGTERM), 0);
-  EXPECT_EQ(ExitStatusOf(first), 0) << Log();
-  cleanup.pids.clear();
+  EXPECT_EQ(supervisors.ExitStatus(first), 0) << Log();
   EXPECT_TRUE(IsMounted(mnt_)) << Log();
   const auto names = manager.StoredNames();
   EXPECT_EQ(std::count(names.begin(), names.end(), "fuse-open-inodes"), 1) << Log();
+  // Between the two halves no daemon runs: a read made now waits in the
+  // kernel (seen in its thread's wait channel) for the next one.
+  std::atomic<pid_t> gap_tid{0};
+  std::string gap_bytes;
+  gap_reader.thread = std::thread([&] {
+    gap_tid = ::gettid();
+    gap_bytes = ReadWhole(file);
+  });
+  EXPECT_TRUE(WaitFor([&] { return gap_tid != 0 && WaitChannel(gap_tid) == "request_wait_answer"; })) << Log();
   // The start half: the stored descriptors, as LISTEN_FDS.
   manager.SetJobType("");
   const pid_t second = manager.Start(Argv(), log_);
-  cleanup.pids.push_back(second);
+  supervisors.pids.push_back(second);
   ASSERT_TRUE(WaitFor([&] { return manager.ReadyCount() == 2; }, std::chrono::seconds(60))) << Log();
+  gap_reader.thread.join();
+  EXPECT_TRUE(gap_bytes == data) << gap_bytes.size() << " bytes: " << gap_bytes.substr(0, 200);
   const uint64_t reads_at_restart = tally.reads;
   EXPECT_TRUE(WaitFor([&] { return tally.reads >= reads_at_restart + 3 || tally.enotconn > 0; })) << Log();
   EXPECT_EQ(ReadFile(file), data) << Log();
   char tail[16] = {};
-  EXPECT_EQ(::pread(held, tail, sizeof tail, static_cast<off_t>(data.size() - sizeof tail)), 16) << Log();
+  EXPECT_EQ(::pread(held.get(), tail, sizeof tail, static_cast<off_t>(data.size() - sizeof tail)), 16) << Log();
   EXPECT_EQ(std::string(tail, sizeof tail), data.substr(data.size() - sizeof tail));
   EXPECT_NE(Log().find("took the FUSE connection"), std::string::npos) << Log();
   // The record went to the daemon that serves now; the store forgets it.
@@ -152,9 +198,8 @@ TEST_F(SystemdRestartTest, RestartJobKeepsTheMountAndTheReaderNeverFailsStopJobU
     return std::count(now.begin(), now.end(), "fuse-open-inodes") == 0;
   })) << Log();
 
-  stop = true;
-  reader.join();
-  ::close(held);
+  reader.stop = true;
+  reader.thread.join();
   EXPECT_EQ(tally.enotconn, 0u) << Log();
   EXPECT_EQ(tally.other_errors, 0u) << "last errno " << tally.last_errno << "\n" << Log();
   EXPECT_EQ(tally.wrong, 0u);
@@ -162,8 +207,7 @@ TEST_F(SystemdRestartTest, RestartJobKeepsTheMountAndTheReaderNeverFailsStopJobU
   // systemctl stop: SIGTERM during a stop job unmounts.
   manager.SetJobType("stop");
   ASSERT_EQ(::kill(second, SIGTERM), 0);
-  EXPECT_EQ(ExitStatusOf(second), 0) << Log();
-  cleanup.pids.clear();
+  EXPECT_EQ(supervisors.ExitStatus(second), 0) << Log();
   EXPECT_FALSE(IsMounted(mnt_)) << Log();
   EXPECT_NE(Log().find("systemd job stop; unmounting"), std::string::npos) << Log();
 }

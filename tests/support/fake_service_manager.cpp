@@ -219,7 +219,10 @@ pid_t FakeServiceManager::Start(const std::vector<std::string>& argv, const std:
     if (log >= 0) ::close(log);
     return pid;
   }
-  if (log >= 0) ::dup2(log, STDERR_FILENO);
+  if (log >= 0) {  // both: a process left behind must not hold the test's output open
+    ::dup2(log, STDOUT_FILENO);
+    ::dup2(log, STDERR_FILENO);
+  }
   // The child: descriptors to 3, 4, ... (through copies above them first),
   // and LISTEN_PID, which it learns only now.
   std::vector<int> high;

@@ -32,7 +32,7 @@ class FakeServiceManager {
   void SetJobType(const std::string& type);
   // Starts `argv` (argv[0] an absolute path) as the service's main process,
   // with NOTIFY_SOCKET, DBUS_SYSTEM_BUS_ADDRESS and the stored descriptors;
-  // its standard error appended to `log_path`.
+  // its standard output and error appended to `log_path`.
   pid_t Start(const std::vector<std::string>& argv, const std::string& log_path);
   // The FDNAME of each stored descriptor, after reading every notification sent so far.
   std::vector<std::string> StoredNames();
