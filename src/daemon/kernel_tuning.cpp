@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 
@@ -62,13 +63,17 @@ void SetBdiReadahead(const std::string& mountpoint, uint64_t bytes, const std::a
 
 namespace {
 
-// The bracketed word of a transparent_hugepage setting ("always [advise] never").
+// The bracketed word of a transparent_hugepage setting ("always [advise]
+// never"), or the only word of a file that holds one (a copy of the setting
+// written by a test: sysfs itself always shows the bracketed list).
 std::string ReadSetting(const std::string& path) {
   std::ifstream in(path);
+  std::vector<std::string> words;
   for (std::string word; in >> word;) {
     if (word.size() > 2 && word.front() == '[') return word.substr(1, word.size() - 2);
+    words.push_back(word);
   }
-  return "";
+  return words.size() == 1 ? words[0] : "";
 }
 
 }  // namespace

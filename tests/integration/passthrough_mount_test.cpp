@@ -140,6 +140,10 @@ TEST_F(PassthroughMountTest, EveryFileByteForByteWithNoReadReachingTheDaemon) {
   EXPECT_EQ(after["read_requests"], before["read_requests"]);
   EXPECT_EQ(after["bytes_served"], before["bytes_served"]);
   EXPECT_EQ(after["source_bytes_read"], before["source_bytes_read"]);
+  // The daemon asked for 2 MiB pages (shmem_huge=advise, the default) unless
+  // the machine's setting already allowed or forbade them.
+  const std::string thp = after["memory"]["huge_pages"]["shmem_enabled"];
+  EXPECT_NE(thp, "never") << after["memory"].dump();
 }
 
 TEST_F(PassthroughMountTest, TheFirstOpenIsServedAtOnceAndFillsTheCopyForTheNext) {

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 
 #include "ckptfs/file_stamp.h"
@@ -111,32 +112,45 @@ TEST(SealedCopyWritableTest, AFillReadsStraightIntoACopyWrittenThroughAMapping) 
   EXPECT_EQ((*by_pwrite)->WritableAt(0, 10), nullptr);  // no mapping to read into
 }
 
-// The real setting (the tests run as root on a kernel with THP): restored
-// afterwards.
+// Against a copy of the setting's file (the machine's own is shared with
+// every daemon the other tests start).
 TEST(ShmemHugePagesTest, TheKernelDefaultBecomesAdviseAndAnyOtherChoiceStays) {
-  const std::string path = "/sys/kernel/mm/transparent_hugepage/shmem_enabled";
-  ASSERT_TRUE(std::filesystem::exists(path)) << "a kernel without transparent huge pages";
-  const std::string original = SealedCopy::ShmemHugePages();
-  auto set = [&](const char* value) { std::ofstream(path) << value; };
+  TempDir thp("ckptfs-thp");
+  const std::string path = thp / "shmem_enabled";
+  auto set = [&](const std::string& chosen) {
+    std::string list;
+    for (const char* v : {"always", "within_size", "advise", "never", "deny", "force"}) {
+      list += (list.empty() ? "" : " ") + (v == chosen ? "[" + chosen + "]" : std::string(v));
+    }
+    WriteFile(path, list + "\n");
+  };
+  auto now = [&] {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
 
   set("never");
-  auto changed = daemon::AskForShmemHugePages();
+  auto changed = daemon::AskForShmemHugePages(thp.path());
   ASSERT_TRUE(changed.ok()) << changed.status().message();
   EXPECT_NE(changed->find("to advise"), std::string::npos) << *changed;
-  EXPECT_EQ(SealedCopy::ShmemHugePages(), "advise");
-  auto again = daemon::AskForShmemHugePages();
+  EXPECT_EQ(now(), "advise");  // what a write to the sysfs file says
+  set("advise");
+  auto again = daemon::AskForShmemHugePages(thp.path());
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(*again, "");  // nothing left to do
 
-  for (const char* chosen : {"always", "within_size", "deny"}) {
+  for (const char* chosen : {"always", "within_size", "deny", "force"}) {
     set(chosen);
-    auto left = daemon::AskForShmemHugePages();
+    const std::string before = now();
+    auto left = daemon::AskForShmemHugePages(thp.path());
     ASSERT_TRUE(left.ok());
     EXPECT_EQ(*left, "") << chosen;
-    EXPECT_EQ(SealedCopy::ShmemHugePages(), chosen);
+    EXPECT_EQ(now(), before) << chosen;  // an administrator's choice is not touched
   }
-  set(original.c_str());
-  EXPECT_EQ(SealedCopy::ShmemHugePages(), original);
+  // A kernel without transparent huge pages: no file, nothing done.
+  auto none = daemon::AskForShmemHugePages(thp / "absent");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*none, "");
 }
 
 }  // namespace
