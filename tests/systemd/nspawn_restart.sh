@@ -3,7 +3,7 @@
 # of Debian 12, running ckptfs@models.service from BUILD_DIR's binaries. A
 # reader hashes a file through /models in a loop while the unit is restarted
 # (systemctl restart and try-restart, the package's postinst, 8 restarts in
-# a row) and reloaded; it must never see an error (ENOTCONN: "Transport
+# a row), reloaded, and its supervisor killed with SIGKILL; it must never see an error (ENOTCONN: "Transport
 # endpoint is not connected"). `systemctl stop` must then unmount.
 #
 #   tests/systemd/nspawn_restart.sh BUILD_DIR [ROOTFS]
@@ -91,12 +91,16 @@ nsenter -t "$leader" -a -- sh -c "while :; do if s=\$(sha256sum < /models/by-nam
   > "/tmp/$machine.reader" 2>&1 &
 reader=$!
 sleep 2
-# "postinst": the package's postinst as dpkg runs it after an upgrade.
-for action in restart restart try-restart reload postinst restart; do
+# "postinst": the package's postinst as dpkg runs it after an upgrade;
+# "kill-main": SIGKILL to the supervisor (Restart=always brings it back).
+for action in restart restart try-restart reload postinst kill-main restart; do
   before=$(in_ct systemctl show -p MainPID --value ckptfs@models.service)
   start=$(date +%s.%N)
   if [[ $action == postinst ]]; then
     check "postinst configure 0.0.1-1" in_ct /usr/local/sbin/ckptfs.postinst configure 0.0.1-1
+  elif [[ $action == kill-main ]]; then
+    check "systemctl kill --kill-who=main -s KILL" in_ct systemctl kill --kill-who=main -s KILL ckptfs@models.service
+    sleep 3  # RestartSec=1, then the new supervisor's start
   else
     check "systemctl $action ckptfs@models.service" in_ct systemctl "$action" ckptfs@models.service
   fi
