@@ -3,6 +3,7 @@
 #include <systemd/sd-bus.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -14,6 +15,7 @@ namespace {
 constexpr const char* kManager = "org.freedesktop.systemd1";
 constexpr const char* kManagerPath = "/org/freedesktop/systemd1";
 constexpr const char* kPrivateBus = "unix:path=/run/systemd/private";
+constexpr uint64_t kCallTimeoutUsec = 5'000'000;
 
 struct BusUnref {
   void operator()(sd_bus* b) const { sd_bus_flush_close_unref(b); }
@@ -42,6 +44,9 @@ Result<Bus> Connect() {
   if (rc >= 0) rc = sd_bus_set_address(raw, address.c_str());
   // systemd's private socket speaks peer-to-peer: no Hello, no bus names.
   if (rc >= 0) rc = sd_bus_set_bus_client(raw, address != kPrivateBus);
+  // systemd is waiting for this process to exit, not blocked: it answers at
+  // once. The bound keeps a wedged bus from eating the stop timeout.
+  if (rc >= 0) rc = sd_bus_set_method_call_timeout(raw, kCallTimeoutUsec);
   if (rc >= 0) rc = sd_bus_start(raw);
   if (rc < 0) return Status::FromErrno("connecting to systemd at " + address, -rc);
   return bus;
