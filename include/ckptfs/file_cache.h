@@ -135,8 +135,8 @@ class FileCache {
   class PageLock;
   void Abandon(Reservation& fill);
   Status PinRefused() const;
-  bool MakeRoom(uint64_t bytes, const FileKey& keep);
-  void Drop(std::map<FileKey, Entry>::iterator it);
+  bool MakeRoom(uint64_t bytes, const FileKey& keep, std::vector<CopyPtr>& released);
+  void Drop(std::map<FileKey, Entry>::iterator it, std::vector<CopyPtr>& released);
   CopyPtr PublishLocked(std::unique_ptr<Reservation> fill, std::unique_ptr<SealedCopy> copy);
   void MarkPinned(Entry& e);
   void LockPages(const FileKey& key);

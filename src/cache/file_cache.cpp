@@ -79,19 +79,23 @@ FileCache::CopyPtr FileCache::Find(const FileKey& key, bool use) {
   return it->second.copy;
 }
 
-void FileCache::Drop(std::map<FileKey, Entry>::iterator it) {
+// The copy goes to `released`, which the caller lets go of after unlocking:
+// the last reference unmaps the copy and frees its memfd's pages, which takes
+// time for a large file and must not hold up Find.
+void FileCache::Drop(std::map<FileKey, Entry>::iterator it, std::vector<CopyPtr>& released) {
   const auto& copy = it->second.copy;
   const uint64_t bytes = PageBytes(copy->size());
   used_ -= bytes;
   if (it->second.pinned) pinned_ -= bytes;  // its pages are unlocked by the caller (Evict)
   // Readers may still hold it: remember it to count what they hold.
   if (copy.use_count() > 1) evicted_.push_back(copy);
+  released.push_back(std::move(it->second.copy));
   lru_.erase(it->second.lru);
   entries_.erase(it);
   ++counters_.evictions;
 }
 
-bool FileCache::MakeRoom(uint64_t bytes, const FileKey& keep) {
+bool FileCache::MakeRoom(uint64_t bytes, const FileKey& keep, std::vector<CopyPtr>& released) {
   auto victim = lru_.end();
   while (used_ + reserved_ + bytes > capacity_) {
     // The least recently used copy that is not pinned.
@@ -103,13 +107,14 @@ bool FileCache::MakeRoom(uint64_t bytes, const FileKey& keep) {
       }
     }
     if (victim == lru_.end()) return false;
-    Drop(entries_.find(*victim));
+    Drop(entries_.find(*victim), released);
   }
   return true;
 }
 
 Result<FileCache::Claimed> FileCache::Claim(const FileKey& key, uint64_t size, bool pin, bool wait) {
   const uint64_t bytes = PageBytes(size);
+  std::vector<CopyPtr> released;  // declared before the lock: let go of after it
   std::unique_lock lock(mu_);
   for (;;) {
     if (auto it = entries_.find(key); it != entries_.end()) {
@@ -125,7 +130,7 @@ Result<FileCache::Claimed> FileCache::Claim(const FileKey& key, uint64_t size, b
     return Status::Full("the file (" + std::to_string(size) + " bytes) is larger than the host tier (" +
                         std::to_string(capacity_) + " bytes)");
   }
-  if (!MakeRoom(bytes, key)) {
+  if (!MakeRoom(bytes, key, released)) {
     return Status::Full("no room in the host tier: " + std::to_string(used_ + reserved_) + " of " +
                         std::to_string(capacity_) + " bytes are pinned or being filled");
   }
@@ -227,18 +232,16 @@ uint64_t FileCache::Unpin(const Sha256Digest& sha256) {
 
 uint64_t FileCache::Evict(const Sha256Digest& sha256) {
   std::lock_guard pin_lock(pin_mu_);
-  std::vector<const SealedCopy*> dropped;
+  std::vector<CopyPtr> dropped;
   uint64_t bytes = 0;
   {
     std::lock_guard lock(mu_);
     for (auto it = entries_.lower_bound(FileKey{sha256, ""}); it != entries_.end() && it->first.sha256 == sha256;) {
       bytes += it->second.copy->size();
-      dropped.push_back(it->second.copy.get());
-      Drop(it++);
+      Drop(it++, dropped);
     }
   }
-  // A page lock holds its copy, so the pointer still names the same copy.
-  for (const SealedCopy* c : dropped) page_locks_.erase(c);
+  for (const CopyPtr& c : dropped) page_locks_.erase(c.get());
   return bytes;
 }
 
