@@ -36,6 +36,8 @@ nlohmann::json OptionsJson(const MountOptions& o, const std::string& log_destina
           {"passthrough", o.passthrough ? "auto" : "off"},
           {"fill", o.fill},
           {"fill_depth", FillDepth(o)},
+          {"fill_io", o.fill_direct ? "direct" : "buffered"},
+          {"shmem_huge", o.shmem_huge_advise ? "advise" : "keep"},
           {"log", o.log_level},
           {"log_file", log_destination}};
 }
