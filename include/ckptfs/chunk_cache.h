@@ -1,61 +1,43 @@
-// ChunkCache: verified 4 MiB chunks of source files, keyed by (file SHA-256,
-// chunk index) so that checkpoints sharing a file share its cache entries.
+// ChunkCache: the chunk path's cache of verified 4 MiB chunks of source
+// files, keyed by (file SHA-256, chunk index) so that checkpoints sharing a
+// file share its cache entries.
 //
-// Two tiers. The host tier (HostMemory, pinned) serves reads. The optional GPU
-// tier (DeviceMemory) receives chunks evicted from the host tier while it has
-// room; a host miss that hits the GPU tier copies the chunk back.
+// A tiered cache, composed the way CernVM-FS composes cache managers: an
+// upper tier that serves reads (HostChunkTier, pinned host memory) over an
+// optional lower tier (GpuChunkTier, device memory). A read that misses the
+// upper tier is filled from the lower tier if it holds the chunk, else by
+// the caller's fill function (the SourceReader's pread and checks); chunks
+// the upper tier evicts go down to the lower tier while it has room. Each
+// tier has its own lock for its own job, and neither holds it over a fill,
+// a device allocation or a device copy: a host hit never waits for the GPU.
 //
-// Eviction in the host tier is a segmented LRU: a new chunk enters a
-// probation segment; a second use promotes it to a protected segment (at most
-// 80% of the tier); victims come from probation first. A large sequential
-// scan (one pass over a checkpoint that does not fit) therefore churns only
-// probation and leaves the chunks in repeated use alone, which plain LRU would
-// flush; it needs no tuning, unlike ARC's ghost lists or LFU's decay. The GPU
-// tier is plain LRU: everything in it has already been demoted once.
+// Loads (ckptfsctl preload) put a chunk into either tier, pinned if asked.
+// When the file is resident whole in the host tier of files (FileCache: a
+// sealed copy verified when it was filled), a load copies from that copy's
+// mapping instead of reading the source again; with the GPU tier on, a
+// pinned copy is registered with the device, so that copy is a DMA.
 //
-// Fills are single-flight: concurrent readers of a missing chunk wait for one
-// fill. A fill is the caller's function (the SourceReader's pread and checks);
-// a chunk is published only when it returns Ok. Pinned chunks are never
-// evicted; a pin that would leave too little room fails instead of evicting
-// other pins.
+// Fills are single-flight (concurrent readers of a missing chunk wait for
+// one fill), and a chunk is published only when its fill returned Ok.
+// Pinned chunks are never evicted; a pin that would leave too little room
+// fails instead of evicting other pins.
 #pragma once
 
-#include <condition_variable>
+#include <atomic>
 #include <cstdint>
 #include <functional>
-#include <list>
 #include <map>
 #include <memory>
-#include <mutex>
-#include <unordered_map>
-#include <vector>
 
+#include "ckptfs/chunk_tier.h"
 #include "ckptfs/device_memory.h"
+#include "ckptfs/file_cache.h"
+#include "ckptfs/gpu_chunk_tier.h"
 #include "ckptfs/hashes.h"
-#include "ckptfs/host_memory.h"
+#include "ckptfs/host_chunk_tier.h"
 #include "ckptfs/status.h"
 
 namespace ckptfs {
-
-struct ChunkKey {
-  Sha256Digest file{};
-  uint32_t index = 0;
-  bool operator==(const ChunkKey&) const = default;
-};
-
-enum class Tier { kHost, kGpu };
-
-struct TierStats {
-  uint64_t capacity = 0;
-  // Bytes of memory held. In the host tier every chunk takes a whole 4 MiB
-  // slot, even a file's short last chunk (or a small config file).
-  uint64_t used = 0;
-  uint64_t hits = 0;
-  uint64_t misses = 0;
-  uint64_t fills = 0;       // host: chunks read from the source; gpu: chunks demoted into it
-  uint64_t evictions = 0;
-  uint64_t pinned = 0;      // bytes
-};
 
 struct CacheStats {
   TierStats host;
@@ -76,9 +58,11 @@ class ChunkCache {
     uint64_t gpu_capacity = 0;
     DeviceMemory* device = nullptr;  // null: no GPU tier
     bool cuda_host_memory = false;   // host slabs from cudaHostAlloc
+    FileCache* files = nullptr;      // whole verified files that loads may copy from; may be null
   };
   // Fills `dst` with `len` verified bytes, or says why it could not.
   using FillFn = std::function<Status(uint8_t* dst, size_t len)>;
+  using Residency = ChunkResidency;
 
   // A read reference to a chunk in host memory; the chunk cannot be evicted
   // while a Ref to it lives.
@@ -94,7 +78,7 @@ class ChunkCache {
    private:
     friend class ChunkCache;
     void Release();
-    ChunkCache* cache_ = nullptr;
+    HostChunkTier* tier_ = nullptr;
     void* entry_ = nullptr;
     std::unique_ptr<uint8_t[]> owned_;  // an uncached read
     const uint8_t* data_ = nullptr;
@@ -112,14 +96,13 @@ class ChunkCache {
 
   // Loads the chunk into `tier` (if not there) and, with `pin`, keeps it.
   Status Load(const ChunkKey& key, size_t len, const FillFn& fill, Tier tier, bool pin);
-  // Unpins every chunk of `file`; returns the bytes unpinned.
+  // Unpins every chunk of `file` in both tiers; returns the bytes unpinned.
   uint64_t Unpin(const Sha256Digest& file);
-  // Drops every chunk of `file` not in use right now (pinned or not); returns bytes dropped.
+  // Drops every chunk of `file` not in use right now (pinned or not) from
+  // both tiers; returns bytes dropped.
   uint64_t Evict(const Sha256Digest& file);
 
-  struct Residency {
-    uint64_t host = 0, gpu = 0, pinned = 0;
-  };
+  // `pinned` counts a chunk pinned in both tiers once per tier.
   Residency ResidentBytes(const Sha256Digest& file) const;
   // Every file with chunks in the cache, in one pass (for stats).
   std::map<Sha256Digest, Residency> ResidencyByFile() const;
@@ -127,35 +110,24 @@ class ChunkCache {
   void CountVerificationFailure();
 
  private:
-  struct Entry;
-  struct KeyHash {
-    size_t operator()(const ChunkKey& k) const;
-  };
+  using Use = HostChunkTier::Use;
+  Status FillClaimed(const ChunkKey& key, const HostChunkTier::Claimed& claimed, size_t len, const FillFn& fill,
+                     Use use, bool fill_reads_source = true);
+  Status LoadIntoHost(const ChunkKey& key, size_t len, const FillFn& fill, bool pin);
+  Status LoadIntoGpu(const ChunkKey& key, size_t len, const FillFn& fill, bool pin);
+  // The chunk's bytes in the resident whole-file copy, or null (with the
+  // copy kept alive in `hold`).
+  const uint8_t* InResidentFile(const ChunkKey& key, size_t len, FileCache::CopyPtr& hold) const;
+  void Demote(const ChunkKey& key, const uint8_t* bytes, size_t len);
 
-  uint8_t* TakeHostSlot(std::unique_lock<std::mutex>& lock);
-  bool EvictOneHost(std::unique_lock<std::mutex>& lock);
-  void DemoteToGpu(Entry* e);
-  bool MakeGpuRoom(size_t len);
-  void Touch(Entry* e);
-  void Unlink(Entry* e);
-  void Erase(Entry* e);
-  void ReleaseRef(Entry* e);
-  // Why a chunk is wanted: a reader's request counts as a hit or a miss;
-  // read-ahead and preload fills are counted apart, and only a read-ahead
-  // fill that a reader then uses is a read-ahead hit.
-  enum class Use { kRead, kReadAhead, kPreload };
-  Result<Entry*> Acquire(const ChunkKey& key, size_t len, const FillFn& fill, Use use,
-                         std::unique_lock<std::mutex>& lock);
-
-  Options options_;
-  HostMemory host_;
-  mutable std::mutex mu_;
-  std::condition_variable filled_;
-  std::unordered_map<ChunkKey, std::unique_ptr<Entry>, KeyHash> entries_;
-  std::list<Entry*> probation_, protected_, gpu_lru_;
-  uint64_t protected_bytes_ = 0;
-  uint64_t host_used_ = 0, gpu_used_ = 0, host_pinned_ = 0, gpu_pinned_ = 0;
-  CacheStats stats_;
+  const Options options_;
+  // The GPU tier first: the host tier's eviction hook points at it, so it
+  // must outlive the host tier.
+  std::unique_ptr<GpuChunkTier> gpu_;
+  std::unique_ptr<HostChunkTier> host_;
+  std::atomic<uint64_t> verification_failures_{0};
+  std::atomic<uint64_t> uncached_reads_{0};
+  std::atomic<uint64_t> host_copy_fills_{0};
 };
 
 }  // namespace ckptfs

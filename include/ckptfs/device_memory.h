@@ -23,9 +23,18 @@ class DeviceMemory {
   virtual Status CopyToHost(void* host_dst, const void* device_src, size_t n) = 0;
   // Total bytes of device memory (for a default tier size).
   virtual uint64_t TotalBytes() const = 0;
+  // Page-locks `n` bytes of host memory at `host` (a read-only mapping) and
+  // makes them ready for this device's DMA: cudaHostRegister, read-only and
+  // portable where the device supports it. Fails with the cause when the
+  // device or the system refuses; the caller then falls back to mlock.
+  virtual Status RegisterHost(const void* host, size_t n) = 0;
+  // Undoes a successful RegisterHost of `host`.
+  virtual void UnregisterHost(const void* host) = 0;
 };
 
-// Host memory pretending to be a device of `capacity` bytes. Allocations past
+// Host memory pretending to be a device of `capacity` bytes. RegisterHost
+// only records the range (a registration it already holds is refused, as
+// CUDA refuses one). Allocations past
 // the capacity fail, as cudaMalloc does when the device is full;
 // `fail_allocation` (if non-zero) makes the Nth allocation fail, as when
 // another process has just taken the device's memory, to test that the tier

@@ -13,8 +13,17 @@
 //
 // Single flight: one fill per key at a time; others wait for it or, if they
 // only wanted to start one (a background fill), go away.
+//
+// Pinned copies are locked in memory: registered with the GPU tier's device
+// when there is one (cudaHostRegister: page-locked and ready for the GPU
+// tier's DMA, which copies from them), else, or when the device refuses,
+// with mlock (one warning when that too is refused). Locking a large copy
+// takes time, so it runs outside the lock Find and Claim take: a second
+// mutex, taken first, orders pins, unpins and evictions of pinned copies so
+// that a copy is locked exactly while it is pinned.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <compare>
 #include <condition_variable>
@@ -27,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "ckptfs/device_memory.h"
 #include "ckptfs/hashes.h"
 #include "ckptfs/sealed_copy.h"
 #include "ckptfs/status.h"
@@ -45,7 +55,10 @@ class FileCache {
  public:
   using CopyPtr = std::shared_ptr<const SealedCopy>;
 
-  explicit FileCache(uint64_t capacity);
+  // `device`: the GPU tier's device, which pinned copies are registered
+  // with; null without a GPU tier. It must outlive the cache.
+  explicit FileCache(uint64_t capacity, DeviceMemory* device = nullptr);
+  ~FileCache();
   FileCache(const FileCache&) = delete;
   FileCache& operator=(const FileCache&) = delete;
 
@@ -85,7 +98,8 @@ class FileCache {
   // Makes a sealed copy resident (pinned if the claim asked for it).
   CopyPtr Publish(std::unique_ptr<Reservation> fill, std::unique_ptr<SealedCopy> copy);
 
-  // Pins the resident copy of `key` (mlock; see Stats::locked_memory).
+  // Pins the resident copy of `key` (registered with the device, or mlock;
+  // see Stats::registered and Stats::locked_memory).
   Status Pin(const FileKey& key);
   // Every form of file `sha256`: returns the bytes unpinned / evicted.
   uint64_t Unpin(const Sha256Digest& sha256);
@@ -103,6 +117,7 @@ class FileCache {
     double fill_seconds = 0;
     uint64_t fills_abandoned = 0;
     bool locked_memory = true;  // false once the kernel refused to mlock a pinned copy
+    uint64_t registered = 0;    // pinned bytes registered with the GPU tier's device
   };
   Stats GetStats() const;
 
@@ -117,13 +132,23 @@ class FileCache {
     bool pinned = false;
     std::list<FileKey>::iterator lru;
   };
+  class PageLock;
   void Abandon(Reservation& fill);
   Status PinRefused() const;
-  bool MakeRoom(uint64_t bytes, const FileKey& keep);
-  void Drop(std::map<FileKey, Entry>::iterator it);
-  void PinLocked(Entry& e);
+  bool MakeRoom(uint64_t bytes, const FileKey& keep, std::vector<CopyPtr>& released);
+  void Drop(std::map<FileKey, Entry>::iterator it, std::vector<CopyPtr>& released);
+  CopyPtr PublishLocked(std::unique_ptr<Reservation> fill, std::unique_ptr<SealedCopy> copy);
+  void MarkPinned(Entry& e);
+  void LockPages(const FileKey& key);
 
   const uint64_t capacity_;
+  DeviceMemory* const device_;
+  // Taken before mu_, never while holding it; guards page_locks_.
+  std::mutex pin_mu_;
+  std::map<const SealedCopy*, std::unique_ptr<PageLock>> page_locks_;
+  std::atomic<uint64_t> registered_{0};
+  std::atomic<bool> locked_memory_{true};
+  std::atomic<bool> lock_warned_{false}, register_warned_{false};
   mutable std::mutex mu_;
   std::condition_variable filled_;
   std::map<FileKey, Entry> entries_;
@@ -132,7 +157,6 @@ class FileCache {
   uint64_t used_ = 0, reserved_ = 0, pinned_ = 0;
   mutable std::vector<std::weak_ptr<const SealedCopy>> evicted_;
   Stats counters_;
-  bool lock_warned_ = false;
 };
 
 // Memory a copy of `size` bytes takes: whole pages.

@@ -4,8 +4,10 @@
 // device is in use (page-locked and DMA-ready), otherwise mmap + mlock with
 // transparent huge pages requested. If the kernel refuses to lock
 // (RLIMIT_MEMLOCK), that is logged once and the slabs stay unpinned.
+// A slab is mapped and locked outside the lock that Take and Give share.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -33,14 +35,14 @@ class HostMemory {
   bool pinned() const;
 
  private:
-  bool Grow();
+  uint8_t* MapSlab(size_t bytes);
 
   mutable std::mutex mu_;
   const uint64_t capacity_;
   const size_t slot_size_;
   const bool cuda_;
-  bool pinned_ = true;
-  bool pin_failure_logged_ = false;
+  std::atomic<bool> pinned_{true};
+  std::atomic<bool> pin_failure_logged_{false};
   struct Slab {
     uint8_t* base;
     size_t bytes;

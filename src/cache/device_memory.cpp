@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 
 #ifdef CKPTFS_HAVE_CUDA
@@ -45,9 +46,19 @@ class SimulatedDevice final : public DeviceMemory {
     return Status::Ok();
   }
   uint64_t TotalBytes() const override { return capacity_; }
+  Status RegisterHost(const void* host, size_t n) override {
+    std::lock_guard lock(mu_);
+    if (!registered_.emplace(host, n).second) return Status::Error("host memory already registered");
+    return Status::Ok();
+  }
+  void UnregisterHost(const void* host) override {
+    std::lock_guard lock(mu_);
+    registered_.erase(host);
+  }
 
  private:
   std::mutex mu_;
+  std::map<const void*, size_t> registered_;
   const uint64_t capacity_;
   const uint64_t fail_after_;
   uint64_t used_ = 0;
@@ -57,7 +68,8 @@ class SimulatedDevice final : public DeviceMemory {
 #ifdef CKPTFS_HAVE_CUDA
 class CudaDevice final : public DeviceMemory {
  public:
-  CudaDevice(int index, uint64_t total, std::string name) : index_(index), total_(total), name_(std::move(name)) {}
+  CudaDevice(int index, uint64_t total, std::string name, bool read_only_registration)
+      : index_(index), total_(total), name_(std::move(name)), read_only_registration_(read_only_registration) {}
   std::string Describe() const override { return "CUDA device " + std::to_string(index_) + " (" + name_ + ")"; }
   void* Allocate(size_t bytes) override {
     cudaSetDevice(index_);
@@ -83,11 +95,28 @@ class CudaDevice final : public DeviceMemory {
     return e == cudaSuccess ? Status::Ok() : Status::Error(std::string("cudaMemcpy to host: ") + cudaGetErrorString(e));
   }
   uint64_t TotalBytes() const override { return total_; }
+  // A sealed copy is mapped read-only, which cudaHostRegister accepts only
+  // with cudaHostRegisterReadOnly (devices that report support for it).
+  Status RegisterHost(const void* host, size_t n) override {
+    if (!read_only_registration_) {
+      return Status::Error(Describe() + " cannot register read-only host memory (cudaHostRegisterReadOnly)");
+    }
+    cudaSetDevice(index_);
+    cudaError_t e = cudaHostRegister(const_cast<void*>(host), n, cudaHostRegisterPortable | cudaHostRegisterReadOnly);
+    if (e == cudaSuccess) return Status::Ok();
+    cudaGetLastError();
+    return Status::Error(std::string("cudaHostRegister: ") + cudaGetErrorString(e));
+  }
+  void UnregisterHost(const void* host) override {
+    cudaSetDevice(index_);
+    if (cudaHostUnregister(const_cast<void*>(host)) != cudaSuccess) cudaGetLastError();
+  }
 
  private:
   int index_;
   uint64_t total_;
   std::string name_;
+  bool read_only_registration_;
 };
 #endif
 
@@ -110,7 +139,12 @@ Result<std::unique_ptr<DeviceMemory>> MakeCudaDevice(int index) {
     cudaGetLastError();
     return Status::Error("cannot query CUDA device " + std::to_string(index));
   }
-  return std::unique_ptr<DeviceMemory>(new CudaDevice(index, prop.totalGlobalMem, prop.name));
+  int read_only = 0;
+  if (cudaDeviceGetAttribute(&read_only, cudaDevAttrHostRegisterReadOnlySupported, index) != cudaSuccess) {
+    cudaGetLastError();
+    read_only = 0;
+  }
+  return std::unique_ptr<DeviceMemory>(new CudaDevice(index, prop.totalGlobalMem, prop.name, read_only != 0));
 #else
   (void)index;
   return Status::Error("this ckptfs was built without CUDA");

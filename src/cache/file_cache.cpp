@@ -13,7 +13,53 @@ uint64_t PageBytes(uint64_t size) {
   return (size + page - 1) / page * page;
 }
 
-FileCache::FileCache(uint64_t capacity) : capacity_(capacity) {}
+// A pinned copy's pages, locked for as long as this lives: registered with
+// the GPU tier's device, or else mlocked.
+class FileCache::PageLock {
+ public:
+  PageLock(FileCache& cache, CopyPtr copy) : cache_(cache), copy_(std::move(copy)) {
+    const uint64_t bytes = PageBytes(copy_->size());
+    if (cache_.device_ != nullptr && copy_->data() != nullptr) {
+      Status s = cache_.device_->RegisterHost(copy_->data(), copy_->size());
+      if (s.ok()) {
+        registered_ = true;
+        cache_.registered_ += bytes;
+        return;
+      }
+      if (!cache_.register_warned_.exchange(true)) {
+        spdlog::warn("cannot register {} with {} ({}); pinned files are locked with mlock instead", copy_->name(),
+                     cache_.device_->Describe(), s.message());
+      }
+    }
+    if (const int err = copy_->Lock(); err != 0) {
+      cache_.locked_memory_ = false;
+      if (!cache_.lock_warned_.exchange(true)) {
+        spdlog::warn("cannot lock {} in memory ({}); pinned files stay resident but unlocked (raise RLIMIT_MEMLOCK, "
+                     "e.g. LimitMEMLOCK=infinity in the systemd unit)",
+                     copy_->name(), std::strerror(err));
+      }
+    }
+  }
+  ~PageLock() {
+    if (!registered_) {
+      copy_->Unlock();
+      return;
+    }
+    cache_.device_->UnregisterHost(copy_->data());
+    cache_.registered_ -= PageBytes(copy_->size());
+  }
+  PageLock(const PageLock&) = delete;
+  PageLock& operator=(const PageLock&) = delete;
+
+ private:
+  FileCache& cache_;
+  const CopyPtr copy_;
+  bool registered_ = false;
+};
+
+FileCache::FileCache(uint64_t capacity, DeviceMemory* device) : capacity_(capacity), device_(device) {}
+
+FileCache::~FileCache() = default;
 
 FileCache::Reservation::~Reservation() {
   if (!published_ && cache_ != nullptr) cache_->Abandon(*this);
@@ -33,22 +79,23 @@ FileCache::CopyPtr FileCache::Find(const FileKey& key, bool use) {
   return it->second.copy;
 }
 
-void FileCache::Drop(std::map<FileKey, Entry>::iterator it) {
+// The copy goes to `released`, which the caller lets go of after unlocking:
+// the last reference unmaps the copy and frees its memfd's pages, which takes
+// time for a large file and must not hold up Find.
+void FileCache::Drop(std::map<FileKey, Entry>::iterator it, std::vector<CopyPtr>& released) {
   const auto& copy = it->second.copy;
   const uint64_t bytes = PageBytes(copy->size());
   used_ -= bytes;
-  if (it->second.pinned) {
-    pinned_ -= bytes;
-    copy->Unlock();
-  }
+  if (it->second.pinned) pinned_ -= bytes;  // its pages are unlocked by the caller (Evict)
   // Readers may still hold it: remember it to count what they hold.
   if (copy.use_count() > 1) evicted_.push_back(copy);
+  released.push_back(std::move(it->second.copy));
   lru_.erase(it->second.lru);
   entries_.erase(it);
   ++counters_.evictions;
 }
 
-bool FileCache::MakeRoom(uint64_t bytes, const FileKey& keep) {
+bool FileCache::MakeRoom(uint64_t bytes, const FileKey& keep, std::vector<CopyPtr>& released) {
   auto victim = lru_.end();
   while (used_ + reserved_ + bytes > capacity_) {
     // The least recently used copy that is not pinned.
@@ -60,13 +107,14 @@ bool FileCache::MakeRoom(uint64_t bytes, const FileKey& keep) {
       }
     }
     if (victim == lru_.end()) return false;
-    Drop(entries_.find(*victim));
+    Drop(entries_.find(*victim), released);
   }
   return true;
 }
 
 Result<FileCache::Claimed> FileCache::Claim(const FileKey& key, uint64_t size, bool pin, bool wait) {
   const uint64_t bytes = PageBytes(size);
+  std::vector<CopyPtr> released;  // declared before the lock: let go of after it
   std::unique_lock lock(mu_);
   for (;;) {
     if (auto it = entries_.find(key); it != entries_.end()) {
@@ -82,7 +130,7 @@ Result<FileCache::Claimed> FileCache::Claim(const FileKey& key, uint64_t size, b
     return Status::Full("the file (" + std::to_string(size) + " bytes) is larger than the host tier (" +
                         std::to_string(capacity_) + " bytes)");
   }
-  if (!MakeRoom(bytes, key)) {
+  if (!MakeRoom(bytes, key, released)) {
     return Status::Full("no room in the host tier: " + std::to_string(used_ + reserved_) + " of " +
                         std::to_string(capacity_) + " bytes are pinned or being filled");
   }
@@ -104,22 +152,36 @@ void FileCache::Abandon(Reservation& fill) {
   filled_.notify_all();
 }
 
-void FileCache::PinLocked(Entry& e) {
+void FileCache::MarkPinned(Entry& e) {
   if (e.pinned) return;
   e.pinned = true;
   pinned_ += PageBytes(e.copy->size());
-  if (const int err = e.copy->Lock(); err != 0) {
-    counters_.locked_memory = false;
-    if (!lock_warned_) {
-      spdlog::warn("cannot lock {} in memory ({}); pinned files stay resident but unlocked (raise RLIMIT_MEMLOCK, "
-                   "e.g. LimitMEMLOCK=infinity in the systemd unit)",
-                   e.copy->name(), std::strerror(err));
-      lock_warned_ = true;
-    }
+}
+
+// Locks the pages of `key`'s copy if it is (still) pinned and not locked
+// yet. Under pin_mu_ only: Unpin and Evict, which unlock, wait for it.
+void FileCache::LockPages(const FileKey& key) {
+  std::lock_guard pin_lock(pin_mu_);
+  CopyPtr copy;
+  {
+    std::lock_guard lock(mu_);
+    auto it = entries_.find(key);
+    if (it == entries_.end() || !it->second.pinned) return;
+    copy = it->second.copy;
   }
+  if (page_locks_.count(copy.get())) return;
+  page_locks_.emplace(copy.get(), std::make_unique<PageLock>(*this, copy));
 }
 
 FileCache::CopyPtr FileCache::Publish(std::unique_ptr<Reservation> fill, std::unique_ptr<SealedCopy> copy) {
+  const bool pin = fill->pin_;
+  const FileKey key = fill->key_;
+  CopyPtr published = PublishLocked(std::move(fill), std::move(copy));
+  if (pin) LockPages(key);
+  return published;
+}
+
+FileCache::CopyPtr FileCache::PublishLocked(std::unique_ptr<Reservation> fill, std::unique_ptr<SealedCopy> copy) {
   std::lock_guard lock(mu_);
   fill->published_ = true;
   reserved_ -= fill->bytes_;
@@ -133,45 +195,61 @@ FileCache::CopyPtr FileCache::Publish(std::unique_ptr<Reservation> fill, std::un
   e.copy = std::move(copy);
   e.lru = lru_.begin();
   used_ += PageBytes(e.copy->size());
-  if (fill->pin_) PinLocked(e);
+  if (fill->pin_) MarkPinned(e);
   return e.copy;
 }
 
 Status FileCache::Pin(const FileKey& key) {
-  std::lock_guard lock(mu_);
-  auto it = entries_.find(key);
-  if (it == entries_.end()) return Status::NotFound("not resident in the host tier");
-  if (!it->second.pinned && pinned_ + PageBytes(it->second.copy->size()) > capacity_) return PinRefused();
-  PinLocked(it->second);
+  {
+    std::lock_guard lock(mu_);
+    auto it = entries_.find(key);
+    if (it == entries_.end()) return Status::NotFound("not resident in the host tier");
+    if (!it->second.pinned && pinned_ + PageBytes(it->second.copy->size()) > capacity_) return PinRefused();
+    MarkPinned(it->second);
+  }
+  LockPages(key);
   return Status::Ok();
 }
 
 uint64_t FileCache::Unpin(const Sha256Digest& sha256) {
-  std::lock_guard lock(mu_);
+  std::lock_guard pin_lock(pin_mu_);
+  std::vector<const SealedCopy*> unpinned;
   uint64_t bytes = 0;
-  for (auto it = entries_.lower_bound(FileKey{sha256, ""}); it != entries_.end() && it->first.sha256 == sha256; ++it) {
-    if (!it->second.pinned) continue;
-    it->second.pinned = false;
-    it->second.copy->Unlock();
-    pinned_ -= PageBytes(it->second.copy->size());
-    bytes += it->second.copy->size();
+  {
+    std::lock_guard lock(mu_);
+    for (auto it = entries_.lower_bound(FileKey{sha256, ""}); it != entries_.end() && it->first.sha256 == sha256;
+         ++it) {
+      if (!it->second.pinned) continue;
+      it->second.pinned = false;
+      pinned_ -= PageBytes(it->second.copy->size());
+      bytes += it->second.copy->size();
+      unpinned.push_back(it->second.copy.get());
+    }
   }
+  for (const SealedCopy* c : unpinned) page_locks_.erase(c);
   return bytes;
 }
 
 uint64_t FileCache::Evict(const Sha256Digest& sha256) {
-  std::lock_guard lock(mu_);
+  std::lock_guard pin_lock(pin_mu_);
+  std::vector<CopyPtr> dropped;
   uint64_t bytes = 0;
-  for (auto it = entries_.lower_bound(FileKey{sha256, ""}); it != entries_.end() && it->first.sha256 == sha256;) {
-    bytes += it->second.copy->size();
-    Drop(it++);
+  {
+    std::lock_guard lock(mu_);
+    for (auto it = entries_.lower_bound(FileKey{sha256, ""}); it != entries_.end() && it->first.sha256 == sha256;) {
+      bytes += it->second.copy->size();
+      Drop(it++, dropped);
+    }
   }
+  for (const CopyPtr& c : dropped) page_locks_.erase(c.get());
   return bytes;
 }
 
 FileCache::Stats FileCache::GetStats() const {
   std::lock_guard lock(mu_);
   Stats s = counters_;
+  s.locked_memory = locked_memory_.load();
+  s.registered = registered_.load();
   s.capacity = capacity_;
   s.used = used_;
   s.filling = reserved_;

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -28,59 +29,65 @@ HostMemory::~HostMemory() {
   }
 }
 
-bool HostMemory::pinned() const {
-  std::lock_guard lock(mu_);
-  return pinned_;
-}
+bool HostMemory::pinned() const { return pinned_.load(); }
 
 uint64_t HostMemory::reserved_bytes() const {
   std::lock_guard lock(mu_);
   return reserved_;
 }
 
-bool HostMemory::Grow() {
-  const uint64_t room = capacity_ - reserved_;
-  const size_t slots = static_cast<size_t>(std::min<uint64_t>(kChunksPerSlab, room / slot_size_));
-  if (slots == 0) return false;
-  const size_t bytes = slots * slot_size_;
-  uint8_t* base = nullptr;
+// A slab of `bytes`, pinned if the kernel lets us; null when the system is
+// short of memory. Runs without the lock: mapping and locking 64 MiB takes
+// milliseconds, and Give must not wait for it.
+uint8_t* HostMemory::MapSlab(size_t bytes) {
 #ifdef CKPTFS_HAVE_CUDA
   if (cuda_) {
     void* p = nullptr;
     if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
       cudaGetLastError();
-      return false;
+      return nullptr;
     }
-    base = static_cast<uint8_t*>(p);
+    return static_cast<uint8_t*>(p);
   }
 #endif
-  if (base == nullptr) {
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return false;  // the system is short of memory: the cache stops growing
-    ::madvise(p, bytes, MADV_HUGEPAGE);
-    if (pinned_ && ::mlock(p, bytes) != 0) {
-      pinned_ = false;
-      if (!pin_failure_logged_) {
-        spdlog::warn("cannot pin the chunk cache in memory ({}); going on unpinned (raise RLIMIT_MEMLOCK, e.g. "
-                     "LimitMEMLOCK=infinity in the systemd unit)",
-                     std::strerror(errno));
-        pin_failure_logged_ = true;
-      }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  ::madvise(p, bytes, MADV_HUGEPAGE);
+  if (pinned_.load() && ::mlock(p, bytes) != 0) {
+    const int err = errno;
+    pinned_ = false;
+    if (!pin_failure_logged_.exchange(true)) {
+      spdlog::warn("cannot pin the chunk cache in memory ({}); going on unpinned (raise RLIMIT_MEMLOCK, e.g. "
+                   "LimitMEMLOCK=infinity in the systemd unit)",
+                   std::strerror(err));
     }
-    base = static_cast<uint8_t*>(p);
   }
-  slabs_.push_back({base, bytes});
-  reserved_ += bytes;
-  for (size_t i = 0; i < slots; ++i) free_.push_back(base + i * slot_size_);
-  return true;
+  return static_cast<uint8_t*>(p);
 }
 
 uint8_t* HostMemory::Take() {
+  size_t bytes = 0;
+  {
+    std::lock_guard lock(mu_);
+    if (!free_.empty()) {
+      uint8_t* slot = free_.back();
+      free_.pop_back();
+      return slot;
+    }
+    const uint64_t room = capacity_ - reserved_;
+    bytes = static_cast<size_t>(std::min<uint64_t>(kChunksPerSlab, room / slot_size_)) * slot_size_;
+    if (bytes == 0) return nullptr;
+    reserved_ += bytes;  // claimed now, so that concurrent growth cannot pass the capacity
+  }
+  uint8_t* base = MapSlab(bytes);
   std::lock_guard lock(mu_);
-  if (free_.empty() && !Grow()) return nullptr;
-  uint8_t* slot = free_.back();
-  free_.pop_back();
-  return slot;
+  if (base == nullptr) {  // the system is short of memory: the cache stops growing
+    reserved_ -= bytes;
+    return nullptr;
+  }
+  slabs_.push_back({base, bytes});
+  for (size_t off = slot_size_; off < bytes; off += slot_size_) free_.push_back(base + off);
+  return base;
 }
 
 void HostMemory::Give(uint8_t* slot) {

@@ -1,7 +1,6 @@
 #include "cache_commands.h"
 
 #include <chrono>
-#include <cstring>
 #include <fstream>
 #include <set>
 
@@ -33,8 +32,8 @@ Result<std::vector<View::NodePtr>> FilesOf(FsContext& ctx, const ControlServer::
 }
 
 nlohmann::json TierJson(const TierStats& t) {
-  return {{"capacity", t.capacity}, {"used", t.used},         {"pinned", t.pinned},  {"hits", t.hits},
-          {"misses", t.misses},     {"fills", t.fills},       {"evictions", t.evictions}};
+  return {{"capacity", t.capacity}, {"used", t.used},   {"pinned", t.pinned},       {"hits", t.hits},
+          {"misses", t.misses},     {"fills", t.fills}, {"evictions", t.evictions}, {"fills_from_host_copy", t.fills_from_host_copy}};
 }
 
 }  // namespace
@@ -42,26 +41,20 @@ nlohmann::json TierJson(const TierStats& t) {
 namespace {
 
 // The chunk-cache preload: every chunk of `files` into `tier` (the GPU tier,
-// or the host's chunk cache with fill=off). A chunk of a file resident in
-// the host tier is copied from there: those bytes were verified at fill.
+// or the host's chunk cache with fill=off). The chunk cache copies a chunk
+// of a file resident in the host tier from there (those bytes were verified
+// at fill); `fill` reads the source only for the others.
 nlohmann::json PreloadChunks(FsContext& ctx, const ControlServer::Request& r, const std::vector<View::NodePtr>& files,
                              Tier tier, bool pin, uint64_t total) {
   uint64_t done = 0;
   auto last_progress = std::chrono::steady_clock::now();
   for (const auto& f : files) {
-    const FileCache::CopyPtr copy = ctx.files != nullptr ? ctx.files->Find(FileKey{f->sha256, ""}, false) : nullptr;
     for (uint64_t c = 0; c < ChunkCount(f->size); ++c) {
       if (r.stopping->load()) return Refuse("the daemon is stopping");
       const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunkSize, f->size - c * kChunkSize));
       Status s = ctx.cache->Load(
           {f->sha256, static_cast<uint32_t>(c)}, len,
-          [&](uint8_t* dst, size_t n) {
-            if (copy) {
-              std::memcpy(dst, copy->data() + c * kChunkSize, n);
-              return Status::Ok();
-            }
-            return ctx.reader->ReadChunk(f->source_path, f->stamp, *f->chunks, c, dst, n);
-          },
+          [&](uint8_t* dst, size_t n) { return ctx.reader->ReadChunk(f->source_path, f->stamp, *f->chunks, c, dst, n); },
           tier, pin);
       if (!s.ok()) {
         ReportSourceFailure(ctx, *f, s);
@@ -156,7 +149,7 @@ nlohmann::json HostTierJson(const FileCache::Stats& f) {
   return {{"capacity", f.capacity}, {"used", f.used},         {"pinned", f.pinned},
           {"hits", f.hits},         {"misses", f.misses},     {"fills", f.fills},
           {"evictions", f.evictions}, {"files", f.files},     {"filling", f.filling},
-          {"held_by_readers", f.held_by_readers}};
+          {"held_by_readers", f.held_by_readers}, {"registered", f.registered}};
 }
 
 // Per digest directory: bytes of its distinct files held whole in the host

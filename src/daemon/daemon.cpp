@@ -195,11 +195,13 @@ void Daemon::StartCaches() {
   device_ = std::move(gpu.device);
   const uint64_t host_bytes = HostCacheBytes(o);
   const uint64_t chunk_bytes = ChunkCacheBytes(o, host_bytes);
-  files_ = std::make_unique<FileCache>(host_bytes - chunk_bytes);
+  // With the GPU tier on, pinned whole files are registered with its device.
+  files_ = std::make_unique<FileCache>(host_bytes - chunk_bytes, device_.get());
   cache_ = std::make_unique<ChunkCache>(ChunkCache::Options{.host_capacity = chunk_bytes,
                                                             .gpu_capacity = gpu.bytes,
                                                             .device = device_.get(),
-                                                            .cuda_host_memory = gpu.cuda});
+                                                            .cuda_host_memory = gpu.cuda,
+                                                            .files = files_.get()});
   reader_ = std::make_unique<SourceReader>(o.source);
   readahead_pool_ = std::make_unique<ThreadPool>(EffectiveThreads(o.threads));
   ctx_.cache = cache_.get();

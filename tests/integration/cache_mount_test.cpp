@@ -215,6 +215,31 @@ TEST_F(CacheMountTest, GpuTierTakesEvictedChunksAndServesThemBack) {
   EXPECT_EQ(Stats(mnt_)["tiers"]["gpu"]["pinned"].get<uint64_t>(), 48 * kMiB);
 }
 
+// Issue 12: with the GPU tier on, a pinned host-tier copy is registered with
+// the device (the simulated one records it), and a GPU preload copies from
+// that copy instead of reading the source again.
+TEST_F(CacheMountTest, GpuPreloadCopiesFromThePinnedHostCopy) {
+  const std::string data = RandomBytes(10 * kMiB + 5, 8);
+  WriteFile(src_ + "/m/model.safetensors", data);
+  auto m = Mount("cache_size=64M,fill=preload,gpu=sim,gpu_cache_size=64M");
+  ASSERT_TRUE(WaitForLink("m")) << m->Log();
+  CommandResult pin = RunCommand(kCtl + " preload --pin " + mnt_ + "/by-name/m", true);
+  ASSERT_EQ(pin.exit_code, 0) << pin.out;
+  auto s1 = Stats(mnt_);
+  EXPECT_GE(s1["tiers"]["host"]["registered"].get<uint64_t>(), data.size());
+  EXPECT_EQ(s1["tiers"]["host"]["registered"], s1["tiers"]["host"]["pinned"]);
+  CommandResult gpu = RunCommand(kCtl + " preload --tier gpu " + mnt_ + "/by-name/m", true);
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.out;
+  auto s2 = Stats(mnt_);
+  EXPECT_EQ(s2["source_bytes_read"], s1["source_bytes_read"]);  // not one byte from the source again
+  EXPECT_EQ(s2["tiers"]["gpu"]["fills_from_host_copy"].get<uint64_t>(), 3u);
+  EXPECT_EQ(s2["tiers"]["gpu"]["used"].get<uint64_t>(), data.size());
+  EXPECT_EQ(s2["tiers"]["chunks"]["used"].get<uint64_t>(), 0u);  // no chunk slot on the way
+  EXPECT_TRUE(ReadDirect(mnt_ + "/by-name/m/model.safetensors") == data);
+  ASSERT_EQ(RunCommand(kCtl + " unpin " + mnt_ + "/by-name/m", true).exit_code, 0);
+  EXPECT_EQ(Stats(mnt_)["tiers"]["host"]["registered"].get<uint64_t>(), 0u);
+}
+
 TEST_F(CacheMountTest, GpuOptionsWithoutADevice) {
   WriteFile(src_ + "/m/model.safetensors", "w");
   MakeDirs(mnt_);

@@ -1,0 +1,44 @@
+// What the chunk path's tiers share: the key of a 4 MiB chunk, each tier's
+// counters, and how much of a file a tier holds. The tiers themselves are
+// HostChunkTier (host memory, where reads are served from), GpuChunkTier
+// (device memory, below it) and ChunkCache, which composes the two.
+#pragma once
+
+#include <compare>
+#include <cstdint>
+
+#include "ckptfs/hashes.h"
+
+namespace ckptfs {
+
+// Keyed by the file's SHA-256, so checkpoints that share a file share its
+// chunks. Ordered by file first: a tier finds a file's chunks as one range.
+struct ChunkKey {
+  Sha256Digest file{};
+  uint32_t index = 0;
+  auto operator<=>(const ChunkKey&) const = default;
+};
+
+enum class Tier { kHost, kGpu };
+
+struct TierStats {
+  uint64_t capacity = 0;
+  // Bytes of memory held. In the host tier every chunk takes a whole 4 MiB
+  // slot, even a file's short last chunk (or a small config file).
+  uint64_t used = 0;
+  uint64_t hits = 0;
+  uint64_t misses = 0;
+  uint64_t fills = 0;       // host: chunks read from the source; gpu: chunks demoted or loaded into it
+  uint64_t evictions = 0;
+  uint64_t pinned = 0;      // bytes
+  // Chunks copied from a resident whole-file copy of the host tier
+  // (FileCache, verified when it was filled) instead of read from the source.
+  uint64_t fills_from_host_copy = 0;
+};
+
+// Bytes of one file a tier holds, and of those the pinned ones.
+struct ChunkResidency {
+  uint64_t host = 0, gpu = 0, pinned = 0;
+};
+
+}  // namespace ckptfs

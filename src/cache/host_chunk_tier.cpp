@@ -1,0 +1,260 @@
+#include "ckptfs/host_chunk_tier.h"
+
+namespace ckptfs {
+
+namespace {
+// The protected segment may hold this share of the tier.
+constexpr double kProtectedShare = 0.8;
+// Pins leave at least this many slots for ordinary reads.
+constexpr uint64_t kUnpinnedReserveSlots = 2;
+}  // namespace
+
+struct HostChunkTier::Entry {
+  enum class Segment { kNone, kProbation, kProtected };
+  ChunkKey key;
+  size_t len = 0;
+  bool filling = false;  // claimed and not yet committed; others wait
+  uint8_t* slot = nullptr;
+  int refs = 0;
+  bool pinned = false;
+  bool readahead = false;  // filled ahead of the reader and not read yet
+  Segment segment = Segment::kNone;
+  std::list<Entry*>::iterator pos;
+};
+
+HostChunkTier::HostChunkTier(Options options)
+    : options_(std::move(options)), memory_(options_.capacity, kChunkSize, options_.cuda_host_memory) {
+  counters_.tier.capacity = options_.capacity;
+}
+
+HostChunkTier::~HostChunkTier() = default;
+
+void HostChunkTier::Unlink(Entry& e) {
+  if (e.segment == Entry::Segment::kProbation) probation_.erase(e.pos);
+  if (e.segment == Entry::Segment::kProtected) {
+    protected_.erase(e.pos);
+    protected_bytes_ -= e.len;
+  }
+  e.segment = Entry::Segment::kNone;
+}
+
+void HostChunkTier::PushProbation(Entry& e) {
+  probation_.push_front(&e);
+  e.pos = probation_.begin();
+  e.segment = Entry::Segment::kProbation;
+}
+
+void HostChunkTier::Touch(Entry& e) {
+  if (e.segment == Entry::Segment::kProtected) {
+    protected_.splice(protected_.begin(), protected_, e.pos);
+    return;
+  }
+  // A second use: promote, and push the protected segment's oldest back
+  // into probation if it has grown past its share.
+  Unlink(e);
+  protected_.push_front(&e);
+  e.pos = protected_.begin();
+  e.segment = Entry::Segment::kProtected;
+  protected_bytes_ += e.len;
+  const auto limit = static_cast<uint64_t>(kProtectedShare * static_cast<double>(options_.capacity));
+  while (protected_bytes_ > limit && protected_.size() > 1) {
+    Entry* old = protected_.back();
+    Unlink(*old);
+    PushProbation(*old);
+  }
+}
+
+void HostChunkTier::CountHitLocked(Entry& e, Use use) {
+  if (use != Use::kRead) return;
+  ++counters_.tier.hits;
+  if (e.readahead) {
+    e.readahead = false;
+    ++counters_.readahead_hits;
+  }
+  Touch(e);
+}
+
+// The least recently used chunk nobody reads, fills or pinned, taken out of
+// the tier with its slot.
+bool HostChunkTier::TakeVictimLocked(ChunkKey& key, uint8_t*& slot, size_t& len) {
+  auto evictable = [](const Entry* e) { return e->refs == 0 && !e->pinned && !e->filling; };
+  for (auto* list : {&probation_, &protected_}) {
+    for (auto it = list->rbegin(); it != list->rend(); ++it) {
+      if (!evictable(*it)) continue;
+      Entry& e = **it;
+      key = e.key;
+      slot = e.slot;
+      len = e.len;
+      Unlink(e);
+      counters_.tier.used -= kChunkSize;
+      ++counters_.tier.evictions;
+      entries_.erase(key);
+      return true;
+    }
+  }
+  return false;
+}
+
+// A free slot: a new one from HostMemory while the tier has room (its slab
+// mapped without this tier's lock), else a victim's, after the victim went
+// down to the tier below.
+uint8_t* HostChunkTier::TakeSlot() {
+  if (uint8_t* slot = memory_.Take()) return slot;
+  ChunkKey key;
+  uint8_t* slot = nullptr;
+  size_t len = 0;
+  {
+    std::lock_guard lock(mu_);
+    if (!TakeVictimLocked(key, slot, len)) return nullptr;
+  }
+  if (options_.on_evict) options_.on_evict(key, slot, len);
+  return slot;
+}
+
+Result<HostChunkTier::Claimed> HostChunkTier::Claim(const ChunkKey& key, size_t len, Use use) {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    auto it = entries_.find(key);
+    if (it == entries_.end()) break;
+    Entry& e = *it->second;
+    if (e.filling) {
+      filled_.wait(lock);
+      continue;
+    }
+    CountHitLocked(e, use);
+    ++e.refs;
+    return Claimed{&e, e.slot, true};
+  }
+  if (use == Use::kRead) ++counters_.tier.misses;
+  auto owned = std::make_unique<Entry>();
+  Entry* e = owned.get();
+  e->key = key;
+  e->len = len;
+  e->filling = true;
+  entries_.emplace(key, std::move(owned));
+  lock.unlock();
+  uint8_t* slot = TakeSlot();
+  lock.lock();
+  if (slot == nullptr) {
+    entries_.erase(key);
+    filled_.notify_all();
+    return Status::Full("host tier full of pinned or busy chunks");
+  }
+  e->slot = slot;
+  counters_.tier.used += kChunkSize;
+  return Claimed{e, slot, false};
+}
+
+void HostChunkTier::Commit(Entry* e, Use use, bool from_source) {
+  std::lock_guard lock(mu_);
+  e->filling = false;
+  e->readahead = use == Use::kReadAhead && from_source;
+  PushProbation(*e);
+  if (from_source) {
+    ++counters_.tier.fills;
+    if (use == Use::kReadAhead) ++counters_.readahead_fills;
+    if (use == Use::kPreload) ++counters_.preload_fills;
+  }
+  ++e->refs;
+  filled_.notify_all();
+}
+
+void HostChunkTier::Abort(Entry* e) {
+  uint8_t* slot = e->slot;
+  {
+    std::lock_guard lock(mu_);
+    counters_.tier.used -= kChunkSize;
+    entries_.erase(e->key);
+    filled_.notify_all();
+  }
+  memory_.Give(slot);
+}
+
+void HostChunkTier::Release(Entry* e) {
+  std::lock_guard lock(mu_);
+  --e->refs;
+}
+
+Status HostChunkTier::CheckPinRoom(const ChunkKey& key) const {
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(key);
+  if (it != entries_.end() && it->second->pinned) return Status::Ok();
+  if (pinned_ + kChunkSize + kUnpinnedReserveSlots * kChunkSize > options_.capacity) {
+    return Status::Full("pinning would exceed the host cache (" + std::to_string(pinned_) +
+                        " bytes pinned of cache_size=" + std::to_string(options_.capacity) +
+                        "); unpin something or raise cache_size");
+  }
+  return Status::Ok();
+}
+
+void HostChunkTier::Pin(Entry* e) {
+  std::lock_guard lock(mu_);
+  if (e->pinned) return;
+  e->pinned = true;
+  pinned_ += kChunkSize;
+}
+
+uint64_t HostChunkTier::Unpin(const Sha256Digest& file) {
+  std::lock_guard lock(mu_);
+  uint64_t bytes = 0;
+  for (auto it = entries_.lower_bound(ChunkKey{file, 0}); it != entries_.end() && it->first.file == file; ++it) {
+    Entry& e = *it->second;
+    if (!e.pinned) continue;
+    e.pinned = false;
+    pinned_ -= kChunkSize;
+    bytes += e.len;
+  }
+  return bytes;
+}
+
+uint64_t HostChunkTier::Evict(const Sha256Digest& file) {
+  std::vector<uint8_t*> slots;
+  uint64_t bytes = 0;
+  {
+    std::lock_guard lock(mu_);
+    for (auto it = entries_.lower_bound(ChunkKey{file, 0}); it != entries_.end() && it->first.file == file;) {
+      Entry& e = *it->second;
+      if (e.refs > 0 || e.filling) {
+        ++it;
+        continue;
+      }
+      if (e.pinned) pinned_ -= kChunkSize;
+      Unlink(e);
+      counters_.tier.used -= kChunkSize;
+      bytes += e.len;
+      slots.push_back(e.slot);
+      it = entries_.erase(it);
+    }
+  }
+  for (uint8_t* slot : slots) memory_.Give(slot);
+  return bytes;
+}
+
+void HostChunkTier::AddResidency(const Sha256Digest& file, ChunkResidency& r) const {
+  std::lock_guard lock(mu_);
+  for (auto it = entries_.lower_bound(ChunkKey{file, 0}); it != entries_.end() && it->first.file == file; ++it) {
+    if (it->second->filling) continue;
+    r.host += it->second->len;
+    if (it->second->pinned) r.pinned += it->second->len;
+  }
+}
+
+void HostChunkTier::AddResidency(std::map<Sha256Digest, ChunkResidency>& out) const {
+  std::lock_guard lock(mu_);
+  for (const auto& [key, e] : entries_) {
+    if (e->filling) continue;
+    ChunkResidency& r = out[key.file];
+    r.host += e->len;
+    if (e->pinned) r.pinned += e->len;
+  }
+}
+
+HostChunkTier::Counters HostChunkTier::Stats() const {
+  std::lock_guard lock(mu_);
+  Counters c = counters_;
+  c.tier.pinned = pinned_;
+  c.memory_locked = memory_.pinned();
+  return c;
+}
+
+}  // namespace ckptfs
