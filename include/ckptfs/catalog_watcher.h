@@ -171,7 +171,7 @@ class CatalogWatcher {
   mutable std::mutex mu_;
   std::map<std::string, CheckpointState> states_;          // by source path
   std::map<std::string, ExposedCheckpoint> exposed_;       // by source path
-  // The walk each exposed checkpoint was last shown from (see ScanOnce).
+  // The walk each exposed checkpoint was last shown from (see ScanTriage::keep).
   std::map<std::string, Sha256Digest> shown_fingerprints_;  // by source path
   ScanStats last_scan_;                                      // guarded by mu_
   std::string last_scan_error_;  // used only on the thread that scans
