@@ -24,6 +24,7 @@
 
 #include "ckptfs/file_cache.h"
 #include "ckptfs/fuse_ops.h"
+#include "ckptfs/source_reader.h"
 #include "ckptfs/thread_pool.h"
 
 namespace ckptfs::daemon {
@@ -43,8 +44,8 @@ Result<ServedForm> ServedFormOf(FsContext& ctx, const View::NodePtr& file);
 
 class FileFiller {
  public:
-  // `depth`: chunk reads in flight per fill.
-  FileFiller(FsContext& ctx, unsigned depth);
+  // `depth`: chunk reads in flight per fill; `io`: how the source is read.
+  FileFiller(FsContext& ctx, unsigned depth, SourceReader::Io io = SourceReader::Io::kBuffered);
   ~FileFiller();
   FileFiller(const FileFiller&) = delete;
   FileFiller& operator=(const FileFiller&) = delete;
@@ -57,12 +58,19 @@ class FileFiller {
 
   // Queues a background fill of `file` (no-op if one is queued or running).
   void Enqueue(const View::NodePtr& file, const FileKey& key);
+  // Queues background fills of the weight files beside `file` (same source
+  // directory, same suffix: the other shards), in name order, as long as
+  // they fit in the tier's free room. An engine that opens one shard opens
+  // the others next; their copies then fill while it loads this one. Only
+  // free room is used, so this never evicts what is resident.
+  void EnqueueSiblings(const View::NodePtr& file);
   // Stops the background thread; fills in flight give up at their next chunk.
   void Stop();
 
   uint64_t fills_skipped() const { return skipped_.load(); }
   uint64_t fills_failed() const { return failed_.load(); }
   unsigned depth() const { return reads_.size(); }
+  SourceReader::Io io() const { return io_; }
 
  private:
   Status CopyChunks(const View::NodePtr& file, const ServedForm& form, SealedCopy& copy,
@@ -72,6 +80,7 @@ class FileFiller {
   void RunQueue();
 
   FsContext& ctx_;
+  const SourceReader::Io io_;
   ThreadPool reads_;
   std::mutex mu_;
   std::condition_variable wake_;

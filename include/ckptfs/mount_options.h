@@ -43,8 +43,14 @@ struct MountOptions {
   // passthrough when the kernel and our privileges allow it.
   bool passthrough = true;
   // fill=open|wait|preload|off: when files are copied into the host tier.
-  std::string fill = "open";
+  std::string fill = "wait";
   unsigned fill_depth = 0;  // fill_depth=N: chunk reads in flight per fill; 0 = one per CPU, at most 4
+  // fill_io=buffered|direct: direct reads the source with O_DIRECT when it
+  // fills the host tier, so the source's page cache is not filled too.
+  bool fill_direct = false;
+  // shmem_huge=advise|keep: whether the daemon may set the kernel's default
+  // shmem huge-page policy to "advise" (see AskForShmemHugePages).
+  bool shmem_huge_advise = true;
   bool allow_other = false;
   // supervise=on|off: a supervisor process holds the mount and restarts the
   // serving daemon when it dies (README, "Restart and upgrade").

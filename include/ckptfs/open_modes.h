@@ -42,6 +42,8 @@ class OpenModes {
   // (the kernel may hold page cache for it that passthrough will not use).
   bool Release(uint64_t ino);
   size_t inodes() const;
+  // `ino` has open files now: a new open of it will join their mode.
+  bool IsOpen(uint64_t ino) const;
 
   // Hand-over between daemons (ckptfsctl restart): the inodes with open
   // files, how many, and how they are served; the successor takes them on

@@ -21,18 +21,31 @@ class SourceReader {
   // OpenSourceFile); empty in tests that read loose files.
   explicit SourceReader(std::string root = "") : root_(std::move(root)) {}
 
+  // How the source is read. kDirect (O_DIRECT) bypasses the source's page
+  // cache, for fills that would otherwise keep every byte twice in memory.
+  // It needs `dst` aligned to kDirectAlignment and room there for `len`
+  // rounded up to it; a read that cannot be direct (a misaligned buffer, a
+  // filesystem that refuses O_DIRECT, a short read) is made buffered.
+  enum class Io { kBuffered, kDirect };
+  static constexpr size_t kDirectAlignment = 4096;
+
   // kChanged: the file's stamp moved (rescan it); kCorrupt: the chunk does
   // not match the index although the stamp does; kError: an I/O error.
   Status ReadChunk(const std::string& path, const FileStamp& stamp, const std::vector<ChunkHash>& chunks,
-                   uint64_t index, uint8_t* dst, size_t len);
+                   uint64_t index, uint8_t* dst, size_t len, Io io = Io::kBuffered);
 
   uint64_t bytes_read() const { return bytes_read_.load(); }
   uint64_t chunks_read() const { return chunks_read_.load(); }
+  // Bytes read with O_DIRECT, and direct reads that had to be buffered.
+  uint64_t direct_bytes_read() const { return direct_bytes_read_.load(); }
+  uint64_t direct_reads_refused() const { return direct_reads_refused_.load(); }
 
  private:
   const std::string root_;
   std::atomic<uint64_t> bytes_read_{0};
   std::atomic<uint64_t> chunks_read_{0};
+  std::atomic<uint64_t> direct_bytes_read_{0};
+  std::atomic<uint64_t> direct_reads_refused_{0};
 };
 
 }  // namespace ckptfs

@@ -25,15 +25,19 @@ std::string Setting(const std::string& path) {
 
 }  // namespace
 
+// A memfd is a file of the kernel's internal shmem mount, which follows the
+// global setting (the per-size ones govern anonymous shared memory only).
 std::string SealedCopy::ShmemHugePages() {
-  const std::string base = "/sys/kernel/mm/transparent_hugepage/";
-  std::string pmd = Setting(base + "hugepages-2048kB/shmem_enabled");
-  if (pmd.empty() || pmd == "inherit") pmd = Setting(base + "shmem_enabled");
-  return pmd.empty() ? "unknown" : pmd;
+  const std::string setting = Setting("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
+  return setting.empty() ? "unknown" : setting;
 }
 
 SealedCopy::WriteBy SealedCopy::PreferredWrite() {
-  static const WriteBy how = ShmemHugePages() == "advise" ? WriteBy::kHugePageMapping : WriteBy::kPwrite;
+  static const WriteBy how = [] {
+    const std::string s = ShmemHugePages();
+    const bool huge = s == "advise" || s == "always" || s == "within_size" || s == "force";
+    return huge ? WriteBy::kHugePageMapping : WriteBy::kPwrite;
+  }();
   return how;
 }
 
@@ -77,6 +81,11 @@ Status SealedCopy::Write(uint64_t offset, const uint8_t* data, size_t len) {
     done += static_cast<size_t>(n);
   }
   return Status::Ok();
+}
+
+uint8_t* SealedCopy::WritableAt(uint64_t offset, size_t len) const {
+  if (sealed_ || map_ == nullptr || offset + len > size_) return nullptr;
+  return map_ + offset;
 }
 
 Status SealedCopy::Seal() {

@@ -149,7 +149,8 @@ nlohmann::json HugePages() {
   for (std::string line; std::getline(rollup, line);) {
     if (line.rfind("ShmemPmdMapped:", 0) == 0) pmd_kib = std::stoull(line.substr(15));
   }
-  const char* use = setting == "never" || setting == "deny" ? "no: shmem_enabled forbids them"
+  const char* use = setting == "never" || setting == "deny"
+                        ? "no: shmem_enabled forbids them (see the shmem_huge= option)"
                     : setting == "advise" ? "asked for: copies are written through a MADV_HUGEPAGE mapping"
                                           : "as shmem_enabled decides";
   return {{protocol::kShmemEnabled, setting}, {protocol::kUsed, use}, {protocol::kMappedBytes, pmd_kib * 1024}};
@@ -210,7 +211,13 @@ nlohmann::json FillsJson(FsContext& ctx, const FileCache::Stats& f) {
           {kBytesPerSecond, static_cast<uint64_t>(rate)},
           {kFillsAbandoned, f.fills_abandoned},
           {"failed", ctx.filler != nullptr ? ctx.filler->fills_failed() : 0},
-          {kFillsSkipped, ctx.filler != nullptr ? ctx.filler->fills_skipped() : 0}};
+          {kFillsSkipped, ctx.filler != nullptr ? ctx.filler->fills_skipped() : 0},
+          // How fills read the source (fill_io=), the bytes read with O_DIRECT,
+          // and the direct reads that had to be buffered (a filesystem that
+          // refuses O_DIRECT, a copy not aligned for it).
+          {"io", ctx.filler != nullptr && ctx.filler->io() == SourceReader::Io::kDirect ? "direct" : "buffered"},
+          {"direct_bytes", ctx.reader->direct_bytes_read()},
+          {"direct_refused", ctx.reader->direct_reads_refused()}};
 }
 
 }  // namespace

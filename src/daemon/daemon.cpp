@@ -42,6 +42,12 @@ Result<std::unique_ptr<Daemon>> Daemon::Create(MountOptions o, DaemonLog* log, c
   auto cuda_device = ChooseCudaDevice(d->options_);
   if (!cuda_device.ok()) return cuda_device.status();
   d->cuda_device_ = *cuda_device;
+  if (d->options_.shmem_huge_advise) {
+    // Before the first copy is made: SealedCopy reads the policy once.
+    auto tuned = AskForShmemHugePages();
+    if (!tuned.ok()) spdlog::warn("{}", tuned.status().message());
+    else if (!tuned->empty()) spdlog::info("{}", *tuned);
+  }
   if (Status s = d->OpenIndexAndView(source_st, argv0); !s.ok()) return s;
   // The supervisor only holds the mount: its children watch and serve.
   if (d->supervising()) return d;
@@ -204,7 +210,7 @@ void Daemon::StartCaches() {
   ctx_.readahead_budget_chunks = std::max<uint64_t>(1, chunk_bytes / kChunkSize / 4);
   ctx_.cache_chunks = chunk_bytes / kChunkSize;
   if (o.stamp_headers) ctx_.stamper = &stamper_;
-  filler_ = std::make_unique<FileFiller>(ctx_, FillDepth(o));
+  filler_ = std::make_unique<FileFiller>(ctx_, FillDepth(o), o.fill_direct ? SourceReader::Io::kDirect : SourceReader::Io::kBuffered);
   ctx_.filler = filler_.get();
 
   ctx_.on_source_changed = [this] { watcher_->RequestRescanSoon(); };

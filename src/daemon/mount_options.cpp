@@ -150,6 +150,14 @@ std::optional<Status> ApplyKeyedOption(const std::string& key, const std::string
       return Status::Error("option fill=" + value + ": expected open, wait, preload or off");
     }
     o.fill = value;
+  } else if (key == "fill_io") {
+    if (value != "buffered" && value != "direct") {
+      return Status::Error("option fill_io=" + value + ": expected buffered or direct");
+    }
+    o.fill_direct = value == "direct";
+  } else if (key == "shmem_huge") {
+    if (value != "advise" && value != "keep") return Status::Error("option shmem_huge=" + value + ": expected advise or keep");
+    o.shmem_huge_advise = value == "advise";
   } else if (key == "supervise") {
     if (value != "on" && value != "off") return Status::Error("option supervise=" + value + ": expected on or off");
     o.supervise = value == "on";
@@ -330,14 +338,27 @@ ckptfs options (-o):
                        host tier is handed to the kernel (FUSE passthrough,
                        Linux 6.9+, CAP_SYS_ADMIN), so reads and mmap run at
                        page-cache speed; off: every read comes to the daemon
-  fill=open|wait|preload|off  when files are copied into the host tier:
-                       open (default): in the background at their first
-                       open, which the chunk path serves meanwhile; wait: at
-                       their first open, which waits for the copy and then
-                       passes through; preload: only by ckptfsctl preload;
-                       off: never (chunks only)
+  fill=wait|open|preload|off  when files are copied into the host tier:
+                       wait (default): at their first open, which waits for
+                       the copy and then passes through (a file that does
+                       not fit is served by the chunk path); open: in the
+                       background at their first open, which the chunk path
+                       serves meanwhile; both then copy the other shards
+                       beside it in the background while they fit; preload:
+                       only by ckptfsctl preload; off: never (chunks only)
   fill_depth=N         4 MiB source reads in flight per fill (default: one
                        per CPU, at most 4)
+  fill_io=buffered|direct  how fills read the source: buffered (default)
+                       through its page cache; direct: with O_DIRECT, so a
+                       file copied into the host tier is not also kept in
+                       the source's page cache (a source that refuses
+                       O_DIRECT is read buffered; stats says so)
+  shmem_huge=advise|keep   advise (default): when the kernel's policy for
+                       huge pages in shmem is still its default (never),
+                       set the 2 MiB size to advise, so the host tier's
+                       memfds get 2 MiB pages (loads and fills run faster;
+                       only mappings that ask are affected); keep: leave
+                       the kernel's setting alone
   gpu=INDEX|auto|sim   add a GPU tier on CUDA device INDEX; auto: the first
                        device if there is one (else a warning); sim: a
                        simulated device in host memory (testing)

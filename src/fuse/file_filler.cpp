@@ -1,11 +1,14 @@
 #include "ckptfs/file_filler.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <vector>
 
 #include <spdlog/spdlog.h>
 
+#include "ckptfs/catalog.h"
 #include "ckptfs/header_stamper.h"
 
 namespace ckptfs::daemon {
@@ -25,7 +28,8 @@ Result<ServedForm> ServedFormOf(FsContext& ctx, const View::NodePtr& file) {
   return form;
 }
 
-FileFiller::FileFiller(FsContext& ctx, unsigned depth) : ctx_(ctx), reads_(std::max(1u, depth)) {
+FileFiller::FileFiller(FsContext& ctx, unsigned depth, SourceReader::Io io)
+    : ctx_(ctx), io_(io), reads_(std::max(1u, depth)) {
   worker_ = std::thread([this] { RunQueue(); });
 }
 
@@ -43,19 +47,28 @@ void FileFiller::Stop() {
   if (worker_.joinable()) worker_.join();
 }
 
-// Source chunk `chunk` of `file`, verified (in `buf`, kChunkSize bytes), at
-// its place in the copy: byte o of the source lands at o + (prefix -
-// source_prefix_len); the bytes of a source header being replaced are not
-// copied.
+// Source chunk `chunk` of `file`, verified, at its place in the copy: byte o
+// of the source lands at o + (prefix - source_prefix_len); the bytes of a
+// source header being replaced are not copied. Where the copy is written
+// through a mapping, a chunk that lands in one piece is read straight into
+// it; otherwise it goes through `buf` (kChunkSize bytes, aligned for
+// O_DIRECT).
 Status FileFiller::CopyChunk(const View::NodePtr& file, const ServedForm& form, uint64_t chunk, uint8_t* buf,
                              SealedCopy& copy) {
   const uint64_t begin = chunk * kChunkSize;
   const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunkSize, file->size - begin));
-  if (Status s = ctx_.reader->ReadChunk(file->source_path, file->stamp, *file->chunks, chunk, buf, len); !s.ok()) {
+  const uint64_t prefix = form.prefix ? form.prefix->size() : 0;
+  if (begin >= form.source_prefix_len) {
+    const uint64_t at = begin - form.source_prefix_len + prefix;
+    const bool aligned_enough = io_ == SourceReader::Io::kBuffered || at % SourceReader::kDirectAlignment == 0;
+    if (uint8_t* in_place = copy.WritableAt(at, len); in_place != nullptr && aligned_enough) {
+      return ctx_.reader->ReadChunk(file->source_path, file->stamp, *file->chunks, chunk, in_place, len, io_);
+    }
+  }
+  if (Status s = ctx_.reader->ReadChunk(file->source_path, file->stamp, *file->chunks, chunk, buf, len, io_); !s.ok()) {
     return s;
   }
   const size_t skip = static_cast<size_t>(std::min<uint64_t>(len, form.source_prefix_len - std::min(begin, form.source_prefix_len)));
-  const uint64_t prefix = form.prefix ? form.prefix->size() : 0;
   return copy.Write(begin + skip - form.source_prefix_len + prefix, buf + skip, len - skip);
 }
 
@@ -69,9 +82,10 @@ Status FileFiller::CopyChunks(const View::NodePtr& file, const ServedForm& form,
   std::mutex error_mu;
   Status error;
   auto work = [&] {
-    std::vector<uint8_t> buf(kChunkSize);
+    std::unique_ptr<uint8_t, decltype(&std::free)> buf(
+        static_cast<uint8_t*>(std::aligned_alloc(SourceReader::kDirectAlignment, kChunkSize)), &std::free);
     for (uint64_t c; !failed && !cancel_ && (c = next++) < chunks;) {
-      Status s = CopyChunk(file, form, c, buf.data(), copy);
+      Status s = buf ? CopyChunk(file, form, c, buf.get(), copy) : Status::FromErrno("no memory for a fill buffer", ENOMEM);
       if (!s.ok()) {
         std::lock_guard lock(error_mu);
         if (!failed.exchange(true)) error = s;
@@ -133,6 +147,35 @@ void FileFiller::Enqueue(const View::NodePtr& file, const FileKey& key) {
     queue_.emplace_back(file, key);
   }
   wake_.notify_one();
+}
+
+void FileFiller::EnqueueSiblings(const View::NodePtr& file) {
+  const std::string_view path = file->source_path;
+  const size_t slash = path.rfind('/');
+  const size_t dot = path.rfind('.');
+  if (!IsWeightFileName(path.substr(slash + 1)) || dot == std::string_view::npos) return;
+  const std::string_view dir = path.substr(0, slash + 1), suffix = path.substr(dot);
+  const auto root = ctx_.view->Get(kRootInode);
+  const auto digest_dir = root ? root->children.find(file->digest) : std::map<std::string, InodeId>::const_iterator{};
+  if (!root || digest_dir == root->children.end()) return;
+  std::vector<View::NodePtr> siblings;
+  for (auto& f : ctx_.view->FilesUnder(ctx_.view->Get(digest_dir->second))) {
+    const std::string_view p = f->source_path;
+    if (f->sha256 != file->sha256 && p.size() > dir.size() + suffix.size() && p.substr(0, dir.size()) == dir &&
+        p.find('/', dir.size()) == std::string_view::npos && p.substr(p.size() - suffix.size()) == suffix) {
+      siblings.push_back(std::move(f));
+    }
+  }
+  std::sort(siblings.begin(), siblings.end(), [](const auto& a, const auto& b) { return a->source_path < b->source_path; });
+  const FileCache::Stats tier = ctx_.files->GetStats();
+  uint64_t room = tier.capacity - std::min(tier.capacity, tier.used + tier.filling);
+  for (const auto& f : siblings) {
+    auto form = ServedFormOf(ctx_, f);
+    if (!form.ok() || ctx_.files->Find(form->key, /*use=*/false)) continue;
+    if (PageBytes(form->size) > room) break;
+    room -= PageBytes(form->size);
+    Enqueue(f, form->key);
+  }
 }
 
 void FileFiller::RunQueue() {

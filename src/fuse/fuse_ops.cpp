@@ -293,11 +293,17 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     fuse_reply_err(req, EIO);
     return;
   }
-  if (ctx.fill == FillPolicy::kWait && ctx.filler != nullptr && !ctx.files->Find(form->key, /*use=*/false)) {
+  // An inode open already is served the way its first open chose: a copy
+  // made now could not be used by this open.
+  if (ctx.fill == FillPolicy::kWait && ctx.filler != nullptr && !ctx.open_modes.IsOpen(ino) &&
+      !ctx.files->Find(form->key, /*use=*/false)) {
     // Failing that (no room, a bad source), the chunk path serves it below.
     if (auto filled = ctx.filler->Fill(n, /*pin=*/false); !filled.ok()) {
       spdlog::debug("{}: not copied at open: {}", n->source_path, filled.status().message());
     }
+    // After this file's copy, not beside it: the next shard then fills while
+    // the engine loads this one, instead of slowing this one's fill down.
+    ctx.filler->EnqueueSiblings(n);
   }
   auto f = std::make_shared<OpenFile>();
   f->node = n;
@@ -317,7 +323,10 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     fi->keep_cache = 1;  // the bytes behind this name can never change
     fi->noflush = 1;
     sent = fuse_reply_open(req, fi);
-    if (!choice.copy && ctx.fill == FillPolicy::kOpen && ctx.filler != nullptr) ctx.filler->Enqueue(n, form->key);
+    if (!choice.copy && ctx.fill == FillPolicy::kOpen && ctx.filler != nullptr) {
+      ctx.filler->Enqueue(n, form->key);
+      ctx.filler->EnqueueSiblings(n);
+    }
   }
   if (sent == -ENOENT) {  // the open was interrupted: no release will come
     ctx.open_modes.Release(ino);

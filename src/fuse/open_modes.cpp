@@ -19,6 +19,11 @@ OpenModes::Choice OpenModes::Open(uint64_t ino, const std::function<Choice()>& d
   return joined;
 }
 
+bool OpenModes::IsOpen(uint64_t ino) const {
+  std::lock_guard lock(mu_);
+  return held_.count(ino) != 0;
+}
+
 bool OpenModes::Release(uint64_t ino) {
   std::lock_guard lock(mu_);
   auto it = held_.find(ino);

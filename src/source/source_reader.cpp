@@ -4,15 +4,48 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <optional>
 
 #include "ckptfs/source_file.h"
 #include "ckptfs/unique_fd.h"
 
 namespace ckptfs {
 
+namespace {
+
+// As much of [offset, offset + len) as one O_DIRECT read gives, into `dst`
+// (aligned, with room for `len` rounded up to the alignment); the caller
+// reads the rest, if any, buffered. nullopt when the read could not be
+// direct at all: a misaligned buffer, or a filesystem that refuses O_DIRECT
+// (EINVAL). The descriptor is left buffered either way, since the stamp
+// checks and any remainder use it.
+std::optional<size_t> ReadDirect(int fd, uint64_t offset, uint8_t* dst, size_t len) {
+  constexpr size_t kAlign = SourceReader::kDirectAlignment;
+  if (reinterpret_cast<uintptr_t>(dst) % kAlign != 0 || offset % kAlign != 0) return std::nullopt;
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_DIRECT) != 0) return std::nullopt;
+  const size_t want = (len + kAlign - 1) / kAlign * kAlign;
+  ssize_t n;
+  do {
+    n = ::pread(fd, dst, want, static_cast<off_t>(offset));
+  } while (n < 0 && errno == EINTR);
+  ::fcntl(fd, F_SETFL, flags);
+  if (n < 0) return std::nullopt;  // the buffered read then reports a real I/O error with its path
+  // The block holding the end of the file comes whole; what lies past the end
+  // is not the file's, so it must not stay where a mapping could show it.
+  std::memset(dst + len, 0, want - len);
+  // A read at the end of the file ends there; never count bytes past `len`.
+  return std::min(static_cast<size_t>(n), len);
+}
+
+}  // namespace
+
 Status SourceReader::ReadChunk(const std::string& path, const FileStamp& stamp, const std::vector<ChunkHash>& chunks,
-                               uint64_t index, uint8_t* dst, size_t len) {
+                               uint64_t index, uint8_t* dst, size_t len, Io io) {
   if (index >= chunks.size()) {
     return Status::Error(path + ": chunk " + std::to_string(index) + " is past the end of the chunk table");
   }
@@ -27,6 +60,14 @@ Status SourceReader::ReadChunk(const std::string& path, const FileStamp& stamp, 
 
   const uint64_t offset = index * kChunkSize;
   size_t done = 0;
+  if (io == Io::kDirect) {
+    if (auto direct = ReadDirect(fd.get(), offset, dst, len)) {
+      done = *direct;
+      direct_bytes_read_ += done;
+    } else {
+      ++direct_reads_refused_;
+    }
+  }
   while (done < len) {
     ssize_t n = ::pread(fd.get(), dst + done, len - done, static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;

@@ -11,14 +11,18 @@
 #      1.5 GB, bf16; tests/bench/load_safetensors.py: mmap, then a copy of
 #      each tensor) after `ckptfsctl preload`, vs native, bindfs and
 #      squashfuse (all with their sources in the page cache);
+#      (and, once, with 4 KiB pages in the memfds: shmem_huge=keep under the
+#      kernel's default policy);
 #   3. the first load through a fresh mount (index already built, the node
 #      "just booted") with the source's page cache dropped, and with it warm,
-#      for fill=open (the first open is served by the chunk path while the
-#      file is copied) and fill=wait (the first open waits for the copy), and
-#      the load after it; vs native with its page cache dropped / warm;
-#   4. fill rate from a cold source (ckptfsctl preload, fill_depth=D) vs fio
-#      sequential buffered read of the same file, same block size (4 MiB, the
-#      chunk size) and depth D (io_uring), for D in 1 2 4 8.
+#      for fill=wait (the default: the first open waits for the copy) and
+#      fill=open (the first open is served by the chunk path while the file
+#      is copied), and the load after it; vs native with its page cache
+#      dropped / warm;
+#   4. fill rate from a cold source (ckptfsctl preload, fill_depth=D,
+#      fill_io=buffered|direct) vs fio sequential read of the same file, same
+#      block size (4 MiB, the chunk size), depth D (io_uring) and O_DIRECT
+#      or not, for D in 1 2 4.
 # Page caches are dropped per file (fadvise DONTNEED), never machine-wide.
 # Best of 3 for every figure. Needs about 4 * BIG_MIB + 6 GB of free memory.
 set -euo pipefail
@@ -34,8 +38,14 @@ fi
 work=$(mktemp -d /tmp/ckptfs-bench-pt.XXXXXX)
 ck="$work/ckptfs"
 mounts=("$ck" "$work/bindfs" "$work/squashfuse")
+# The daemon sets the kernel's shmem huge-page policy to advise when it is
+# still the default (shmem_huge=advise); case 2 also measures 4 KiB pages.
+# Whatever it was is put back at the end.
+thp=/sys/kernel/mm/transparent_hugepage/shmem_enabled
+thp_was=$(sed -n 's/.*\[\(.*\)\].*/\1/p' "$thp")
 cleanup() {
   for m in "${mounts[@]}"; do mountpoint -q "$m" && fusermount3 -u "$m"; done
+  echo "$thp_was" >"$thp"
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -132,6 +142,13 @@ for c in "ckptfs after preload (passthrough):$(digest_dir qwen)" "bindfs -o ro:$
 done
 fusermount3 -u "$work/bindfs"
 fusermount3 -u "$work/squashfuse"
+# The same with the kernel's default policy (4 KiB pages in the memfds).
+echo never >"$thp"
+mount_ckptfs "fill=open,shmem_huge=keep"
+build/ckptfsctl preload "$ck/by-name/qwen" >/dev/null
+t=$(for _ in 1 2 3; do time_load "$(digest_dir qwen)"; done | min3)
+row "ckptfs after preload, 4 KiB pages (shmem_huge=keep)" "$t" "$(ratio "$t" "$native_warm")" ""
+echo advise >"$thp"
 
 # 3. The first load through a fresh mount.
 echo
@@ -140,7 +157,7 @@ row case first next ratio
 native_cold=$(for _ in 1 2 3; do drop "$qwen"/*; time_load "$qwen"; done | min3)
 row "native, page cache dropped" "$native_cold" "" "1.00"
 row "native, page cache warm" "$native_warm" "" "1.00"
-for policy in open wait; do
+for policy in wait open; do
   for state in cold warm; do
     best_first= best_next=
     for _ in 1 2 3; do
@@ -166,23 +183,28 @@ for policy in open wait; do
   done
 done
 
-# 4. Fill rate from a cold source vs fio at the same depth and block size.
+# 4. Fill rate from a cold source vs fio at the same depth and block size,
+# buffered (fio --direct=0, fill_io=buffered) and direct (--direct=1,
+# fill_io=direct).
 echo
 echo "4. filling the ${big_mib} MiB file from a cold source vs fio (MB/s, best of 3; 4 MiB reads)"
-row depth "fio" ckptfs ratio
+row "io, depth" "fio" ckptfs ratio
 size=$(stat -c %s "$big")
-for depth in 1 2 4 8; do
-  f=$(for _ in 1 2 3; do
-        fio --name=seq --filename="$big" --rw=read --bs=4m --iodepth=$depth --ioengine=io_uring --direct=0 \
-            --invalidate=1 --size="$size" --output-format=json 2>/dev/null |
-          python3 -c 'import json,sys; print(json.load(sys.stdin)["jobs"][0]["read"]["bw_bytes"] / 1e6)'
-      done | sort -g | tail -1)
-  mount_ckptfs "fill=preload,fill_depth=$depth"
-  c=$(for _ in 1 2 3; do
-        build/ckptfsctl evict "$ck/by-name/big" >/dev/null
-        drop "$big"
-        t0=$(now); build/ckptfsctl preload "$ck/by-name/big" >/dev/null; t=$(secs "$t0" "$(now)")
-        awk -v s="$size" -v t="$t" 'BEGIN{print s/t/1e6}'
-      done | sort -g | tail -1)
-  row "$depth" "$(printf %.0f "$f")" "$(printf %.0f "$c")" "$(ratio "$c" "$f")"
+for io in buffered direct; do
+  for depth in 1 2 4; do
+    f=$(for _ in 1 2 3; do
+          drop "$big"
+          fio --name=seq --filename="$big" --rw=read --bs=4m --iodepth=$depth --ioengine=io_uring \
+              --direct=$([ $io = direct ] && echo 1 || echo 0) --invalidate=1 --size="$size" --output-format=json 2>/dev/null |
+            python3 -c 'import json,sys; print(json.load(sys.stdin)["jobs"][0]["read"]["bw_bytes"] / 1e6)'
+        done | sort -g | tail -1)
+    mount_ckptfs "fill=preload,fill_depth=$depth,fill_io=$io"
+    c=$(for _ in 1 2 3; do
+          build/ckptfsctl evict "$ck/by-name/big" >/dev/null
+          drop "$big"
+          t0=$(now); build/ckptfsctl preload "$ck/by-name/big" >/dev/null; t=$(secs "$t0" "$(now)")
+          awk -v s="$size" -v t="$t" 'BEGIN{print s/t/1e6}'
+        done | sort -g | tail -1)
+    row "$io, $depth" "$(printf %.0f "$f")" "$(printf %.0f "$c")" "$(ratio "$c" "$f")"
+  done
 done

@@ -37,6 +37,34 @@ nlohmann::json Stats(const std::string& mnt) { return Ctl("stats", mnt); }
 uint64_t Opens(const nlohmann::json& stats, const std::string& how) { return stats["opens"].value(how, uint64_t{0}); }
 uint64_t PageBytes(uint64_t n) { return (n + 4095) / 4096 * 4096; }
 
+// Bytes of `path` in the page cache (mincore of a mapping of it).
+uint64_t ResidentBytes(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  struct stat st;
+  if (fd < 0 || ::fstat(fd, &st) != 0 || st.st_size == 0) {
+    if (fd >= 0) ::close(fd);
+    return 0;
+  }
+  void* map = ::mmap(nullptr, st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) return 0;
+  const size_t page = 4096, pages = (st.st_size + page - 1) / page;
+  std::vector<unsigned char> in(pages);
+  uint64_t resident = 0;
+  if (::mincore(map, st.st_size, in.data()) == 0) {
+    for (unsigned char c : in) resident += (c & 1) ? page : 0;
+  }
+  ::munmap(map, st.st_size);
+  return resident;
+}
+
+void DropPageCache(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
 class PassthroughMountTest : public ::testing::Test {
  protected:
   std::unique_ptr<MountedCkptfs> Mount(const std::string& extra) {
@@ -112,12 +140,16 @@ TEST_F(PassthroughMountTest, EveryFileByteForByteWithNoReadReachingTheDaemon) {
   EXPECT_EQ(after["read_requests"], before["read_requests"]);
   EXPECT_EQ(after["bytes_served"], before["bytes_served"]);
   EXPECT_EQ(after["source_bytes_read"], before["source_bytes_read"]);
+  // The daemon asked for 2 MiB pages (shmem_huge=advise, the default) unless
+  // the machine's setting already allowed or forbade them.
+  const std::string thp = after["memory"]["huge_pages"]["shmem_enabled"];
+  EXPECT_NE(thp, "never") << after["memory"].dump();
 }
 
 TEST_F(PassthroughMountTest, TheFirstOpenIsServedAtOnceAndFillsTheCopyForTheNext) {
   const std::string data = RandomBytes(24 * kMiB + 3, 1);
   WriteFile(src_ + "/m/model.safetensors", data);
-  auto m = MountWithPassthrough("cache_size=256M");  // fill=open is the default
+  auto m = MountWithPassthrough("cache_size=256M,fill=open");
   SKIP_WITHOUT_PASSTHROUGH();
   const std::string path = DigestDir("m") + "/model.safetensors";
   EXPECT_TRUE(ReadBuffered(path) == data);
@@ -142,6 +174,53 @@ TEST_F(PassthroughMountTest, WithFillWaitTheFirstOpenWaitsForTheCopyAndPassesThr
   EXPECT_EQ(Opens(s, "passthrough"), 1u) << s["opens"].dump();
   EXPECT_EQ(s["read_requests"], 0);
   EXPECT_EQ(s["fills"]["policy"], "wait");
+}
+
+// The other shards beside an opened one are copied in the background, in
+// free room only: never a file of another suffix (an optimizer state beside
+// safetensors shards), never by evicting what is resident.
+TEST_F(PassthroughMountTest, TheOtherShardsAreCopiedWhileTheyFitInFreeRoom) {
+  // cache_size=64M leaves 48 MiB for whole files (16 MiB go to chunks):
+  // the opened shard and one more fit, a third does not.
+  std::vector<std::string> shards;
+  for (int i = 1; i <= 3; ++i) {
+    shards.push_back(RandomBytes(20 * kMiB, 60 + i));
+    WriteFile(src_ + "/m/model-0000" + std::to_string(i) + "-of-00003.safetensors", shards.back());
+  }
+  WriteFile(src_ + "/m/optimizer.pt", RandomBytes(kMiB, 70));
+  auto m = MountWithPassthrough("cache_size=64M");  // fill=wait, the default
+  SKIP_WITHOUT_PASSTHROUGH();
+  const std::string dir = DigestDir("m");
+  EXPECT_TRUE(ReadMapped(dir + "/model-00001-of-00003.safetensors") == shards[0]);
+  ASSERT_TRUE(WaitFor([&] { return Stats(mnt_)["tiers"]["host"]["files"] == 2; })) << Stats(mnt_).dump();
+  const auto s = Stats(mnt_);
+  EXPECT_EQ(s["fills"]["completed"], 2);
+  EXPECT_EQ(s["tiers"]["host"]["evictions"], 0);
+  // The second shard was copied before its open: it passes through at once.
+  EXPECT_TRUE(ReadMapped(dir + "/model-00002-of-00003.safetensors") == shards[1]);
+  EXPECT_EQ(Opens(Stats(mnt_), "passthrough"), 2u);
+  EXPECT_EQ(Stats(mnt_)["read_requests"], 0);
+}
+
+// fill_io=direct: the copy is made with O_DIRECT reads, so the source's
+// page cache is not filled a second time; the bytes are the same.
+TEST_F(PassthroughMountTest, DirectFillsLeaveTheSourcePageCacheAlone) {
+  const std::string data = RandomBytes(24 * kMiB + 4097, 12);
+  const std::string source = src_ + "/m/model.safetensors";
+  WriteFile(source, data);
+  auto m = MountWithPassthrough("cache_size=256M,fill_io=direct");
+  SKIP_WITHOUT_PASSTHROUGH();
+  ::sync();
+  DropPageCache(source);
+  ASSERT_LT(ResidentBytes(source), data.size() / 10) << "the page cache of the source was not dropped";
+  ASSERT_EQ(RunCommand(kCtl + " preload " + mnt_ + "/by-name/m").exit_code, 0);
+  EXPECT_LT(ResidentBytes(source), data.size() / 10);
+  const auto s = Stats(mnt_);
+  EXPECT_EQ(s["fills"]["io"], "direct");
+  EXPECT_EQ(s["fills"]["direct_bytes"], data.size());
+  EXPECT_EQ(s["fills"]["direct_refused"], 0);
+  EXPECT_TRUE(ReadMapped(DigestDir("m") + "/model.safetensors") == data);
+  EXPECT_EQ(Opens(Stats(mnt_), "passthrough"), 1u);
 }
 
 TEST_F(PassthroughMountTest, EveryBackingMemfdIsSealed) {
@@ -264,7 +343,9 @@ TEST_F(PassthroughMountTest, EvictionUnderOpenReadersKeepsTheirBytes) {
   const std::string a = RandomBytes(16 * kMiB + 1, 3), b = RandomBytes(8 * kMiB, 4);
   WriteFile(src_ + "/m/a.safetensors", a);
   WriteFile(src_ + "/m/b.safetensors", b);
-  auto m = MountWithPassthrough("cache_size=256M");
+  // fill=open: an open of an evicted file is then served by the chunk path
+  // (with fill=wait it would be copied again first).
+  auto m = MountWithPassthrough("cache_size=256M,fill=open");
   SKIP_WITHOUT_PASSTHROUGH();
   ASSERT_EQ(RunCommand(kCtl + " preload " + mnt_ + "/by-name/m").exit_code, 0);
   const std::string dir = DigestDir("m");

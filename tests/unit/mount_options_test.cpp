@@ -44,7 +44,7 @@ TEST(MountOptionsTest, DefaultsAndPositionals) {
   EXPECT_EQ(o->settle_s, 5);
   EXPECT_EQ(o->symlinks, SymlinkPolicy::kContained);
   EXPECT_EQ(o->readahead, 4ull << 20);
-  EXPECT_EQ(o->fill, "open");
+  EXPECT_EQ(o->fill, "wait");
   EXPECT_TRUE(o->passthrough);
   EXPECT_FALSE(o->allow_other);
   EXPECT_FALSE(o->stamp_headers);
