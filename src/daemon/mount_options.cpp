@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <initializer_list>
 #include <optional>
 
 namespace ckptfs {
@@ -80,6 +81,19 @@ Status ApplyCacheSize(const std::string& key, const std::string& value, MountOpt
   return Status::Ok();
 }
 
+// Refuses VALUE unless it is one of `choices`: "expected a, b or c".
+Status OneOf(const std::string& key, const std::string& value, std::initializer_list<const char*> choices) {
+  std::string expected;
+  size_t i = 0;
+  for (const char* c : choices) {
+    if (value == c) return Status::Ok();
+    if (i > 0) expected += i + 1 == choices.size() ? " or " : ", ";
+    expected += c;
+    ++i;
+  }
+  return Status::Error("option " + key + "=" + value + ": expected " + expected);
+}
+
 // The options of the form KEY=VALUE, one branch each in the order of
 // --help (MountUsage); nothing when KEY is none of them.
 std::optional<Status> ApplyKeyedOption(const std::string& key, const std::string& value, bool has_value,
@@ -113,10 +127,7 @@ std::optional<Status> ApplyKeyedOption(const std::string& key, const std::string
     if (!n.ok()) return n.status();
     (key == "threads" ? o.threads : o.fill_depth) = *n;
   } else if (key == "log") {
-    static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "off"};
-    bool ok = false;
-    for (const char* l : kLevels) ok = ok || value == l;
-    if (!ok) return Status::Error("option log=" + value + ": expected trace, debug, info, warn, error or off");
+    if (Status s = OneOf(key, value, {"trace", "debug", "info", "warn", "error", "off"}); !s.ok()) return s;
     o.log_level = value;
   } else if (key == "log_file") {
     if (Status s = need_value(); !s.ok()) return s;
@@ -143,23 +154,19 @@ std::optional<Status> ApplyKeyedOption(const std::string& key, const std::string
     }
     o.gpu = value;
   } else if (key == "passthrough") {
-    if (value != "auto" && value != "off") return Status::Error("option passthrough=" + value + ": expected auto or off");
+    if (Status s = OneOf(key, value, {"auto", "off"}); !s.ok()) return s;
     o.passthrough = value == "auto";
   } else if (key == "fill") {
-    if (value != "open" && value != "wait" && value != "preload" && value != "off") {
-      return Status::Error("option fill=" + value + ": expected open, wait, preload or off");
-    }
+    if (Status s = OneOf(key, value, {"open", "wait", "preload", "off"}); !s.ok()) return s;
     o.fill = value;
   } else if (key == "fill_io") {
-    if (value != "buffered" && value != "direct") {
-      return Status::Error("option fill_io=" + value + ": expected buffered or direct");
-    }
+    if (Status s = OneOf(key, value, {"buffered", "direct"}); !s.ok()) return s;
     o.fill_direct = value == "direct";
   } else if (key == "shmem_huge") {
-    if (value != "advise" && value != "keep") return Status::Error("option shmem_huge=" + value + ": expected advise or keep");
+    if (Status s = OneOf(key, value, {"advise", "keep"}); !s.ok()) return s;
     o.shmem_huge_advise = value == "advise";
   } else if (key == "supervise") {
-    if (value != "on" && value != "off") return Status::Error("option supervise=" + value + ": expected on or off");
+    if (Status s = OneOf(key, value, {"on", "off"}); !s.ok()) return s;
     o.supervise = value == "on";
   } else if (key == "fsname") {
     if (Status s = need_value(); !s.ok()) return s;
