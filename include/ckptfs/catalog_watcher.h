@@ -8,6 +8,11 @@
 // A checkpoint is indexed only once none of its files has changed (ctime) for
 // `settle` seconds; a changed checkpoint leaves the view at the first rescan
 // that sees the change, and its new digest appears once it has settled.
+//
+// A rescan is three steps: the pure ScanPlanner (scan_planner.h) decides
+// from the walk and what was shown; Apply() changes the watcher's state and
+// publishes the view under one lock acquisition; IndexQueued() hashes what
+// the plan queued, taking withdrawn digests out of the view between files.
 #pragma once
 
 #include <sys/inotify.h>
@@ -18,6 +23,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -26,6 +32,7 @@
 #include "ckptfs/catalog.h"
 #include "ckptfs/index.h"
 #include "ckptfs/manifest_store.h"
+#include "ckptfs/scan_planner.h"
 #include "ckptfs/unique_fd.h"
 #include "ckptfs/view.h"
 
@@ -108,14 +115,35 @@ class CatalogWatcher {
 
  private:
   void Run();
-  void ScanOnce(bool index_unknown = true);
-  void UpdateWatches(const CatalogScan& scan);
+  WalkTriggers Triggers() const;  // what the watcher itself knows; Run() adds the rest
+  void ScanOnce(const WalkTriggers& why, bool index_unknown = true);
+  // The walk, incremental when `incremental`; nothing when it was cut short
+  // or failed (then every checkpoint is withdrawn until SRC is back).
+  std::optional<CatalogScan> Walk(bool incremental);
+  void WithdrawEverything(const Status& why);
+  KnownCheckpoints Known() const;
+  IndexReport LookUp(const CatalogScan& scan, const std::vector<const CheckpointSource*>& which) const;
+  // The plan's changes and the publish that shows them, under one lock.
+  void Apply(const CatalogScan& scan, const ScanPlan& plan, std::vector<ExposedCheckpoint> shown, ScanStats stats,
+             double started);
+  // Hashes the plan's queue, one checkpoint at a time, each shown when done.
+  void IndexQueued(const CatalogScan& scan, const ScanPlan& plan);
+  IndexerOptions HashingOptions(const std::string& path);
+  void RecordIndexingFailure(const CheckpointSource& cp, const IndexedCheckpoint& indexed);
+  // Shows a freshly indexed checkpoint; publishes when `publish` or when a
+  // withdrawal was waiting. True if it published.
+  bool Expose(const CheckpointSource& cp, ExposedCheckpoint e, const Sha256Digest& fingerprint, bool publish);
+  // Takes the digests Withdraw() named out of the view and publishes, at
+  // once; true if any was waiting. Safe from any thread but a FUSE handler's.
+  bool ApplyWithdrawals();
+  void Publish();                         // the exposed checkpoints, less any withdrawn meanwhile
+  bool TakeWithdrawalsLocked();           // mu_ held; true if any was waiting
+  View::Changes PublishLocked();          // mu_ held
+  void Notify(const View::Changes& changes);  // mu_ not held: it calls into the kernel
   bool DrainInotify();  // true if any event arrived
   void NoteDirty(const inotify_event& ev);
+  void UpdateWatches(const CatalogScan& scan);
   void SetState(CheckpointState state);
-  // Publishes the exposed checkpoints with the last scan's directories and
-  // hub refs.
-  void PublishExposed();
 
   Options options_;
   Index* index_;
@@ -143,11 +171,12 @@ class CatalogWatcher {
   mutable std::mutex mu_;
   std::map<std::string, CheckpointState> states_;          // by source path
   std::map<std::string, ExposedCheckpoint> exposed_;       // by source path
-  // The walk each exposed checkpoint was last shown from (see ScanOnce).
+  // The walk each exposed checkpoint was last shown from (see ScanTriage::keep).
   std::map<std::string, Sha256Digest> shown_fingerprints_;  // by source path
   ScanStats last_scan_;                                      // guarded by mu_
-  std::string last_scan_error_;
-  // Of the last scan; used only on the thread that scans.
+  std::string last_scan_error_;  // used only on the thread that scans
+  // Of the last scan, published with every change (guarded by mu_: the
+  // indexer's workers publish withdrawals too).
   std::map<std::string, AccessPath> last_dirs_;
   std::vector<HubRef> last_hub_refs_;
   std::map<std::string, std::string> withdrawals_;  // digest -> reason; guarded by mu_

@@ -53,6 +53,7 @@ inline constexpr char kCmd[] = "cmd";
 inline constexpr char kPath[] = "path";  // preload, unpin, evict: a path below the mount point
 inline constexpr char kTier[] = "tier";  // preload: "host" or "gpu"
 inline constexpr char kPin[] = "pin";    // preload: keep it resident until unpinned
+inline constexpr char kBinary[] = "binary";  // restart: the new daemon's executable ("" for the same)
 
 inline constexpr char kTierHost[] = "host";
 inline constexpr char kTierGpu[] = "gpu";
@@ -71,6 +72,108 @@ inline constexpr char kPinned[] = "pinned";  // preload
 inline constexpr char kCheckpoints[] = "checkpoints";  // status, ls, stats: rows
 inline constexpr char kName[] = "name";                // a row's digest directory
 inline constexpr char kByName[] = "by_name";           // a row's by-name paths
+
+// Keys of the `status` reply that ckptfsctl reads (ckptfsctl(8) documents
+// every field). Checkpoint rows have kPath, kState, kFiles, kSize, kName,
+// kReason, kIndexedAt, and while indexing kBytesDone and kBytesTotal.
+inline constexpr char kSource[] = "source";
+inline constexpr char kMountpoint[] = "mountpoint";
+inline constexpr char kStateDir[] = "state_dir";
+inline constexpr char kIndex[] = "index";  // the index database's path
+inline constexpr char kPid[] = "pid";
+inline constexpr char kState[] = "state";
+inline constexpr char kSize[] = "size";
+inline constexpr char kReason[] = "reason";
+inline constexpr char kIndexedAt[] = "indexed_at";
+inline constexpr char kBytesDone[] = "bytes_done";
+inline constexpr char kBytesTotal[] = "bytes_total";
+inline constexpr char kSources[] = "sources";  // ls rows: the source paths of a digest
+// A checkpoint row's states, as the daemon's PhaseName() spells them; also
+// the keys of "counts".
+inline constexpr char kCounts[] = "counts";
+inline constexpr char kStateExposed[] = "exposed";
+inline constexpr char kStateIndexing[] = "indexing";
+inline constexpr char kStatePending[] = "pending";
+inline constexpr char kStateInvalid[] = "invalid";
+// "options": the mount's options as the daemon applies them.
+inline constexpr char kOptions[] = "options";
+inline constexpr char kOptionRescan[] = "rescan";
+inline constexpr char kOptionSettle[] = "settle";
+inline constexpr char kOptionSymlinks[] = "symlinks";
+inline constexpr char kOptionThreads[] = "threads";
+inline constexpr char kOptionReadahead[] = "readahead";
+inline constexpr char kOptionAllowOther[] = "allow_other";
+inline constexpr char kOptionFill[] = "fill";
+inline constexpr char kOptionFillDepth[] = "fill_depth";
+inline constexpr char kOptionLog[] = "log";
+inline constexpr char kOptionLogFile[] = "log_file";
+// "cache": the capacities of the tiers (kTierHost, kTierChunks, kTierGpu).
+inline constexpr char kCache[] = "cache";
+inline constexpr char kPinnedMemory[] = "pinned_memory";
+// "daemon": the serving daemon, and its supervisor's record of it.
+inline constexpr char kDaemon[] = "daemon";
+inline constexpr char kVersion[] = "version";
+inline constexpr char kStartedAt[] = "started_at";
+inline constexpr char kRestarts[] = "restarts";
+inline constexpr char kLastExit[] = "last_exit";
+inline constexpr char kSupervised[] = "supervised";
+inline constexpr char kSupervisorPid[] = "supervisor_pid";
+inline constexpr char kHandoverFailures[] = "handover_failures";  // restarts whose successor did not take over
+inline constexpr char kLastHandoverError[] = "last_handover_error";
+// "source_filesystem": how changes in SRC are found.
+inline constexpr char kSourceFilesystem[] = "source_filesystem";
+inline constexpr char kFsType[] = "type";
+inline constexpr char kFsInotify[] = "inotify";
+inline constexpr char kFsChangesFoundBy[] = "changes_found_by";
+inline constexpr char kFsRescan[] = "rescan";
+// "manifests": the shared manifest store, when there is one.
+inline constexpr char kManifests[] = "manifests";
+inline constexpr char kManifestDir[] = "dir";
+inline constexpr char kTrustedKeys[] = "trusted_keys";
+inline constexpr char kSigningKey[] = "signing_key";
+inline constexpr char kRecordsUsed[] = "records_used";
+inline constexpr char kRecordsIgnored[] = "records_ignored";
+inline constexpr char kRecordsPublished[] = "records_published";
+inline constexpr char kRecordsDistrusted[] = "records_distrusted";
+
+// "passthrough" (status and stats): {kMode, kReason}.
+inline constexpr char kPassthrough[] = "passthrough";
+inline constexpr char kMode[] = "mode";
+
+// Keys of the `stats` reply that ckptfsctl reads. "tiers" maps a tier's
+// name to its counters; checkpoint rows have kName, kByName, the bytes held
+// by each tier (kTierHost, kTierChunks, kTierGpu) and kPinned.
+inline constexpr char kTiers[] = "tiers";
+inline constexpr char kTierChunks[] = "chunks";  // the chunk tier (kTierHost: whole files)
+inline constexpr char kCapacity[] = "capacity";
+inline constexpr char kUsed[] = "used";
+inline constexpr char kHits[] = "hits";
+inline constexpr char kMisses[] = "misses";
+inline constexpr char kFills[] = "fills";  // a tier's count, and the host tier's fill record
+inline constexpr char kEvictions[] = "evictions";
+inline constexpr char kOpens[] = "opens";  // how opens were served: name -> count
+inline constexpr char kHeldByReaders[] = "held_by_readers";
+inline constexpr char kVerificationFailures[] = "verification_failures";
+inline constexpr char kReadaheadFills[] = "readahead_fills";
+inline constexpr char kReadaheadHits[] = "readahead_hits";
+inline constexpr char kPreloadFills[] = "preload_fills";
+inline constexpr char kSourceBytesRead[] = "source_bytes_read";
+inline constexpr char kBytesServed[] = "bytes_served";
+inline constexpr char kFailedReads[] = "failed_reads";
+// "fills": kFillPolicy, kFillDepth, kFillsCompleted, kBytes, kBytesPerSecond,
+// kFillsAbandoned, kFillsSkipped.
+inline constexpr char kFillPolicy[] = "policy";
+inline constexpr char kFillDepth[] = "depth";
+inline constexpr char kFillsCompleted[] = "completed";
+inline constexpr char kBytesPerSecond[] = "bytes_per_second";
+inline constexpr char kFillsAbandoned[] = "abandoned";
+inline constexpr char kFillsSkipped[] = "skipped";
+// "memory": kLocked, and "huge_pages" {kUsed, kShmemEnabled, kMappedBytes}.
+inline constexpr char kMemory[] = "memory";
+inline constexpr char kLocked[] = "locked";
+inline constexpr char kHugePages[] = "huge_pages";
+inline constexpr char kShmemEnabled[] = "shmem_enabled";
+inline constexpr char kMappedBytes[] = "mapped_bytes";
 
 // Requests as ckptfsctl sends them: a command alone (status, ls, stats,
 // rescan), one about a path below the mount point (unpin, evict), a preload.

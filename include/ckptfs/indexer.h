@@ -45,6 +45,10 @@ struct IndexerOptions {
   // Test seam: called with a file's path just before it is first opened for
   // hashing, so a test can change the tree between the walk and the open.
   std::function<void(const std::string& path)> before_hash;
+  // Called before each file is hashed, on the worker that hashes it (so
+  // from several threads at once): the daemon's watcher takes withdrawn
+  // digests out of the view there, rather than after the whole checkpoint.
+  std::function<void()> between_files;
   // Stops hashing at the next chunk and leaves the rest unhashed when it
   // turns true (unmount, SIGTERM).
   const std::atomic<bool>* cancel = nullptr;

@@ -12,6 +12,8 @@
 
 namespace ckptfs::ctl {
 
+using namespace protocol;  // the reply keys
+
 namespace {
 
 std::string Prom(const std::string& name, const std::string& labels, uint64_t v) {
@@ -28,17 +30,17 @@ void PrintPrometheus(const nlohmann::json& j, const std::string& mountpoint) {
     const char* type;
     const char* help;
   } metrics[] = {
-      {"capacity", "cache_capacity_bytes", "gauge", "Capacity of the cache tier."},
-      {"used", "cache_used_bytes", "gauge", "Bytes held by the cache tier."},
-      {"pinned", "cache_pinned_bytes", "gauge", "Bytes pinned in the cache tier."},
-      {"hits", "cache_hits_total", "counter", "Lookups served by the tier."},
-      {"misses", "cache_misses_total", "counter", "Lookups the tier could not serve."},
-      {"fills", "cache_fills_total", "counter", "Files or chunks put into the tier."},
-      {"evictions", "cache_evictions_total", "counter", "Files or chunks evicted from the tier."},
+      {kCapacity, "cache_capacity_bytes", "gauge", "Capacity of the cache tier."},
+      {kUsed, "cache_used_bytes", "gauge", "Bytes held by the cache tier."},
+      {kPinned, "cache_pinned_bytes", "gauge", "Bytes pinned in the cache tier."},
+      {kHits, "cache_hits_total", "counter", "Lookups served by the tier."},
+      {kMisses, "cache_misses_total", "counter", "Lookups the tier could not serve."},
+      {kFills, "cache_fills_total", "counter", "Files or chunks put into the tier."},
+      {kEvictions, "cache_evictions_total", "counter", "Files or chunks evicted from the tier."},
   };
   for (const auto& m : metrics) {
     out += std::string("# HELP ckptfs_") + m.name + " " + m.help + "\n# TYPE ckptfs_" + m.name + " " + m.type + "\n";
-    for (const auto& [tier, t] : j["tiers"].items()) {
+    for (const auto& [tier, t] : j[kTiers].items()) {
       out += Prom(m.name, mnt + ",tier=\"" + tier + "\"", t[m.key].get<uint64_t>());
     }
   }
@@ -47,13 +49,13 @@ void PrintPrometheus(const nlohmann::json& j, const std::string& mountpoint) {
     const char* name;
     const char* help;
   } counters[] = {
-      {"verification_failures", "verification_failures_total", "Chunks that did not match the index."},
-      {"readahead_fills", "readahead_fills_total", "Chunks filled ahead of a sequential reader."},
-      {"readahead_hits", "readahead_hits_total", "Chunks filled ahead of a reader and then read."},
-      {"preload_fills", "preload_fills_total", "Chunks filled by ckptfsctl preload."},
-      {"source_bytes_read", "source_read_bytes_total", "Bytes read from source files."},
-      {"bytes_served", "served_bytes_total", "Bytes returned to readers."},
-      {"failed_reads", "failed_reads_total", "Read requests answered with an error."},
+      {kVerificationFailures, "verification_failures_total", "Chunks that did not match the index."},
+      {kReadaheadFills, "readahead_fills_total", "Chunks filled ahead of a sequential reader."},
+      {kReadaheadHits, "readahead_hits_total", "Chunks filled ahead of a reader and then read."},
+      {kPreloadFills, "preload_fills_total", "Chunks filled by ckptfsctl preload."},
+      {kSourceBytesRead, "source_read_bytes_total", "Bytes read from source files."},
+      {kBytesServed, "served_bytes_total", "Bytes returned to readers."},
+      {kFailedReads, "failed_reads_total", "Read requests answered with an error."},
   };
   for (const auto& c : counters) {
     out += std::string("# HELP ckptfs_") + c.name + " " + c.help + "\n# TYPE ckptfs_" + c.name + " counter\n";
@@ -61,24 +63,24 @@ void PrintPrometheus(const nlohmann::json& j, const std::string& mountpoint) {
   }
   out += "# HELP ckptfs_held_by_readers_bytes Evicted host-tier copies that open files still hold.\n"
          "# TYPE ckptfs_held_by_readers_bytes gauge\n" +
-         Prom("held_by_readers_bytes", mnt, j["held_by_readers"].get<uint64_t>());
+         Prom("held_by_readers_bytes", mnt, j[kHeldByReaders].get<uint64_t>());
   out += "# HELP ckptfs_fill_bytes_total Bytes copied into the host tier.\n# TYPE ckptfs_fill_bytes_total counter\n" +
-         Prom("fill_bytes_total", mnt, j["fills"]["bytes"].get<uint64_t>());
+         Prom("fill_bytes_total", mnt, j[kFills][kBytes].get<uint64_t>());
   out += "# HELP ckptfs_opens_total Opens of files, by how they were served.\n# TYPE ckptfs_opens_total counter\n";
-  for (const auto& [how, n] : j["opens"].items()) out += Prom("opens_total", mnt + ",how=\"" + how + "\"", n.get<uint64_t>());
+  for (const auto& [how, n] : j[kOpens].items()) out += Prom("opens_total", mnt + ",how=\"" + how + "\"", n.get<uint64_t>());
   out += "# HELP ckptfs_checkpoint_resident_bytes Bytes of a checkpoint held by a cache tier.\n"
          "# TYPE ckptfs_checkpoint_resident_bytes gauge\n";
-  for (const auto& cp : j["checkpoints"]) {
-    const std::string l = mnt + ",checkpoint=\"" + cp["name"].get<std::string>() + "\"";
-    for (const char* tier : {"host", "chunks", "gpu"}) {
+  for (const auto& cp : j[kCheckpoints]) {
+    const std::string l = mnt + ",checkpoint=\"" + cp[kName].get<std::string>() + "\"";
+    for (const char* tier : {kTierHost, kTierChunks, kTierGpu}) {
       out += Prom("checkpoint_resident_bytes", l + ",tier=\"" + tier + "\"", cp[tier].get<uint64_t>());
     }
   }
   out += "# HELP ckptfs_checkpoint_pinned_bytes Bytes of a checkpoint pinned in the cache.\n"
          "# TYPE ckptfs_checkpoint_pinned_bytes gauge\n";
-  for (const auto& cp : j["checkpoints"]) {
-    out += Prom("checkpoint_pinned_bytes", mnt + ",checkpoint=\"" + cp["name"].get<std::string>() + "\"",
-                cp["pinned"].get<uint64_t>());
+  for (const auto& cp : j[kCheckpoints]) {
+    out += Prom("checkpoint_pinned_bytes", mnt + ",checkpoint=\"" + cp[kName].get<std::string>() + "\"",
+                cp[kPinned].get<uint64_t>());
   }
   std::fputs(out.c_str(), stdout);
 }
@@ -86,56 +88,58 @@ void PrintPrometheus(const nlohmann::json& j, const std::string& mountpoint) {
 // The host tier of whole files: passthrough, how opens were served, fills,
 // memory held by readers after eviction, huge pages.
 void PrintHostTier(const nlohmann::json& j) {
-  std::printf("passthrough %s: %s\n", j["passthrough"]["mode"].get<std::string>().c_str(),
-              j["passthrough"]["reason"].get<std::string>().c_str());
+  std::printf("passthrough %s: %s\n", j[kPassthrough][kMode].get<std::string>().c_str(),
+              j[kPassthrough][kReason].get<std::string>().c_str());
   std::string opens;
-  for (const auto& [how, n] : j["opens"].items()) {
+  for (const auto& [how, n] : j[kOpens].items()) {
     opens += (opens.empty() ? "" : ", ") + how + " " + std::to_string(n.get<uint64_t>());
   }
   std::printf("opens       %s\n", opens.empty() ? "none yet" : opens.c_str());
-  const auto& f = j["fills"];
+  const auto& f = j[kFills];
   std::printf("fills       %llu (%s at %s/s), %llu abandoned, %llu skipped; fill=%s, depth %u\n",
-              static_cast<unsigned long long>(f["completed"].get<uint64_t>()),
-              FormatBytes(f["bytes"].get<uint64_t>()).c_str(), FormatBytes(f["bytes_per_second"].get<uint64_t>()).c_str(),
-              static_cast<unsigned long long>(f["abandoned"].get<uint64_t>()),
-              static_cast<unsigned long long>(f["skipped"].get<uint64_t>()), f["policy"].get<std::string>().c_str(),
-              f["depth"].get<unsigned>());
-  const auto& huge = j["memory"]["huge_pages"];
+              static_cast<unsigned long long>(f[kFillsCompleted].get<uint64_t>()),
+              FormatBytes(f[kBytes].get<uint64_t>()).c_str(), FormatBytes(f[kBytesPerSecond].get<uint64_t>()).c_str(),
+              static_cast<unsigned long long>(f[kFillsAbandoned].get<uint64_t>()),
+              static_cast<unsigned long long>(f[kFillsSkipped].get<uint64_t>()),
+              f[kFillPolicy].get<std::string>().c_str(),
+              f[kFillDepth].get<unsigned>());
+  const auto& huge = j[kMemory][kHugePages];
   std::printf("memory      %s held by readers of evicted files; %s; huge pages: %s (shmem_enabled=%s, %s mapped)\n",
-              FormatBytes(j["held_by_readers"].get<uint64_t>()).c_str(),
-              j["memory"]["locked"].get<bool>() ? "pinned memory locked" : "pinned memory NOT locked",
-              huge["used"].get<std::string>().c_str(), huge["shmem_enabled"].get<std::string>().c_str(),
-              FormatBytes(huge["mapped_bytes"].get<uint64_t>()).c_str());
+              FormatBytes(j[kHeldByReaders].get<uint64_t>()).c_str(),
+              j[kMemory][kLocked].get<bool>() ? "pinned memory locked" : "pinned memory NOT locked",
+              huge[kUsed].get<std::string>().c_str(), huge[kShmemEnabled].get<std::string>().c_str(),
+              FormatBytes(huge[kMappedBytes].get<uint64_t>()).c_str());
 }
 
 void PrintStatsTable(const nlohmann::json& j) {
   std::printf("%-6s %11s %11s %11s %10s %10s %10s %10s\n", "TIER", "CAPACITY", "USED", "PINNED", "HITS", "MISSES",
               "FILLS", "EVICTIONS");
-  for (const auto& [tier, t] : j["tiers"].items()) {
+  for (const auto& [tier, t] : j[kTiers].items()) {
     std::printf("%-6s %11s %11s %11s %10llu %10llu %10llu %10llu\n", tier.c_str(),
-                FormatBytes(t["capacity"].get<uint64_t>()).c_str(), FormatBytes(t["used"].get<uint64_t>()).c_str(),
-                FormatBytes(t["pinned"].get<uint64_t>()).c_str(),
-                static_cast<unsigned long long>(t["hits"].get<uint64_t>()),
-                static_cast<unsigned long long>(t["misses"].get<uint64_t>()),
-                static_cast<unsigned long long>(t["fills"].get<uint64_t>()),
-                static_cast<unsigned long long>(t["evictions"].get<uint64_t>()));
+                FormatBytes(t[kCapacity].get<uint64_t>()).c_str(), FormatBytes(t[kUsed].get<uint64_t>()).c_str(),
+                FormatBytes(t[kPinned].get<uint64_t>()).c_str(),
+                static_cast<unsigned long long>(t[kHits].get<uint64_t>()),
+                static_cast<unsigned long long>(t[kMisses].get<uint64_t>()),
+                static_cast<unsigned long long>(t[kFills].get<uint64_t>()),
+                static_cast<unsigned long long>(t[kEvictions].get<uint64_t>()));
   }
   std::printf("\nverification failures %llu   read-ahead fills %llu, hits %llu   preload fills %llu   source read %s"
               "   served %s\n",
-              static_cast<unsigned long long>(j["verification_failures"].get<uint64_t>()),
-              static_cast<unsigned long long>(j["readahead_fills"].get<uint64_t>()),
-              static_cast<unsigned long long>(j["readahead_hits"].get<uint64_t>()),
-              static_cast<unsigned long long>(j["preload_fills"].get<uint64_t>()),
-              FormatBytes(j["source_bytes_read"].get<uint64_t>()).c_str(),
-              FormatBytes(j["bytes_served"].get<uint64_t>()).c_str());
+              static_cast<unsigned long long>(j[kVerificationFailures].get<uint64_t>()),
+              static_cast<unsigned long long>(j[kReadaheadFills].get<uint64_t>()),
+              static_cast<unsigned long long>(j[kReadaheadHits].get<uint64_t>()),
+              static_cast<unsigned long long>(j[kPreloadFills].get<uint64_t>()),
+              FormatBytes(j[kSourceBytesRead].get<uint64_t>()).c_str(),
+              FormatBytes(j[kBytesServed].get<uint64_t>()).c_str());
   PrintHostTier(j);
   std::printf("\n%-71s %11s %11s %11s %11s  %s\n", "CHECKPOINT", "HOST", "CHUNKS", "GPU", "PINNED", "BY-NAME");
-  for (const auto& cp : j["checkpoints"]) {
+  for (const auto& cp : j[kCheckpoints]) {
     std::string by_name;
-    for (const auto& p : cp["by_name"]) by_name += (by_name.empty() ? "" : ", ") + p.get<std::string>();
-    std::printf("%-71s %11s %11s %11s %11s  %s\n", cp["name"].get<std::string>().c_str(),
-                FormatBytes(cp["host"].get<uint64_t>()).c_str(), FormatBytes(cp["chunks"].get<uint64_t>()).c_str(),
-                FormatBytes(cp["gpu"].get<uint64_t>()).c_str(), FormatBytes(cp["pinned"].get<uint64_t>()).c_str(),
+    for (const auto& p : cp[kByName]) by_name += (by_name.empty() ? "" : ", ") + p.get<std::string>();
+    std::printf("%-71s %11s %11s %11s %11s  %s\n", cp[kName].get<std::string>().c_str(),
+                FormatBytes(cp[kTierHost].get<uint64_t>()).c_str(),
+                FormatBytes(cp[kTierChunks].get<uint64_t>()).c_str(),
+                FormatBytes(cp[kTierGpu].get<uint64_t>()).c_str(), FormatBytes(cp[kPinned].get<uint64_t>()).c_str(),
                 by_name.c_str());
   }
 }
@@ -155,8 +159,8 @@ int RunCacheCommand(const CacheArgs& args) {
   uint64_t last = 0;
   ProgressBar bar("preloading", args.command == protocol::kPreload && ::isatty(STDERR_FILENO) == 1);
   auto reply = CallMount(mountpoint, request, [&](const nlohmann::json& p) {
-    const uint64_t done = p.value(protocol::kProgress, uint64_t{0});
-    bar.SetTotal(p.value(protocol::kTotal, uint64_t{0}));
+    const uint64_t done = p.value(kProgress, uint64_t{0});
+    bar.SetTotal(p.value(kTotal, uint64_t{0}));
     bar.Add(done - last);
     last = done;
   });
@@ -164,10 +168,10 @@ int RunCacheCommand(const CacheArgs& args) {
     PrintError(args.path + ": " + reply.status().message());
     return kExitFailure;
   }
-  const uint64_t bytes = reply->value("bytes", uint64_t{0});
+  const uint64_t bytes = reply->value(kBytes, uint64_t{0});
   if (args.command == protocol::kPreload) {
     std::printf("preloaded %s (%llu file(s), %s) into the %s tier%s\n", args.path.c_str(),
-                static_cast<unsigned long long>(reply->value("files", uint64_t{0})), FormatBytes(bytes).c_str(),
+                static_cast<unsigned long long>(reply->value(kFiles, uint64_t{0})), FormatBytes(bytes).c_str(),
                 args.tier.c_str(), args.pin ? ", pinned" : "");
   } else {
     std::printf("%s %s of %s\n", args.command == protocol::kUnpin ? "unpinned" : "evicted", FormatBytes(bytes).c_str(),

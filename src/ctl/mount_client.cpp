@@ -105,9 +105,9 @@ std::optional<int> PrintJsonOrDecode(const std::string& path, bool json, nlohman
 bool RowUnder(const nlohmann::json& row, const std::string& rel) {
   if (rel.empty()) return true;
   const std::string first = rel.substr(0, rel.find('/'));
-  if (first.rfind("sha256-", 0) == 0) return row.value("name", std::string()) == first;
-  if (!row.contains("by_name")) return false;
-  for (const auto& p : row["by_name"]) {
+  if (first.rfind("sha256-", 0) == 0) return row.value(protocol::kName, std::string()) == first;
+  if (!row.contains(protocol::kByName)) return false;
+  for (const auto& p : row[protocol::kByName]) {
     const std::string by_name = p.is_string() ? p.get<std::string>() : std::string();
     if (by_name == rel || by_name.rfind(rel + "/", 0) == 0) return true;
   }
@@ -115,15 +115,15 @@ bool RowUnder(const nlohmann::json& row, const std::string& rel) {
 }
 
 Status KeepRowsUnder(nlohmann::json& reply, const std::string& rel) {
-  if (rel.empty() || !reply.contains("checkpoints")) return Status::Ok();
-  nlohmann::json exact = reply["checkpoints"];
+  if (rel.empty() || !reply.contains(protocol::kCheckpoints)) return Status::Ok();
+  nlohmann::json exact = reply[protocol::kCheckpoints];
   nlohmann::json wrapper = {{"rows", exact}};
   if (Status s = DecodeJsonPaths(wrapper); !s.ok()) return s;
   nlohmann::json kept = nlohmann::json::array();
   for (size_t i = 0; i < wrapper["rows"].size(); ++i) {
-    if (RowUnder(wrapper["rows"][i], rel)) kept.push_back(reply["checkpoints"][i]);
+    if (RowUnder(wrapper["rows"][i], rel)) kept.push_back(reply[protocol::kCheckpoints][i]);
   }
-  reply["checkpoints"] = std::move(kept);
+  reply[protocol::kCheckpoints] = std::move(kept);
   return Status::Ok();
 }
 

@@ -32,8 +32,10 @@ Result<std::vector<View::NodePtr>> FilesOf(FsContext& ctx, const ControlServer::
 }
 
 nlohmann::json TierJson(const TierStats& t) {
-  return {{"capacity", t.capacity}, {"used", t.used},   {"pinned", t.pinned},       {"hits", t.hits},
-          {"misses", t.misses},     {"fills", t.fills}, {"evictions", t.evictions}, {"fills_from_host_copy", t.fills_from_host_copy}};
+  using namespace protocol;
+  return {{kCapacity, t.capacity}, {kUsed, t.used},   {kPinned, t.pinned},        {kHits, t.hits},
+          {kMisses, t.misses},     {kFills, t.fills}, {kEvictions, t.evictions},
+          {"fills_from_host_copy", t.fills_from_host_copy}};
 }
 
 }  // namespace
@@ -68,7 +70,7 @@ nlohmann::json PreloadChunks(FsContext& ctx, const ControlServer::Request& r, co
       }
     }
   }
-  return {{"ok", true}, {"bytes", done}};
+  return {{protocol::kOk, true}, {protocol::kBytes, done}};
 }
 
 // The host-tier preload: every file copied whole into a sealed memfd.
@@ -86,7 +88,7 @@ nlohmann::json PreloadFiles(FsContext& ctx, const ControlServer::Request& r, con
     done += f->size;
     if (!r.progress(protocol::ProgressLine(done, total))) return Refuse("client went away");
   }
-  return {{"ok", true}, {"bytes", done}};
+  return {{protocol::kOk, true}, {protocol::kBytes, done}};
 }
 
 }  // namespace
@@ -95,17 +97,20 @@ nlohmann::json HandlePreload(FsContext& ctx, const ControlServer::Request& r) {
   auto files = FilesOf(ctx, r);
   if (!files.ok()) return Refuse(files.status().message());
   const std::string tier_name = r.body.value(protocol::kTier, std::string(protocol::kTierHost));
-  if (tier_name != "host" && tier_name != "gpu") return Refuse("tier must be host or gpu, not " + tier_name);
+  if (tier_name != protocol::kTierHost && tier_name != protocol::kTierGpu) {
+    return Refuse("tier must be host or gpu, not " + tier_name);
+  }
   const bool pin = r.body.value(protocol::kPin, false);
   uint64_t total = 0;
   for (const auto& f : *files) total += f->size;
-  const bool whole_files = tier_name == "host" && ctx.fill != FillPolicy::kOff && ctx.filler != nullptr;
-  nlohmann::json out = whole_files ? PreloadFiles(ctx, r, *files, pin, total)
-                                   : PreloadChunks(ctx, r, *files, tier_name == "gpu" ? Tier::kGpu : Tier::kHost, pin, total);
-  if (out["ok"] != true) return out;
-  out["files"] = files->size();
-  out["tier"] = tier_name;
-  out["pinned"] = pin;
+  const bool whole_files = tier_name == protocol::kTierHost && ctx.fill != FillPolicy::kOff && ctx.filler != nullptr;
+  const Tier tier = tier_name == protocol::kTierGpu ? Tier::kGpu : Tier::kHost;
+  nlohmann::json out =
+      whole_files ? PreloadFiles(ctx, r, *files, pin, total) : PreloadChunks(ctx, r, *files, tier, pin, total);
+  if (out[protocol::kOk] != true) return out;
+  out[protocol::kFiles] = files->size();
+  out[protocol::kTier] = tier_name;
+  out[protocol::kPinned] = pin;
   return out;
 }
 
@@ -126,7 +131,7 @@ nlohmann::json ForEachFile(FsContext& ctx, const ControlServer::Request& r,
     if (ctx.files != nullptr) bytes += (ctx.files->*drop_files)(f->sha256);
     bytes += (ctx.cache->*drop_chunks)(f->sha256);
   }
-  return {{"ok", true}, {"bytes", bytes}};
+  return {{protocol::kOk, true}, {protocol::kBytes, bytes}};
 }
 
 // The kernel's setting for 2 MiB pages in shmem (memfds), and how much of the
@@ -142,14 +147,14 @@ nlohmann::json HugePages() {
                         ? "no: shmem_enabled forbids them (see the shmem_huge= option)"
                     : setting == "advise" ? "asked for: copies are written through a MADV_HUGEPAGE mapping"
                                           : "as shmem_enabled decides";
-  return {{"shmem_enabled", setting}, {"used", use}, {"mapped_bytes", pmd_kib * 1024}};
+  return {{protocol::kShmemEnabled, setting}, {protocol::kUsed, use}, {protocol::kMappedBytes, pmd_kib * 1024}};
 }
 
 nlohmann::json HostTierJson(const FileCache::Stats& f) {
-  return {{"capacity", f.capacity}, {"used", f.used},         {"pinned", f.pinned},
-          {"hits", f.hits},         {"misses", f.misses},     {"fills", f.fills},
-          {"evictions", f.evictions}, {"files", f.files},     {"filling", f.filling},
-          {"held_by_readers", f.held_by_readers}, {"registered", f.registered}};
+  using namespace protocol;
+  return {{kCapacity, f.capacity},   {kUsed, f.used},     {kPinned, f.pinned},    {kHits, f.hits},
+          {kMisses, f.misses},       {kFills, f.fills},   {kEvictions, f.evictions}, {kFiles, f.files},
+          {"filling", f.filling},    {kHeldByReaders, f.held_by_readers}, {"registered", f.registered}};
 }
 
 // Per digest directory: bytes of its distinct files held whole in the host
@@ -178,12 +183,12 @@ nlohmann::json PerCheckpoint(FsContext& ctx, const std::map<std::string, std::ve
         pinned += it->second.pinned;
       }
     }
-    per.push_back({{"name", name},
-                   {"by_name", visible->second},
-                   {"host", host},
-                   {"chunks", in_chunks},
-                   {"gpu", gpu},
-                   {"pinned", pinned}});
+    per.push_back({{protocol::kName, name},
+                   {protocol::kByName, visible->second},
+                   {protocol::kTierHost, host},
+                   {protocol::kTierChunks, in_chunks},
+                   {protocol::kTierGpu, gpu},
+                   {protocol::kPinned, pinned}});
   }
   return per;
 }
@@ -191,15 +196,16 @@ nlohmann::json PerCheckpoint(FsContext& ctx, const std::map<std::string, std::ve
 nlohmann::json FillsJson(FsContext& ctx, const FileCache::Stats& f) {
   const double rate = f.fill_seconds > 0 ? static_cast<double>(f.fill_bytes) / f.fill_seconds : 0;
   static const char* kPolicies[] = {"open", "wait", "preload", "off"};
-  return {{"policy", kPolicies[static_cast<int>(ctx.fill)]},
-          {"depth", ctx.filler != nullptr ? ctx.filler->depth() : 0},
-          {"completed", f.fills},
-          {"bytes", f.fill_bytes},
+  using namespace protocol;
+  return {{kFillPolicy, kPolicies[static_cast<int>(ctx.fill)]},
+          {kFillDepth, ctx.filler != nullptr ? ctx.filler->depth() : 0},
+          {kFillsCompleted, f.fills},
+          {kBytes, f.fill_bytes},
           {"seconds", f.fill_seconds},
-          {"bytes_per_second", static_cast<uint64_t>(rate)},
-          {"abandoned", f.fills_abandoned},
+          {kBytesPerSecond, static_cast<uint64_t>(rate)},
+          {kFillsAbandoned, f.fills_abandoned},
           {"failed", ctx.filler != nullptr ? ctx.filler->fills_failed() : 0},
-          {"skipped", ctx.filler != nullptr ? ctx.filler->fills_skipped() : 0},
+          {kFillsSkipped, ctx.filler != nullptr ? ctx.filler->fills_skipped() : 0},
           // How fills read the source (fill_io=), the bytes read with O_DIRECT,
           // and the direct reads that had to be buffered (a filesystem that
           // refuses O_DIRECT, a copy not aligned for it).
@@ -221,30 +227,31 @@ nlohmann::json HandleEvict(FsContext& ctx, const ControlServer::Request& r) {
 nlohmann::json HandleStats(FsContext& ctx, const std::map<std::string, std::vector<std::string>>& by_name) {
   CacheStats s = ctx.cache->Stats();
   const FileCache::Stats f = ctx.files != nullptr ? ctx.files->GetStats() : FileCache::Stats{};
-  nlohmann::json tiers = {{"host", HostTierJson(f)}, {"chunks", TierJson(s.host)}};
-  if (s.gpu_enabled) tiers["gpu"] = TierJson(s.gpu);
+  using namespace protocol;
+  nlohmann::json tiers = {{kTierHost, HostTierJson(f)}, {kTierChunks, TierJson(s.host)}};
+  if (s.gpu_enabled) tiers[kTierGpu] = TierJson(s.gpu);
   const auto [mode, reason] = PassthroughState(ctx);
   nlohmann::json opens = nlohmann::json::object();
   for (const auto& [how, n] : ctx.opens.Get()) opens[how] = n;
-  return {{"ok", true},
-          {"passthrough", {{"mode", mode}, {"reason", reason}}},
-          {"opens", opens},
+  return {{kOk, true},
+          {kPassthrough, {{kMode, mode}, {kReason, reason}}},
+          {kOpens, opens},
           {"open_inodes", ctx.open_modes.inodes()},
-          {"tiers", tiers},
-          {"held_by_readers", f.held_by_readers},
-          {"fills", FillsJson(ctx, f)},
-          {"memory", {{"locked", f.locked_memory && s.host_pinned_memory}, {"huge_pages", HugePages()}}},
-          {"verification_failures", s.verification_failures},
-          {"readahead_fills", s.readahead_fills},
-          {"readahead_hits", s.readahead_hits},
-          {"preload_fills", s.preload_fills},
+          {kTiers, tiers},
+          {kHeldByReaders, f.held_by_readers},
+          {kFills, FillsJson(ctx, f)},
+          {kMemory, {{kLocked, f.locked_memory && s.host_pinned_memory}, {kHugePages, HugePages()}}},
+          {kVerificationFailures, s.verification_failures},
+          {kReadaheadFills, s.readahead_fills},
+          {kReadaheadHits, s.readahead_hits},
+          {kPreloadFills, s.preload_fills},
           {"uncached_reads", s.uncached_reads},
-          {"source_bytes_read", ctx.reader->bytes_read()},
+          {kSourceBytesRead, ctx.reader->bytes_read()},
           {"source_chunks_read", ctx.reader->chunks_read()},
           {"read_requests", ctx.reads.load()},
-          {"bytes_served", ctx.bytes_read.load()},
-          {"failed_reads", ctx.failed_reads.load()},
-          {"checkpoints", PerCheckpoint(ctx, by_name)}};
+          {kBytesServed, ctx.bytes_read.load()},
+          {kFailedReads, ctx.failed_reads.load()},
+          {kCheckpoints, PerCheckpoint(ctx, by_name)}};
 }
 
 }  // namespace ckptfs::daemon

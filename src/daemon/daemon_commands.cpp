@@ -22,7 +22,7 @@ CommandTable Daemon::MakeCommands() {
             const MountFacts facts{&options_, state_dir_, index_->path(), log_->destination()};
             auto status = StatusJson(visible(r), *watcher_, facts, ctx_);
             AddFleetStatus(status, manifests_.get(), source_fs_, options_);
-            status["daemon"] = DaemonStatusJson();
+            status[protocol::kDaemon] = DaemonStatusJson();
             return status;
           }),
       row(protocol::kLs, [this, visible](const Request& r) { return LsJson(visible(r), *view_, options_.source); }),

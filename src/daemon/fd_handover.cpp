@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ckptfs/build_info.h"
+#include "ckptfs/control_protocol.h"
 #include "ckptfs/handover_protocol.h"
 
 namespace ckptfs::daemon {
@@ -126,29 +127,29 @@ void FdHandover::Stop(FsContext& ctx) {
 
 nlohmann::json FdHandover::HandleRestart(const ControlServer::Request& r) {
   if (!r.privileged) {
-    return {{"ok", false},
-            {"error", "restart is for root or the mount's owner (uid " + std::to_string(::geteuid()) + "); you are uid " +
-                          std::to_string(r.peer_uid)}};
+    return protocol::ErrorReply("restart is for root or the mount's owner (uid " + std::to_string(::geteuid()) +
+                                "); you are uid " + std::to_string(r.peer_uid));
   }
-  const std::string binary = r.body.value("binary", std::string());
+  const std::string binary = r.body.value(protocol::kBinary, std::string());
   if (!binary.empty() && (binary[0] != '/' || ::access(binary.c_str(), X_OK) != 0)) {
-    return {{"ok", false}, {"error", "binary " + binary + ": not an absolute path to an executable file"}};
+    return protocol::ErrorReply("binary " + binary + ": not an absolute path to an executable file");
   }
   Send({{"type", "restart"}, {"binary", binary}});
-  return {{"ok", true}, {"pid", ::getpid()}};
+  return {{protocol::kOk, true}, {protocol::kPid, ::getpid()}};
 }
 
 nlohmann::json FdHandover::StatusJson() const {
   std::lock_guard lock(failures_mu_);
-  return {{"version", BuildDescription()},
-          {"supervised", true},
-          {"supervisor_pid", supervisor_pid_},
-          {"started_at", started_at_},
+  using namespace protocol;
+  return {{kVersion, BuildDescription()},
+          {kSupervised, true},
+          {kSupervisorPid, supervisor_pid_},
+          {kStartedAt, started_at_},
           {"mounted_at", mounted_at_},
-          {"restarts", restarts_},
-          {"last_exit", last_exit_},
-          {"handover_failures", handover_failures_},
-          {"last_handover_error", last_handover_error_}};
+          {kRestarts, restarts_},
+          {kLastExit, last_exit_},
+          {kHandoverFailures, handover_failures_},
+          {kLastHandoverError, last_handover_error_}};
 }
 
 bool FailStartForTest() {
@@ -159,8 +160,9 @@ bool FailStartForTest() {
 }
 
 nlohmann::json UnsupervisedStatusJson(int64_t started_at) {
-  return {{"version", BuildDescription()}, {"supervised", false}, {"started_at", started_at},
-          {"mounted_at", started_at},      {"restarts", 0},       {"last_exit", "none"}};
+  using namespace protocol;
+  return {{kVersion, BuildDescription()}, {kSupervised, false}, {kStartedAt, started_at},
+          {"mounted_at", started_at},     {kRestarts, 0},       {kLastExit, "none"}};
 }
 
 }  // namespace ckptfs::daemon

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "ckptfs/control_protocol.h"
+
 namespace ckptfs::daemon {
 
 Result<std::unique_ptr<ManifestStore>> OpenManifestStore(const MountOptions& o, std::vector<std::string>* warnings) {
@@ -40,21 +42,22 @@ std::string AdaptRescanToFilesystem(const SourceFilesystem& fs, MountOptions& o)
 
 void AddFleetStatus(nlohmann::json& status, const ManifestStore* store, const SourceFilesystem& fs,
                     const MountOptions& o) {
-  status["source_filesystem"] = {
-      {"type", fs.type},
-      {"inotify", fs.inotify_complete},
-      {"changes_found_by", fs.inotify_complete ? "inotify and the periodic rescan" : "the periodic rescan"},
-      {"rescan", o.rescan_s}};
+  using namespace protocol;
+  status[kSourceFilesystem] = {
+      {kFsType, fs.type},
+      {kFsInotify, fs.inotify_complete},
+      {kFsChangesFoundBy, fs.inotify_complete ? "inotify and the periodic rescan" : "the periodic rescan"},
+      {kFsRescan, o.rescan_s}};
   if (store == nullptr) return;
   const ManifestStore::Stats s = store->GetStats();
-  status["manifests"] = {{"dir", store->dir()},
-                         {"trusted_keys", store->keyring().key_ids()},
-                         {"signing_key", store->signer_key_id()},
-                         {"records_used", s.used},
-                         {"records_ignored", s.ignored},
-                         {"records_published", s.published},
-                         {"records_already_there", s.already},
-                         {"records_distrusted", s.distrusted}};
+  status[kManifests] = {{kManifestDir, store->dir()},
+                        {kTrustedKeys, store->keyring().key_ids()},
+                        {kSigningKey, store->signer_key_id()},
+                        {kRecordsUsed, s.used},
+                        {kRecordsIgnored, s.ignored},
+                        {kRecordsPublished, s.published},
+                        {"records_already_there", s.already},
+                        {kRecordsDistrusted, s.distrusted}};
 }
 
 void DistrustRecordOf(ManifestStore* store, const std::string& real_source, const View::Node& file) {

@@ -5,6 +5,8 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <initializer_list>
+#include <optional>
 
 namespace ckptfs {
 
@@ -50,11 +52,52 @@ Result<double> ParseSeconds(const std::string& key, const std::string& value) {
   return v;
 }
 
-Status ApplyOption(const std::string& opt, MountOptions& o) {
-  const auto eq = opt.find('=');
-  const std::string key = opt.substr(0, eq);
-  const std::string value = eq == std::string::npos ? "" : opt.substr(eq + 1);
-  const bool has_value = eq != std::string::npos;
+// 1 to `max`.
+Result<unsigned> ParseCount(const std::string& key, const std::string& value, long max) {
+  char* end = nullptr;
+  long n = std::strtol(value.c_str(), &end, 10);
+  if (*end != '\0' || n < 1 || n > max) {
+    return Status::Error("option " + key + "=" + value + ": expected 1 to " + std::to_string(max));
+  }
+  return static_cast<unsigned>(n);
+}
+
+// cache_size= and gpu_cache_size=: a size, or a percentage of memory.
+Status ApplyCacheSize(const std::string& key, const std::string& value, MountOptions& o) {
+  const bool gpu = key == "gpu_cache_size";
+  if (value.back() == '%') {
+    char* end = nullptr;
+    double pct = std::strtod(value.c_str(), &end);
+    if (end != value.c_str() + value.size() - 1 || !(pct > 0 && pct <= 100)) {
+      return Status::Error("option " + key + "=" + value + ": expected a size (e.g. 32G) or a percentage (1% to 100%)");
+    }
+    (gpu ? o.gpu_cache_percent : o.cache_percent) = pct;
+    return Status::Ok();
+  }
+  auto v = ParseSize(value);
+  if (!v.ok()) return Status::Error("option " + key + "=" + value + ": " + v.status().message());
+  if (*v < kChunkSize * 4) return Status::Error("option " + key + "=" + value + ": at least 16M (four 4 MiB chunks)");
+  (gpu ? o.gpu_cache_size : o.cache_size) = *v;
+  return Status::Ok();
+}
+
+// Refuses VALUE unless it is one of `choices`: "expected a, b or c".
+Status OneOf(const std::string& key, const std::string& value, std::initializer_list<const char*> choices) {
+  std::string expected;
+  size_t i = 0;
+  for (const char* c : choices) {
+    if (value == c) return Status::Ok();
+    if (i > 0) expected += i + 1 == choices.size() ? " or " : ", ";
+    expected += c;
+    ++i;
+  }
+  return Status::Error("option " + key + "=" + value + ": expected " + expected);
+}
+
+// The options of the form KEY=VALUE, one branch each in the order of
+// --help (MountUsage); nothing when KEY is none of them.
+std::optional<Status> ApplyKeyedOption(const std::string& key, const std::string& value, bool has_value,
+                                       MountOptions& o) {
   auto need_value = [&]() -> Status {
     if (!has_value || value.empty()) return Status::Error("option " + key + " needs a value (" + key + "=...)");
     return Status::Ok();
@@ -80,18 +123,11 @@ Status ApplyOption(const std::string& opt, MountOptions& o) {
     o.symlinks = *p;
   } else if (key == "threads" || key == "fill_depth") {
     if (Status s = need_value(); !s.ok()) return s;
-    const long max = key == "threads" ? 1024 : 64;
-    char* end = nullptr;
-    long n = std::strtol(value.c_str(), &end, 10);
-    if (*end != '\0' || n < 1 || n > max) {
-      return Status::Error("option " + key + "=" + value + ": expected 1 to " + std::to_string(max));
-    }
-    (key == "threads" ? o.threads : o.fill_depth) = static_cast<unsigned>(n);
+    auto n = ParseCount(key, value, key == "threads" ? 1024 : 64);
+    if (!n.ok()) return n.status();
+    (key == "threads" ? o.threads : o.fill_depth) = *n;
   } else if (key == "log") {
-    static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "off"};
-    bool ok = false;
-    for (const char* l : kLevels) ok = ok || value == l;
-    if (!ok) return Status::Error("option log=" + value + ": expected trace, debug, info, warn, error or off");
+    if (Status s = OneOf(key, value, {"trace", "debug", "info", "warn", "error", "off"}); !s.ok()) return s;
     o.log_level = value;
   } else if (key == "log_file") {
     if (Status s = need_value(); !s.ok()) return s;
@@ -108,22 +144,7 @@ Status ApplyOption(const std::string& opt, MountOptions& o) {
     o.readahead = *v;
   } else if (key == "cache_size" || key == "gpu_cache_size") {
     if (Status s = need_value(); !s.ok()) return s;
-    const bool gpu = key == "gpu_cache_size";
-    if (value.back() == '%') {
-      char* end = nullptr;
-      double pct = std::strtod(value.c_str(), &end);
-      if (end != value.c_str() + value.size() - 1 || !(pct > 0 && pct <= 100)) {
-        return Status::Error("option " + key + "=" + value + ": expected a size (e.g. 32G) or a percentage (1% to 100%)");
-      }
-      (gpu ? o.gpu_cache_percent : o.cache_percent) = pct;
-    } else {
-      auto v = ParseSize(value);
-      if (!v.ok()) return Status::Error("option " + key + "=" + value + ": " + v.status().message());
-      if (*v < kChunkSize * 4) {
-        return Status::Error("option " + key + "=" + value + ": at least 16M (four 4 MiB chunks)");
-      }
-      (gpu ? o.gpu_cache_size : o.cache_size) = *v;
-    }
+    if (Status s = ApplyCacheSize(key, value, o); !s.ok()) return s;
   } else if (key == "gpu") {
     if (Status s = need_value(); !s.ok()) return s;
     char* end = nullptr;
@@ -133,28 +154,35 @@ Status ApplyOption(const std::string& opt, MountOptions& o) {
     }
     o.gpu = value;
   } else if (key == "passthrough") {
-    if (value != "auto" && value != "off") return Status::Error("option passthrough=" + value + ": expected auto or off");
+    if (Status s = OneOf(key, value, {"auto", "off"}); !s.ok()) return s;
     o.passthrough = value == "auto";
   } else if (key == "fill") {
-    if (value != "open" && value != "wait" && value != "preload" && value != "off") {
-      return Status::Error("option fill=" + value + ": expected open, wait, preload or off");
-    }
+    if (Status s = OneOf(key, value, {"open", "wait", "preload", "off"}); !s.ok()) return s;
     o.fill = value;
   } else if (key == "fill_io") {
-    if (value != "buffered" && value != "direct") {
-      return Status::Error("option fill_io=" + value + ": expected buffered or direct");
-    }
+    if (Status s = OneOf(key, value, {"buffered", "direct"}); !s.ok()) return s;
     o.fill_direct = value == "direct";
   } else if (key == "shmem_huge") {
-    if (value != "advise" && value != "keep") return Status::Error("option shmem_huge=" + value + ": expected advise or keep");
+    if (Status s = OneOf(key, value, {"advise", "keep"}); !s.ok()) return s;
     o.shmem_huge_advise = value == "advise";
   } else if (key == "supervise") {
-    if (value != "on" && value != "off") return Status::Error("option supervise=" + value + ": expected on or off");
+    if (Status s = OneOf(key, value, {"on", "off"}); !s.ok()) return s;
     o.supervise = value == "on";
   } else if (key == "fsname") {
     if (Status s = need_value(); !s.ok()) return s;
     o.fsname = value;
-  } else if (opt == "rw") {
+  } else {
+    return std::nullopt;
+  }
+  return Status::Ok();
+}
+
+Status ApplyOption(const std::string& opt, MountOptions& o) {
+  const auto eq = opt.find('=');
+  const std::string key = opt.substr(0, eq);
+  const std::string value = eq == std::string::npos ? "" : opt.substr(eq + 1);
+  if (auto applied = ApplyKeyedOption(key, value, eq != std::string::npos, o)) return *applied;
+  if (opt == "rw") {
     return Status::Error("option rw: ckptfs is read-only");
   } else if (opt == "stamp_headers") {
     o.stamp_headers = true;
@@ -272,6 +300,7 @@ std::string FuseOptionString(const MountOptions& o) {
   return fuse_opts;
 }
 
+// Long, but one text: the --help that docs_test checks README and the man page against.
 std::string MountUsage() {
   return R"(usage: ckptfs SRC MOUNTPOINT [-o OPTION[,OPTION...]]... [-f] [-d]
 

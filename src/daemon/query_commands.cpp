@@ -14,32 +14,34 @@ namespace ckptfs::daemon {
 namespace {
 
 nlohmann::json CheckpointRow(const CheckpointState& s) {
-  nlohmann::json j{{"path", s.path}, {"state", PhaseName(s.phase)}, {protocol::kFiles, s.files}, {"size", s.size}};
-  if (!s.name.empty()) j[protocol::kName] = s.name;
-  if (!s.reason.empty()) j["reason"] = s.reason;
+  using namespace protocol;
+  nlohmann::json j{{kPath, s.path}, {kState, PhaseName(s.phase)}, {kFiles, s.files}, {kSize, s.size}};
+  if (!s.name.empty()) j[kName] = s.name;
+  if (!s.reason.empty()) j[kReason] = s.reason;
   if (s.phase == CheckpointState::Phase::kIndexing) {
-    j["bytes_done"] = s.bytes_done;
-    j["bytes_total"] = s.bytes_total;
+    j[kBytesDone] = s.bytes_done;
+    j[kBytesTotal] = s.bytes_total;
   }
-  if (s.indexed_at) j["indexed_at"] = s.indexed_at;
+  if (s.indexed_at) j[kIndexedAt] = s.indexed_at;
   return j;
 }
 
 nlohmann::json OptionsJson(const MountOptions& o, const std::string& log_destination) {
-  return {{"rescan", o.rescan_s},
-          {"settle", o.settle_s},
-          {"symlinks", o.symlinks == SymlinkPolicy::kFollow ? "follow" : "contained"},
-          {"threads", EffectiveThreads(o.threads)},
-          {"readahead", o.readahead},
-          {"allow_other", o.allow_other},
+  using namespace protocol;
+  return {{kOptionRescan, o.rescan_s},
+          {kOptionSettle, o.settle_s},
+          {kOptionSymlinks, o.symlinks == SymlinkPolicy::kFollow ? "follow" : "contained"},
+          {kOptionThreads, EffectiveThreads(o.threads)},
+          {kOptionReadahead, o.readahead},
+          {kOptionAllowOther, o.allow_other},
           {"stamp_headers", o.stamp_headers},
           {"passthrough", o.passthrough ? "auto" : "off"},
-          {"fill", o.fill},
-          {"fill_depth", FillDepth(o)},
+          {kOptionFill, o.fill},
+          {kOptionFillDepth, FillDepth(o)},
           {"fill_io", o.fill_direct ? "direct" : "buffered"},
           {"shmem_huge", o.shmem_huge_advise ? "advise" : "keep"},
-          {"log", o.log_level},
-          {"log_file", log_destination}};
+          {kOptionLog, o.log_level},
+          {kOptionLogFile, log_destination}};
 }
 
 nlohmann::json LastScanJson(const CatalogWatcher::ScanStats& s) {
@@ -65,25 +67,29 @@ nlohmann::json StatusJson(const std::vector<CheckpointState>& visible, const Cat
   }
   const MountOptions& o = *mount.options;
   const auto [mode, reason] = PassthroughState(ctx);
-  return {{protocol::kOk, true},
-          {"source", o.source},
-          {"mountpoint", o.mountpoint},
+  using namespace protocol;
+  return {{kOk, true},
+          {kSource, o.source},
+          {kMountpoint, o.mountpoint},
           {"state_dir", mount.state_dir},
-          {"index", mount.index_path},
-          {"pid", ::getpid()},
+          {kIndex, mount.index_path},
+          {kPid, ::getpid()},
           {"scans", watcher.scans_completed()},
           {"last_scan", LastScanJson(watcher.LastScan())},
-          {"counts",
-           {{"exposed", counts[0]}, {"indexing", counts[1]}, {"pending", counts[2]}, {"invalid", counts[3]}}},
-          {"options", OptionsJson(o, mount.log_destination)},
-          {"passthrough", {{"mode", mode}, {"reason", reason}}},
+          {kCounts,
+           {{kStateExposed, counts[0]},
+            {kStateIndexing, counts[1]},
+            {kStatePending, counts[2]},
+            {kStateInvalid, counts[3]}}},
+          {kOptions, OptionsJson(o, mount.log_destination)},
+          {kPassthrough, {{kMode, mode}, {kReason, reason}}},
           {"reads", {{"requests", ctx.reads.load()}, {"bytes", ctx.bytes_read.load()}, {"failed", ctx.failed_reads.load()}}},
-          {"cache",
-           {{"host", ctx.files->GetStats().capacity},
-            {"chunks", ctx.cache->Stats().host.capacity},
-            {"gpu", ctx.cache->Stats().gpu.capacity},
-            {"pinned_memory", ctx.cache->Stats().host_pinned_memory && ctx.files->GetStats().locked_memory}}},
-          {protocol::kCheckpoints, list}};
+          {kCache,
+           {{kTierHost, ctx.files->GetStats().capacity},
+            {kTierChunks, ctx.cache->Stats().host.capacity},
+            {kTierGpu, ctx.cache->Stats().gpu.capacity},
+            {kPinnedMemory, ctx.cache->Stats().host_pinned_memory && ctx.files->GetStats().locked_memory}}},
+          {kCheckpoints, list}};
 }
 
 nlohmann::json LsJson(const std::vector<CheckpointState>& visible, const View& view, const std::string& source) {
@@ -93,10 +99,11 @@ nlohmann::json LsJson(const std::vector<CheckpointState>& visible, const View& v
     if (s.phase != CheckpointState::Phase::kExposed) continue;
     auto& row = rows[s.name];
     if (row.is_null()) {
-      row = {{protocol::kName, s.name}, {protocol::kFiles, s.files}, {"size", s.size}, {"indexed_at", s.indexed_at},
-             {"sources", nlohmann::json::array()}, {protocol::kByName, by_name.at(s.name)}};
+      row = {{protocol::kName, s.name},         {protocol::kFiles, s.files},
+             {protocol::kSize, s.size},         {protocol::kIndexedAt, s.indexed_at},
+             {protocol::kSources, nlohmann::json::array()}, {protocol::kByName, by_name.at(s.name)}};
     }
-    row["sources"].push_back(s.path);
+    row[protocol::kSources].push_back(s.path);
   }
   nlohmann::json list = nlohmann::json::array();
   for (auto& [name, row] : rows) list.push_back(std::move(row));

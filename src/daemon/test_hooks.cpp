@@ -19,8 +19,20 @@ std::function<void(const std::string&)> PauseBeforeHashHook(const std::atomic<bo
     if (path.substr(path.rfind('/') + 1) != name) return;
     std::FILE* f = std::fopen((dir + "/paused").c_str(), "w");
     if (f != nullptr) std::fclose(f);
-    for (int i = 0; i < 6000 && !stop->load() && ::access((dir + "/resume").c_str(), F_OK) != 0; ++i) {
+    const std::string resume = dir + "/resume";
+    for (int i = 0; i < 6000 && !stop->load() && ::access(resume.c_str(), F_OK) != 0; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    // A resume that says "once" lets this file through only: the next file
+    // of that name pauses again, so a test can hold the indexer twice.
+    char word[5] = {};
+    if (std::FILE* r = std::fopen(resume.c_str(), "r")) {
+      const size_t n = std::fread(word, 1, 4, r);
+      std::fclose(r);
+      if (n == 4 && std::strcmp(word, "once") == 0) {
+        std::remove((dir + "/paused").c_str());
+        std::remove(resume.c_str());
+      }
     }
   };
 }

@@ -11,7 +11,9 @@ namespace ckptfs::daemon {
 // CKPTFS_TEST_PAUSE_BEFORE_HASH=NAME:DIR makes the indexer, before it opens
 // a file named NAME, create DIR/paused and wait (60 s at most, less if
 // `stop` turns true) for DIR/resume, so a test (tests/security) can change
-// the tree between the walk and the open at a known moment. Null when unset.
+// the tree between the walk and the open at a known moment. A DIR/resume
+// that holds "once" is removed (with DIR/paused) as the file goes on, so the
+// next file named NAME pauses again. Null when unset.
 std::function<void(const std::string&)> PauseBeforeHashHook(const std::atomic<bool>* stop);
 
 }  // namespace ckptfs::daemon

@@ -16,6 +16,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ckptfs/indexer.h"
+#include "ckptfs/scan_planner.h"
 
 namespace ckptfs {
 
@@ -71,6 +72,26 @@ ExposedCheckpoint ToExposed(const CheckpointSource& src, const IndexedCheckpoint
   return e;
 }
 
+CheckpointState StateOf(const CheckpointSource& cp, CheckpointState::Phase phase, std::string reason = "") {
+  CheckpointState st;
+  st.path = cp.abs_path;
+  st.access = cp.dir_access;
+  st.phase = phase;
+  st.reason = std::move(reason);
+  st.files = cp.members.size();
+  st.size = cp.TotalSize();
+  return st;
+}
+
+CheckpointState ExposedState(const CheckpointSource& cp, const ExposedCheckpoint& e) {
+  CheckpointState st = StateOf(cp, CheckpointState::Phase::kExposed);
+  st.name = e.name;
+  st.files = e.files.size();
+  st.size = e.total_size;
+  st.indexed_at = e.indexed_at;
+  return st;
+}
+
 }  // namespace
 
 const char* PhaseName(CheckpointState::Phase phase) {
@@ -100,7 +121,7 @@ CatalogWatcher::CatalogWatcher(Options options, Index* index, View* view, Change
 CatalogWatcher::~CatalogWatcher() { Stop(); }
 
 void CatalogWatcher::ShowIndexed() {
-  ScanOnce(/*index_unknown=*/false);
+  ScanOnce(Triggers(), /*index_unknown=*/false);
   ++scans_;
 }
 
@@ -152,36 +173,21 @@ void CatalogWatcher::Run() {
       read_triggered = true;
       next_debounced = std::min(next_debounced, std::max(now + kDebounceS, last_scan_end + kReadTriggeredEveryS));
     }
-    std::map<std::string, std::string> withdrawals;
-    {
-      std::lock_guard lock(mu_);
-      withdrawals.swap(withdrawals_);
-      for (const auto& [name, reason] : withdrawals) {
-        for (auto it = exposed_.begin(); it != exposed_.end();) {
-          if (it->second.name != name) {
-            ++it;
-            continue;
-          }
-          auto& st = states_[it->first];
-          st.phase = CheckpointState::Phase::kPending;
-          st.reason = "withdrawn: " + reason;
-          it = exposed_.erase(it);
-        }
-      }
-    }
-    if (!withdrawals.empty()) PublishExposed();
+    const bool withdrew = ApplyWithdrawals();
     const bool asked = rescan_requested_.exchange(false);
     const bool periodic = now >= next_periodic;
     if (asked || periodic || now >= next_debounced || (next_settle_deadline_ > 0 && now >= next_settle_deadline_)) {
       // A rescan asked for (SIGHUP, ckptfsctl rescan, a read that found a
-      // source changed, a withdrawal) or the periodic one walks everything:
-      // they are how changes that raise no inotify event are found. One
-      // that only inotify or settling started re-reads the dirty directories.
-      if (asked || periodic || !withdrawals.empty() || read_triggered) full_walk_needed_ = true;
+      // source changed, a withdrawal) or the periodic one walks everything
+      // (see NeedsFullWalk).
+      WalkTriggers why = Triggers();
+      why.asked = asked || withdrew;
+      why.periodic = periodic;
+      why.read_triggered = read_triggered;
       read_triggered = false;
       next_debounced = std::numeric_limits<double>::infinity();
       next_settle_deadline_ = 0;
-      ScanOnce();
+      ScanOnce(why);
       ++scans_;
       if (std::exchange(followup_scan_, false)) next_debounced = MonotonicSeconds() + kDebounceS;
       last_scan_end = MonotonicSeconds();
@@ -286,279 +292,286 @@ std::vector<CheckpointState> CatalogWatcher::States() const {
   return out;
 }
 
-void CatalogWatcher::PublishExposed() {
-  std::vector<ExposedCheckpoint> list;
-  {
-    std::lock_guard lock(mu_);
-    for (const auto& [path, e] : exposed_) list.push_back(e);
-  }
-  auto changes = view_->Publish(list, last_dirs_, last_hub_refs_);
-  if (!changes.empty() && on_change_) on_change_(changes);
-}
-
 CatalogWatcher::ScanStats CatalogWatcher::LastScan() const {
   std::lock_guard lock(mu_);
   return last_scan_;
 }
 
-void CatalogWatcher::ScanOnce(bool index_unknown) {
-  const double started = MonotonicSeconds();
-  // Events that arrive from here on are for the next scan. Without inotify
-  // every scan walks everything.
+View::Changes CatalogWatcher::PublishLocked() {
+  std::vector<ExposedCheckpoint> list;
+  list.reserve(exposed_.size());
+  for (const auto& [path, e] : exposed_) list.push_back(e);
+  return view_->Publish(list, last_dirs_, last_hub_refs_);
+}
+
+void CatalogWatcher::Notify(const View::Changes& changes) {
+  if (!changes.empty() && on_change_) on_change_(changes);
+}
+
+bool CatalogWatcher::TakeWithdrawalsLocked() {
+  if (withdrawals_.empty()) return false;
+  for (const auto& [name, reason] : withdrawals_) {
+    for (auto it = exposed_.begin(); it != exposed_.end();) {
+      if (it->second.name != name) {
+        ++it;
+        continue;
+      }
+      auto& st = states_[it->first];
+      st.phase = CheckpointState::Phase::kPending;
+      st.reason = "withdrawn: " + reason;
+      it = exposed_.erase(it);
+    }
+  }
+  withdrawals_.clear();
+  return true;
+}
+
+void CatalogWatcher::Publish() {
+  View::Changes changes;
+  {
+    std::lock_guard lock(mu_);
+    TakeWithdrawalsLocked();
+    changes = PublishLocked();
+  }
+  Notify(changes);
+}
+
+bool CatalogWatcher::ApplyWithdrawals() {
+  {
+    std::lock_guard lock(mu_);
+    if (withdrawals_.empty()) return false;
+  }
+  Publish();
+  return true;
+}
+
+WalkTriggers CatalogWatcher::Triggers() const {
+  WalkTriggers why;
+  why.events_lost = full_walk_needed_;
+  why.have_previous_walk = last_tree_ != nullptr;
+  why.inotify = inotify_.valid();
+  return why;
+}
+
+void CatalogWatcher::WithdrawEverything(const Status& why) {
+  if (why.message() != last_scan_error_) {
+    spdlog::error("cannot scan source: {}; withdrawing every checkpoint until it is back", why.message());
+    last_scan_error_ = why.message();
+  }
+  View::Changes changes;
+  {
+    std::lock_guard lock(mu_);
+    exposed_.clear();
+    states_.clear();
+    last_dirs_.clear();
+    last_hub_refs_.clear();
+    changes = PublishLocked();
+  }
+  Notify(changes);
+}
+
+// Events that arrive from here on are for the next scan.
+std::optional<CatalogScan> CatalogWatcher::Walk(bool incremental) {
   RewalkHint hint;
-  const bool incremental = !full_walk_needed_ && last_tree_ && inotify_.valid();
   if (incremental) hint = {std::move(last_tree_), std::move(dirty_dirs_)};
   last_tree_.reset();
   dirty_dirs_.clear();
   full_walk_needed_ = false;
   followup_scan_ = false;
   auto result = ScanSourceTree(options_.source, options_.catalog, incremental ? &hint : nullptr);
-  if (stop_) return;  // a walk cut short by Stop() saw only part of the tree
-  if (result.ok()) last_tree_ = result->tree;
+  if (stop_) return std::nullopt;  // a walk cut short by Stop() saw only part of the tree
   if (!result.ok()) {
-    if (result.status().message() != last_scan_error_) {
-      spdlog::error("cannot scan source: {}; withdrawing every checkpoint until it is back",
-                    result.status().message());
-      last_scan_error_ = result.status().message();
-    }
-    {
-      std::lock_guard lock(mu_);
-      exposed_.clear();
-      states_.clear();
-    }
-    last_dirs_.clear();
-    last_hub_refs_.clear();
-    PublishExposed();
-    return;
+    WithdrawEverything(result.status());
+    return std::nullopt;
   }
   if (!last_scan_error_.empty()) {
     spdlog::info("source {} is readable again", options_.source);
     last_scan_error_.clear();
   }
-  const CatalogScan& scan = *result;
-  last_dirs_ = scan.dirs;
-  last_hub_refs_ = scan.hub_refs;
-  UpdateWatches(scan);
-  for (const auto& w : scan.warnings) spdlog::debug("{}", w);
+  last_tree_ = result->tree;
+  UpdateWatches(*result);
+  for (const auto& w : result->warnings) spdlog::debug("{}", w);
+  return std::move(*result);
+}
 
-  const int64_t now_ns = WallNanos();
-  const int64_t settle_ns = static_cast<int64_t>(options_.settle_s * 1e9);
-  std::vector<const CheckpointSource*> valid, to_index;
-  std::set<std::string> seen;
-  std::map<std::string, CheckpointState> old_states;
-  {
-    std::lock_guard lock(mu_);
-    old_states = states_;
+KnownCheckpoints CatalogWatcher::Known() const {
+  std::lock_guard lock(mu_);
+  KnownCheckpoints known;
+  for (const auto& [path, st] : states_) known[path].reason = st.reason;
+  for (const auto& [path, e] : exposed_) known[path].shown_name = e.name;
+  for (auto& [path, k] : known) {
+    auto fp = shown_fingerprints_.find(path);
+    if (fp != shown_fingerprints_.end()) k.shown_fingerprint = fp->second;
   }
-  double settle_wait_s = 0;
+  return known;
+}
 
-  for (const auto& cp : scan.checkpoints) {
-    seen.insert(cp.abs_path);
-    CheckpointState st;
-    st.path = cp.abs_path;
-    st.access = cp.dir_access;
-    st.files = cp.members.size();
-    st.size = cp.TotalSize();
-    if (!cp.valid()) {
-      st.phase = CheckpointState::Phase::kInvalid;
-      st.reason = *cp.invalid_reason;
-      st.reason_shown = cp.invalid_reason_shown.value_or(st.reason);
-      auto old = old_states.find(cp.abs_path);
-      if (old == old_states.end() || old->second.reason != st.reason) {
-        spdlog::warn("checkpoint {} is invalid and not shown: {}", cp.abs_path, st.reason);
-      }
-      std::lock_guard lock(mu_);
-      exposed_.erase(cp.abs_path);
-      states_[cp.abs_path] = st;
-      continue;
-    }
-    valid.push_back(&cp);
-  }
-
-  // A checkpoint shown and walked exactly as last time stays as it is: no
-  // index lookup per file, nothing rebuilt (a change elsewhere in a tree
-  // with a 100,000-file checkpoint must not cost seconds). A withdrawal
-  // removes it from exposed_, so a withdrawn one is always looked up again.
-  std::map<std::string, Sha256Digest> fingerprints;
-  ScanStats stats;
-  stats.checkpoints = valid.size();
-  stats.incremental = incremental;
-  stats.dirs_reused = scan.dirs_reused;
-  {
-    std::vector<const CheckpointSource*> changed;
-    for (const auto* cp : valid) {
-      const Sha256Digest fp = cp->WalkFingerprint();
-      fingerprints[cp->abs_path] = fp;
-      std::lock_guard lock(mu_);
-      auto shown = shown_fingerprints_.find(cp->abs_path);
-      if (shown != shown_fingerprints_.end() && shown->second == fp && exposed_.count(cp->abs_path)) continue;
-      changed.push_back(cp);
-    }
-    stats.checkpoints_kept = valid.size() - changed.size();
-    valid.swap(changed);
-  }
-  for (const auto* cp : valid) stats.files_looked_up += cp->members.size();
-
-  // One pass over the index, reading no file: what it knows is shown at
-  // once; the rest is hashed below once it has settled.
+// One pass over the index, reading no file.
+IndexReport CatalogWatcher::LookUp(const CatalogScan& scan, const std::vector<const CheckpointSource*>& which) const {
   IndexerOptions lookup;
   lookup.threads = options_.threads;
   lookup.lookup_only = true;
   lookup.manifests = options_.manifests;
-  IndexReport known = Indexer(index_, lookup).Run(Only(scan, valid));
+  IndexReport known = Indexer(index_, lookup).Run(Only(scan, which));
   for (const auto& w : known.warnings) spdlog::warn("{}", w);
-  std::vector<std::pair<const CheckpointSource*, const IndexedCheckpoint*>> ready;
-  for (size_t i = 0; i < valid.size(); ++i) {
-    const CheckpointSource& cp = *valid[i];
-    if (!known.checkpoints[i].error) {
-      ready.emplace_back(&cp, &known.checkpoints[i]);
-      continue;
-    }
-    int64_t newest = 0;
-    for (const auto& m : cp.members) newest = std::max({newest, m.stamp.ctime_ns, m.stamp.mtime_ns});
-    if (now_ns - newest < settle_ns) {
-      CheckpointState st;
-      st.path = cp.abs_path;
-    st.access = cp.dir_access;
-      st.files = cp.members.size();
-      st.size = cp.TotalSize();
-      const double wait = static_cast<double>(settle_ns - (now_ns - newest)) / 1e9;
-      settle_wait_s = settle_wait_s == 0 ? wait : std::min(settle_wait_s, wait);
-      st.phase = CheckpointState::Phase::kPending;
-      st.reason = "changed " + std::to_string((now_ns - newest) / 1'000'000) + " ms ago; waiting for settle=" +
-                  SecondsText(options_.settle_s);
-      std::lock_guard lock(mu_);
-      if (exposed_.erase(cp.abs_path)) spdlog::info("checkpoint {} changed; withdrawn until re-indexed", cp.abs_path);
-      states_[cp.abs_path] = st;
-      continue;
-    }
-    to_index.push_back(&cp);
-  }
-  if (settle_wait_s > 0) next_settle_deadline_ = MonotonicSeconds() + settle_wait_s + 0.05;
+  return known;
+}
 
-  {
-    // Forget checkpoints that are gone from the tree.
-    std::lock_guard lock(mu_);
-    for (auto it = states_.begin(); it != states_.end();) {
-      if (!seen.count(it->first)) {
-        if (exposed_.erase(it->first)) spdlog::info("checkpoint {} removed from the source; withdrawn", it->first);
-        shown_fingerprints_.erase(it->first);
-        it = states_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    // Checkpoints that changed and now need hashing leave the view at once.
-    for (const auto* cp : to_index) {
-      if (exposed_.erase(cp->abs_path)) spdlog::info("checkpoint {} changed; withdrawn until re-indexed", cp->abs_path);
-    }
-  }
+void CatalogWatcher::ScanOnce(const WalkTriggers& why, bool index_unknown) {
+  const double started = MonotonicSeconds();
+  const bool incremental = !NeedsFullWalk(why);
+  std::optional<CatalogScan> scan = Walk(incremental);
+  if (!scan) return;
+  const KnownCheckpoints known = Known();
+  const ScanPlanner planner(known, static_cast<int64_t>(options_.settle_s * 1e9));
+  const ScanTriage triage = planner.Triage(*scan);
+  const IndexReport lookups = LookUp(*scan, triage.look_up);
+  const ScanPlan plan = planner.Plan(triage, lookups.checkpoints, WallNanos());
+  if (plan.settle_wait_ns > 0) next_settle_deadline_ = MonotonicSeconds() + plan.settle_wait_ns / 1e9 + 0.05;
+  std::vector<ExposedCheckpoint> shown;
+  for (const auto& s : plan.show) shown.push_back(ToExposed(*s.source, *s.indexed, *index_));
+  ScanStats stats;
+  stats.incremental = incremental;
+  stats.dirs_reused = scan->dirs_reused;
+  stats.checkpoints = plan.valid;
+  stats.checkpoints_kept = plan.keep.size();
+  stats.files_looked_up = plan.files_looked_up;
+  Apply(*scan, plan, std::move(shown), stats, started);
+  if (index_unknown) IndexQueued(*scan, plan);
+}
 
-  // Known to the index: shown at once.
-  for (const auto& [src, indexed] : ready) {
-    ExposedCheckpoint e = ToExposed(*src, *indexed, *index_);
-    CheckpointState st;
-    st.path = src->abs_path;
-    st.access = src->dir_access;
-    st.phase = CheckpointState::Phase::kExposed;
-    st.name = e.name;
-    st.files = e.files.size();
-    st.size = e.total_size;
-    st.indexed_at = e.indexed_at;
-    {
-      std::lock_guard lock(mu_);
-      auto old = exposed_.find(st.path);
-      if (old == exposed_.end() || old->second.name != e.name) spdlog::info("checkpoint {} is {}", st.path, e.name);
-      exposed_[st.path] = std::move(e);
-      shown_fingerprints_[st.path] = fingerprints.at(st.path);
-    }
-    SetState(st);
-  }
-  for (const auto* cp : to_index) {
-    CheckpointState st;
-    st.path = cp->abs_path;
-    st.access = cp->dir_access;
-    st.phase = CheckpointState::Phase::kPending;
-    st.reason = "queued for indexing";
-    st.files = cp->members.size();
-    st.size = cp->TotalSize();
-    SetState(st);
-  }
-  PublishExposed();
-  stats.seconds = MonotonicSeconds() - started;
-  stats.nodes = view_->LastPublish();
+void CatalogWatcher::Apply(const CatalogScan& scan, const ScanPlan& plan, std::vector<ExposedCheckpoint> shown,
+                           ScanStats stats, double started) {
+  const std::string settle = SecondsText(options_.settle_s);
+  View::Changes changes;
   {
     std::lock_guard lock(mu_);
+    last_dirs_ = scan.dirs;
+    last_hub_refs_ = scan.hub_refs;
+    for (const auto& w : plan.withdraw) {
+      exposed_.erase(w.path);
+      if (w.why == ScanPlan::Why::kRemoved) spdlog::info("checkpoint {} removed from the source; withdrawn", w.path);
+      if (w.why == ScanPlan::Why::kChanged) spdlog::info("checkpoint {} changed; withdrawn until re-indexed", w.path);
+    }
+    for (const auto& path : plan.vanished) {
+      shown_fingerprints_.erase(path);
+      states_.erase(path);
+    }
+    for (const auto& [cp, announce] : plan.invalid) {
+      CheckpointState st = StateOf(*cp, CheckpointState::Phase::kInvalid, *cp->invalid_reason);
+      st.reason_shown = cp->invalid_reason_shown.value_or(st.reason);
+      if (announce) spdlog::warn("checkpoint {} is invalid and not shown: {}", cp->abs_path, st.reason);
+      states_[cp->abs_path] = std::move(st);
+    }
+    for (const auto& w : plan.wait) {
+      states_[w.source->abs_path] =
+          StateOf(*w.source, CheckpointState::Phase::kPending,
+                  "changed " + std::to_string(w.quiet_ns / 1'000'000) + " ms ago; waiting for settle=" + settle);
+    }
+    for (size_t i = 0; i < plan.show.size(); ++i) {
+      const CheckpointSource& cp = *plan.show[i].source;
+      if (plan.show[i].announce) spdlog::info("checkpoint {} is {}", cp.abs_path, shown[i].name);
+      states_[cp.abs_path] = ExposedState(cp, shown[i]);
+      exposed_[cp.abs_path] = std::move(shown[i]);
+      shown_fingerprints_[cp.abs_path] = plan.fingerprints.at(cp.abs_path);
+    }
+    for (const auto* cp : plan.index) {
+      states_[cp->abs_path] = StateOf(*cp, CheckpointState::Phase::kPending, "queued for indexing");
+    }
+    // A digest withdrawn meanwhile is not shown again, not even for a moment.
+    TakeWithdrawalsLocked();
+    changes = PublishLocked();
+    stats.seconds = MonotonicSeconds() - started;
+    stats.nodes = view_->LastPublish();
     last_scan_ = stats;
   }
-  if (!index_unknown) return;
+  Notify(changes);
+}
 
-  // The rest: hashed one checkpoint at a time, each shown when done. Many
-  // small ones finish faster than the view is worth rebuilding, so publish
-  // at most a few times a second (and always after the last).
+IndexerOptions CatalogWatcher::HashingOptions(const std::string& path) {
+  IndexerOptions options;
+  options.threads = options_.threads;
+  options.before_hash = options_.before_hash;
+  options.manifests = options_.manifests;
+  options.cancel = &stop_;
+  // Withdrawn digests leave the view before the next file is opened, and
+  // within a chunk of the one being read (a 10 GB shard takes a while).
+  options.between_files = [this] { ApplyWithdrawals(); };
+  options.on_plan = [this, path](uint64_t total) {
+    std::lock_guard lock(mu_);
+    states_[path].bytes_total = total;
+  };
+  options.on_bytes = [this, path](uint64_t n) {
+    bool withdrawn = false;
+    {
+      std::lock_guard lock(mu_);
+      states_[path].bytes_done += n;
+      withdrawn = !withdrawals_.empty();
+    }
+    if (withdrawn) ApplyWithdrawals();
+  };
+  return options;
+}
+
+void CatalogWatcher::RecordIndexingFailure(const CheckpointSource& cp, const IndexedCheckpoint& indexed) {
+  const auto phase = indexed.unsettled ? CheckpointState::Phase::kPending : CheckpointState::Phase::kInvalid;
+  CheckpointState st = StateOf(cp, phase, *indexed.error);
+  if (indexed.unsettled) {
+    spdlog::info("checkpoint {} is still changing; will retry: {}", cp.abs_path, st.reason);
+    next_settle_deadline_ = MonotonicSeconds() + std::max(options_.settle_s, 0.5);
+  } else {
+    spdlog::warn("checkpoint {} is invalid and not shown: {}", cp.abs_path, st.reason);
+  }
+  SetState(std::move(st));
+}
+
+bool CatalogWatcher::Expose(const CheckpointSource& cp, ExposedCheckpoint e, const Sha256Digest& fingerprint,
+                            bool publish) {
+  View::Changes changes;
+  {
+    std::lock_guard lock(mu_);
+    states_[cp.abs_path] = ExposedState(cp, e);
+    exposed_[cp.abs_path] = std::move(e);
+    // The walk as hashed; a file the indexer found changed and hashed again
+    // has a newer stamp than this, so the next walk differs and looks it up
+    // afresh.
+    shown_fingerprints_[cp.abs_path] = fingerprint;
+    if (TakeWithdrawalsLocked()) publish = true;
+    if (publish) changes = PublishLocked();
+  }
+  Notify(changes);
+  return publish;
+}
+
+void CatalogWatcher::IndexQueued(const CatalogScan& scan, const ScanPlan& plan) {
+  // Many small checkpoints finish faster than the view is worth rebuilding,
+  // so publish at most a few times a second (and always after the last).
   constexpr double kPublishEveryS = 0.25;
   double last_publish = MonotonicSeconds();
   bool unpublished = false;
-  for (const auto* cp : to_index) {
+  for (const CheckpointSource* cp : plan.index) {
     if (stop_) return;
-    CheckpointState st;
-    st.path = cp->abs_path;
-    st.access = cp->dir_access;
-    st.phase = CheckpointState::Phase::kIndexing;
-    st.files = cp->members.size();
-    st.size = cp->TotalSize();
-    SetState(st);
-    spdlog::info("indexing checkpoint {} ({} files, {} bytes)", cp->abs_path, st.files, st.size);
-    IndexerOptions options;
-    options.threads = options_.threads;
-    options.before_hash = options_.before_hash;
-    options.manifests = options_.manifests;
-    options.cancel = &stop_;
-    options.on_plan = [this, path = cp->abs_path](uint64_t total) {
-      std::lock_guard lock(mu_);
-      states_[path].bytes_total = total;
-    };
-    options.on_bytes = [this, path = cp->abs_path](uint64_t n) {
-      std::lock_guard lock(mu_);
-      states_[path].bytes_done += n;
-    };
-    IndexReport report = Indexer(index_, options).Run(Only(scan, {cp}));
+    ApplyWithdrawals();
+    SetState(StateOf(*cp, CheckpointState::Phase::kIndexing));
+    spdlog::info("indexing checkpoint {} ({} files, {} bytes)", cp->abs_path, cp->members.size(), cp->TotalSize());
+    IndexReport report = Indexer(index_, HashingOptions(cp->abs_path)).Run(Only(scan, {cp}));
     for (const auto& w : report.warnings) spdlog::warn("{}", w);
-    const auto& indexed = report.checkpoints.front();
+    const IndexedCheckpoint& indexed = report.checkpoints.front();
     if (indexed.error) {
-      st.phase = indexed.unsettled ? CheckpointState::Phase::kPending : CheckpointState::Phase::kInvalid;
-      st.reason = *indexed.error;
-      if (indexed.unsettled) {
-        spdlog::info("checkpoint {} is still changing; will retry: {}", cp->abs_path, st.reason);
-        next_settle_deadline_ = MonotonicSeconds() + std::max(options_.settle_s, 0.5);
-      } else {
-        spdlog::warn("checkpoint {} is invalid and not shown: {}", cp->abs_path, st.reason);
-      }
-      SetState(st);
+      RecordIndexingFailure(*cp, indexed);
       continue;
     }
     ExposedCheckpoint e = ToExposed(*cp, indexed, *index_);
-    st.phase = CheckpointState::Phase::kExposed;
-    st.name = e.name;
-    st.indexed_at = e.indexed_at;
     spdlog::info("checkpoint {} is {} ({} files hashed)", cp->abs_path, e.name, report.files_hashed);
-    {
-      std::lock_guard lock(mu_);
-      exposed_[cp->abs_path] = std::move(e);
-      // The walk as hashed; a file the indexer found changed and hashed
-      // again has a newer stamp than this, so the next walk differs and
-      // looks it up afresh.
-      shown_fingerprints_[cp->abs_path] = fingerprints.at(cp->abs_path);
-    }
-    SetState(st);
-    unpublished = true;
-    if (MonotonicSeconds() - last_publish >= kPublishEveryS) {
-      PublishExposed();
+    const bool due = MonotonicSeconds() - last_publish >= kPublishEveryS;
+    if (Expose(*cp, std::move(e), plan.fingerprints.at(cp->abs_path), due)) {
       last_publish = MonotonicSeconds();
       unpublished = false;
+    } else {
+      unpublished = true;
     }
   }
-  if (unpublished) PublishExposed();
+  if (unpublished) Publish();
 }
 
 }  // namespace ckptfs

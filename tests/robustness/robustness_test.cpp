@@ -56,6 +56,26 @@ class RobustnessTest : public ::testing::Test {
     auto t = fs::read_symlink(mnt_ + "/by-name/" + by_name, ec);
     return ec ? "" : t.filename().string();
   }
+  // Flips a bit of FILE at OFFSET and has the index vouch for the old
+  // content under the file's new stamp, as if a tool had restored its times:
+  // only the chunk check of a read can find it (and withdraws the digest).
+  void RotBehindAnIntactStamp(const std::string& file, size_t offset) {
+    std::string bytes = ReadFile(file);
+    FILE* f = std::fopen(file.c_str(), "r+b");
+    ASSERT_NE(f, nullptr) << file;
+    std::fseek(f, static_cast<long>(offset), SEEK_SET);
+    std::fputc(bytes[offset] ^ 1, f);
+    std::fclose(f);
+    struct stat st;
+    ASSERT_EQ(::stat(file.c_str(), &st), 0);
+    auto index = Index::Open(state_, nullptr);
+    ASSERT_TRUE(index.ok());
+    auto found = (*index)->LookupInode(st.st_dev, st.st_ino);
+    ASSERT_TRUE(found.ok()) << found.status().message();
+    auto& stored = *found;
+    ASSERT_TRUE(stored.has_value());
+    ASSERT_TRUE((*index)->PutFile(FileStamp::FromStat(st), stored->path, stored->hashes).ok());
+  }
   static size_t Count(const std::string& haystack, const std::string& needle) {
     size_t n = 0;
     for (size_t p = haystack.find(needle); p != std::string::npos; p = haystack.find(needle, p + 1)) ++n;
@@ -196,21 +216,7 @@ TEST_F(RobustnessTest, BitRotIsReportedOnceAndNotReReadForEveryRequest) {
     auto m = Mount();
     ASSERT_TRUE(WaitFor([&] { return !Digest("m").empty(); })) << m->Log();
   }
-  {
-    FILE* f = std::fopen(shard.c_str(), "r+b");
-    std::fseek(f, 5 * kMiB, SEEK_SET);
-    std::fputc(bytes[5 * kMiB] ^ 1, f);
-    std::fclose(f);
-    struct stat st;
-    ASSERT_EQ(::stat(shard.c_str(), &st), 0);
-    auto index = Index::Open(state_, nullptr);
-    ASSERT_TRUE(index.ok());
-    auto found = (*index)->LookupInode(st.st_dev, st.st_ino);
-    ASSERT_TRUE(found.ok()) << found.status().message();
-    auto& stored = *found;
-    ASSERT_TRUE(stored.has_value());
-    ASSERT_TRUE((*index)->PutFile(FileStamp::FromStat(st), stored->path, stored->hashes).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(RotBehindAnIntactStamp(shard, 5 * kMiB));
   auto m = Mount();
   ASSERT_TRUE(WaitFor([&] { return !Digest("m").empty(); })) << m->Log();
   const std::string old = Digest("m");
@@ -387,6 +393,63 @@ TEST_F(RobustnessTest, IncrementalRescansAgreeWithAFullWalk) {
   WriteFile(src_ + "/team/b/model.bin", "b2");  // some event, so that a rescan runs
   agree("a write through a hard link from outside the source");
   EXPECT_GE(incremental_scans, 5) << "the incremental path was hardly exercised";
+}
+
+// Issue 9, the view: a withdrawn digest leaves the listing at once (DESIGN.md
+// section 2), also while another checkpoint is being indexed. `small` rots
+// behind an intact stamp, so a read of it withdraws its digest while the
+// indexer is held before big/gate.json; then it is let through to be held
+// again before big/sub/gate.json. The withdrawn digest must be gone from the
+// listing while `big` is still held there (before the fix it stayed listed,
+// and was published again, until the whole indexing pass had ended).
+TEST_F(RobustnessTest, AWithdrawnDigestLeavesTheListingWhileAnotherIsIndexed) {
+  const std::string shard = src_ + "/small/model.bin";
+  WriteFile(shard, RandomBytes(8 * kMiB, 4));
+  {
+    auto m = Mount();
+    ASSERT_TRUE(WaitFor([&] { return !Digest("small").empty(); })) << m->Log();
+  }
+  ASSERT_NO_FATAL_FAILURE(RotBehindAnIntactStamp(shard, 5 * kMiB));
+  // Largest first on one thread: big/gate.json, then big/sub/gate.json.
+  WriteFile(src_ + "/big/model.bin", "weights");
+  WriteFile(src_ + "/big/gate.json", RandomBytes(2 * kMiB, 5));
+  WriteFile(src_ + "/big/sub/gate.json", RandomBytes(kMiB, 6));
+  const std::string gate = tmp_ / "gate";
+  MakeDirs(gate);
+  ::setenv("CKPTFS_TEST_PAUSE_BEFORE_HASH", ("gate.json:" + gate).c_str(), 1);
+  auto m = Mount("threads=1");
+  ::unsetenv("CKPTFS_TEST_PAUSE_BEFORE_HASH");
+  const std::string old = Digest("small");
+  ASSERT_FALSE(old.empty()) << m->Log();  // shown at mount: the index vouches for it
+  auto held = [&] { return ::access((gate + "/paused").c_str(), F_OK) == 0; };
+  ASSERT_TRUE(WaitFor(held)) << m->Log();
+  auto state_of = [&](const std::string& rel) {
+    for (const auto& c : Ctl("status").value("checkpoints", nlohmann::json::array())) {
+      if (c.value("path", "") == src_ + "/" + rel) return c.value("state", "");
+    }
+    return std::string("absent");
+  };
+  ASSERT_EQ(state_of("big"), "indexing");
+  EXPECT_NE(RunCommand("cat " + mnt_ + "/" + old + "/model.bin > /dev/null 2>&1").exit_code, 0);  // EIO
+  auto listed = [&] {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(mnt_, ec)) {
+      if (e.path().filename() == old) return true;
+    }
+    return false;
+  };
+  // Through the first gate only (renamed into place: the daemon never reads
+  // a half-written word).
+  WriteFile(gate + "/resume.next", "once");
+  fs::rename(gate + "/resume.next", gate + "/resume");
+  EXPECT_TRUE(WaitFor([&] { return !listed() && held(); })) << m->Log();
+  EXPECT_FALSE(listed()) << m->Log();
+  EXPECT_EQ(state_of("big"), "indexing") << Ctl("status").dump(1);
+  EXPECT_FALSE(fs::exists(mnt_ + "/" + old));
+
+  WriteFile(gate + "/resume", "");
+  EXPECT_TRUE(WaitFor([&] { return !Digest("big").empty() && !Digest("small").empty() && Digest("small") != old; }))
+      << Ctl("status").dump(1) << m->Log();
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // command ckptfsctl can send arrives at its row intact; unknown, malformed
 // and oversized requests get an error line; owner-only commands are refused
 // to everyone else, before their handler runs.
+#include "ckptfs/catalog_watcher.h"
 #include "ckptfs/command_table.h"
 #include "ckptfs/control_protocol.h"
 
@@ -182,6 +183,15 @@ TEST_F(CommandTableTest, AnotherUidIsRefusedOverTheSocket) {
   EXPECT_EQ(reply.value(protocol::kOk, true), false) << got;
   EXPECT_NE(reply.value(protocol::kError, std::string()).find("you are uid 65534"), std::string::npos) << got;
   EXPECT_EQ(Calls(protocol::kRescan), 0);
+}
+
+// ckptfsctl status compares a row's "state" with the protocol's words and
+// reads "counts" by them; the daemon writes the watcher's PhaseName().
+TEST(ControlProtocolTest, CheckpointStatesAreTheWatchersPhaseNames) {
+  EXPECT_STREQ(PhaseName(CheckpointState::Phase::kExposed), protocol::kStateExposed);
+  EXPECT_STREQ(PhaseName(CheckpointState::Phase::kIndexing), protocol::kStateIndexing);
+  EXPECT_STREQ(PhaseName(CheckpointState::Phase::kPending), protocol::kStatePending);
+  EXPECT_STREQ(PhaseName(CheckpointState::Phase::kInvalid), protocol::kStateInvalid);
 }
 
 }  // namespace
