@@ -45,9 +45,10 @@ struct MountOptions {
   // fill=open|wait|preload|off: when files are copied into the host tier.
   std::string fill = "wait";
   unsigned fill_depth = 0;  // fill_depth=N: chunk reads in flight per fill; 0 = one per CPU, at most 4
-  // fill_io=buffered|direct: direct reads the source with O_DIRECT when it
-  // fills the host tier, so the source's page cache is not filled too.
-  bool fill_direct = false;
+  // fill_io=buffered|direct|auto: how fills read the source (see
+  // SourceReader::Io): through its page cache, with O_DIRECT, or what is
+  // cached from the cache and the rest with O_DIRECT.
+  std::string fill_io = "auto";
   // shmem_huge=advise|keep: whether the daemon may set the kernel's default
   // shmem huge-page policy to "advise" (see AskForShmemHugePages).
   bool shmem_huge_advise = true;

@@ -23,10 +23,16 @@ class SourceReader {
 
   // How the source is read. kDirect (O_DIRECT) bypasses the source's page
   // cache, for fills that would otherwise keep every byte twice in memory.
-  // It needs `dst` aligned to kDirectAlignment and room there for `len`
-  // rounded up to it; a read that cannot be direct (a misaligned buffer, a
-  // filesystem that refuses O_DIRECT, a short read) is made buffered.
-  enum class Io { kBuffered, kDirect };
+  // kAuto reads a chunk that is mostly in the page cache from it and one
+  // that mostly is not with O_DIRECT (cachestat says which): a cached
+  // source is copied at memory speed, an uncached one at the disk's,
+  // without being cached twice. Direct reads need `dst`
+  // aligned to kDirectAlignment and room there for `len` rounded up to it;
+  // a read that cannot be direct (a misaligned buffer, a filesystem that
+  // refuses O_DIRECT, a short read) is made buffered.
+  enum class Io { kBuffered, kDirect, kAuto };
+  // "buffered", "direct" or "auto", as the fill_io= option spells them.
+  static const char* IoName(Io io) { return io == Io::kDirect ? "direct" : io == Io::kAuto ? "auto" : "buffered"; }
   static constexpr size_t kDirectAlignment = 4096;
 
   // kChanged: the file's stamp moved (rescan it); kCorrupt: the chunk does
@@ -36,8 +42,10 @@ class SourceReader {
 
   uint64_t bytes_read() const { return bytes_read_.load(); }
   uint64_t chunks_read() const { return chunks_read_.load(); }
-  // Bytes read with O_DIRECT, and direct reads that had to be buffered.
+  // Bytes read with O_DIRECT, and direct reads that had to be buffered;
+  // bytes kAuto read from the page cache.
   uint64_t direct_bytes_read() const { return direct_bytes_read_.load(); }
+  uint64_t cached_bytes_read() const { return cached_bytes_read_.load(); }
   uint64_t direct_reads_refused() const { return direct_reads_refused_.load(); }
 
  private:
@@ -46,6 +54,7 @@ class SourceReader {
   std::atomic<uint64_t> chunks_read_{0};
   std::atomic<uint64_t> direct_bytes_read_{0};
   std::atomic<uint64_t> direct_reads_refused_{0};
+  std::atomic<uint64_t> cached_bytes_read_{0};
 };
 
 }  // namespace ckptfs

@@ -134,20 +134,32 @@ nlohmann::json ForEachFile(FsContext& ctx, const ControlServer::Request& r,
   return {{protocol::kOk, true}, {protocol::kBytes, bytes}};
 }
 
-// The kernel's setting for 2 MiB pages in shmem (memfds), and how much of the
-// daemon's mappings of them use huge pages now.
+// The first "Key: N kB" line of a /proc file, in bytes (0 when absent).
+uint64_t ProcKib(const char* file, const std::string& key) {
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(key + ":", 0) == 0) return std::stoull(line.substr(key.size() + 1)) * 1024;
+  }
+  return 0;
+}
+
+// The kernel's setting for 2 MiB pages in shmem (memfds); how much of the
+// daemon's mappings of them the kernel maps with huge pages now (the daemon
+// maps each copy but reads only what the GPU tier copies, so this is often
+// 0); and the machine's shmem held in huge pages (the copies' pages, with
+// any other program's huge shmem: /proc/meminfo has no finer count).
 nlohmann::json HugePages() {
   const std::string setting = SealedCopy::ShmemHugePages();
-  uint64_t pmd_kib = 0;
-  std::ifstream rollup("/proc/self/smaps_rollup");
-  for (std::string line; std::getline(rollup, line);) {
-    if (line.rfind("ShmemPmdMapped:", 0) == 0) pmd_kib = std::stoull(line.substr(15));
-  }
+  const uint64_t pmd_mapped = ProcKib("/proc/self/smaps_rollup", "ShmemPmdMapped");
+  const uint64_t machine_huge = ProcKib("/proc/meminfo", "ShmemHugePages");
   const char* use = setting == "never" || setting == "deny"
                         ? "no: shmem_enabled forbids them (see the shmem_huge= option)"
                     : setting == "advise" ? "asked for: copies are written through a MADV_HUGEPAGE mapping"
                                           : "as shmem_enabled decides";
-  return {{protocol::kShmemEnabled, setting}, {protocol::kUsed, use}, {protocol::kMappedBytes, pmd_kib * 1024}};
+  return {{protocol::kShmemEnabled, setting},
+          {protocol::kUsed, use},
+          {protocol::kMappedBytes, pmd_mapped},
+          {"machine_shmem_huge_bytes", machine_huge}};
 }
 
 nlohmann::json HostTierJson(const FileCache::Stats& f) {
@@ -209,8 +221,9 @@ nlohmann::json FillsJson(FsContext& ctx, const FileCache::Stats& f) {
           // How fills read the source (fill_io=), the bytes read with O_DIRECT,
           // and the direct reads that had to be buffered (a filesystem that
           // refuses O_DIRECT, a copy not aligned for it).
-          {"io", ctx.filler != nullptr && ctx.filler->io() == SourceReader::Io::kDirect ? "direct" : "buffered"},
+          {"io", ctx.filler != nullptr ? SourceReader::IoName(ctx.filler->io()) : "buffered"},
           {"direct_bytes", ctx.reader->direct_bytes_read()},
+          {"cached_bytes", ctx.reader->cached_bytes_read()},
           {"direct_refused", ctx.reader->direct_reads_refused()}};
 }
 

@@ -215,7 +215,10 @@ void Daemon::StartCaches() {
   ctx_.readahead_budget_chunks = std::max<uint64_t>(1, chunk_bytes / kChunkSize / 4);
   ctx_.cache_chunks = chunk_bytes / kChunkSize;
   if (o.stamp_headers) ctx_.stamper = &stamper_;
-  filler_ = std::make_unique<FileFiller>(ctx_, FillDepth(o), o.fill_direct ? SourceReader::Io::kDirect : SourceReader::Io::kBuffered);
+  const SourceReader::Io fill_io = o.fill_io == "direct" ? SourceReader::Io::kDirect
+                                  : o.fill_io == "auto"   ? SourceReader::Io::kAuto
+                                                          : SourceReader::Io::kBuffered;
+  filler_ = std::make_unique<FileFiller>(ctx_, FillDepth(o), fill_io);
   ctx_.filler = filler_.get();
 
   ctx_.on_source_changed = [this] { watcher_->RequestRescanSoon(); };

@@ -160,8 +160,8 @@ std::optional<Status> ApplyKeyedOption(const std::string& key, const std::string
     if (Status s = OneOf(key, value, {"open", "wait", "preload", "off"}); !s.ok()) return s;
     o.fill = value;
   } else if (key == "fill_io") {
-    if (Status s = OneOf(key, value, {"buffered", "direct"}); !s.ok()) return s;
-    o.fill_direct = value == "direct";
+    if (Status s = OneOf(key, value, {"buffered", "direct", "auto"}); !s.ok()) return s;
+    o.fill_io = value;
   } else if (key == "shmem_huge") {
     if (Status s = OneOf(key, value, {"advise", "keep"}); !s.ok()) return s;
     o.shmem_huge_advise = value == "advise";
@@ -355,11 +355,14 @@ ckptfs options (-o):
                        only by ckptfsctl preload; off: never (chunks only)
   fill_depth=N         4 MiB source reads in flight per fill (default: one
                        per CPU, at most 4)
-  fill_io=buffered|direct  how fills read the source: buffered (default)
-                       through its page cache; direct: with O_DIRECT, so a
-                       file copied into the host tier is not also kept in
-                       the source's page cache (a source that refuses
-                       O_DIRECT is read buffered; stats says so)
+  fill_io=auto|buffered|direct  how fills read the source: auto
+                       (default): a 4 MiB chunk mostly in the source's page
+                       cache from there, one mostly not with O_DIRECT, so
+                       that a copy in the host tier is not also kept in the
+                       source's page cache; buffered: always through the
+                       page cache; direct: always with O_DIRECT (a source
+                       that refuses O_DIRECT is read buffered; stats says
+                       so)
   shmem_huge=advise|keep   advise (default): when the kernel's policy for
                        huge pages in shmem is still its default (never),
                        set the 2 MiB size to advise, so the host tier's

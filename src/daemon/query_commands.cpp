@@ -38,7 +38,7 @@ nlohmann::json OptionsJson(const MountOptions& o, const std::string& log_destina
           {"passthrough", o.passthrough ? "auto" : "off"},
           {kOptionFill, o.fill},
           {kOptionFillDepth, FillDepth(o)},
-          {"fill_io", o.fill_direct ? "direct" : "buffered"},
+          {"fill_io", o.fill_io},
           {"shmem_huge", o.shmem_huge_advise ? "advise" : "keep"},
           {kOptionLog, o.log_level},
           {kOptionLogFile, log_destination}};

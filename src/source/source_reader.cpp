@@ -1,6 +1,7 @@
 #include "ckptfs/source_reader.h"
 
 #include <fcntl.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -42,6 +43,27 @@ std::optional<size_t> ReadDirect(int fd, uint64_t offset, uint8_t* dst, size_t l
   return std::min(static_cast<size_t>(n), len);
 }
 
+// The share of [offset, offset + len) in the page cache now, from 0 to 1,
+// asked of the kernel without reading anything (cachestat, Linux 6.5+; a
+// read with RWF_NOWAIT would start read-ahead of what is missing, and so
+// read it twice). nullopt when the kernel cannot say.
+std::optional<double> CachedShare(int fd, uint64_t offset, size_t len) {
+#ifdef SYS_cachestat
+  constexpr long kCachestat = SYS_cachestat;
+#else
+  constexpr long kCachestat = 451;  // the same number on every architecture
+#endif
+  struct {
+    uint64_t off, len;
+  } range{offset, len};
+  struct {
+    uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+  } stat{};
+  if (len == 0 || ::syscall(kCachestat, fd, &range, &stat, 0) != 0) return std::nullopt;
+  const uint64_t pages = (len + 4095) / 4096;
+  return std::min(1.0, static_cast<double>(stat.nr_cache) / static_cast<double>(pages));
+}
+
 }  // namespace
 
 Status SourceReader::ReadChunk(const std::string& path, const FileStamp& stamp, const std::vector<ChunkHash>& chunks,
@@ -60,10 +82,19 @@ Status SourceReader::ReadChunk(const std::string& path, const FileStamp& stamp, 
 
   const uint64_t offset = index * kChunkSize;
   size_t done = 0;
-  if (io == Io::kDirect) {
-    if (auto direct = ReadDirect(fd.get(), offset, dst, len)) {
-      done = *direct;
-      direct_bytes_read_ += done;
+  bool direct = io == Io::kDirect;
+  if (io == Io::kAuto) {
+    // A chunk mostly in the page cache is copied from it; one mostly not is
+    // read directly from the disk, so that it is not cached a second time.
+    // Where the kernel cannot say, buffered.
+    const std::optional<double> cached = CachedShare(fd.get(), offset, len);
+    direct = cached && *cached < 0.5;
+    if (!direct) cached_bytes_read_ += len;
+  }
+  if (direct) {
+    if (auto from_disk = ReadDirect(fd.get(), offset, dst, len)) {
+      direct_bytes_read_ += *from_disk;
+      done += *from_disk;
     } else {
       ++direct_reads_refused_;
     }

@@ -20,7 +20,7 @@
 #      is copied), and the load after it; vs native with its page cache
 #      dropped / warm;
 #   4. fill rate from a cold source (ckptfsctl preload, fill_depth=D,
-#      fill_io=buffered|direct) vs fio sequential read of the same file, same
+#      fill_io=buffered|direct|auto) vs fio sequential read of the same file, same
 #      block size (4 MiB, the chunk size), depth D (io_uring) and O_DIRECT
 #      or not, for D in 1 2 4.
 # Page caches are dropped per file (fadvise DONTNEED), never machine-wide.
@@ -184,13 +184,14 @@ for policy in wait open; do
 done
 
 # 4. Fill rate from a cold source vs fio at the same depth and block size,
-# buffered (fio --direct=0, fill_io=buffered) and direct (--direct=1,
-# fill_io=direct).
+# buffered (fio --direct=0, fill_io=buffered), direct (--direct=1,
+# fill_io=direct) and auto (fill_io=auto, which reads the chunks of a cold
+# source directly, against fio --direct=0).
 echo
 echo "4. filling the ${big_mib} MiB file from a cold source vs fio (MB/s, best of 3; 4 MiB reads)"
 row "io, depth" "fio" ckptfs ratio
 size=$(stat -c %s "$big")
-for io in buffered direct; do
+for io in buffered direct auto; do
   for depth in 1 2 4; do
     f=$(for _ in 1 2 3; do
           drop "$big"

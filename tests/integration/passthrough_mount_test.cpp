@@ -66,7 +66,7 @@ void DropPageCache(const std::string& path) {
 }
 
 class PassthroughMountTest : public ::testing::Test {
- protected:
+ public:  // also for the helpers that several tests share
   std::unique_ptr<MountedCkptfs> Mount(const std::string& extra) {
     auto m = std::make_unique<MountedCkptfs>(kDaemon, src_, mnt_, "state=" + state_ + ",settle=0,rescan=0," + extra,
                                              tmp_ / ("daemon-" + std::to_string(++mounts_) + ".log"));
@@ -202,25 +202,51 @@ TEST_F(PassthroughMountTest, TheOtherShardsAreCopiedWhileTheyFitInFreeRoom) {
   EXPECT_EQ(Stats(mnt_)["read_requests"], 0);
 }
 
-// fill_io=direct: the copy is made with O_DIRECT reads, so the source's
-// page cache is not filled a second time; the bytes are the same.
-TEST_F(PassthroughMountTest, DirectFillsLeaveTheSourcePageCacheAlone) {
+// A copy made from a source that is not in the page cache leaves it out of
+// the page cache (O_DIRECT reads): with fill_io=direct, and by default
+// (fill_io=auto, which reads uncached chunks directly). The bytes are the same.
+void ExpectAColdFillLeavesThePageCacheAlone(PassthroughMountTest& t, const std::string& options,
+                                            const std::string& io) {
   const std::string data = RandomBytes(24 * kMiB + 4097, 12);
-  const std::string source = src_ + "/m/model.safetensors";
+  const std::string source = t.src_ + "/m/model.safetensors";
   WriteFile(source, data);
-  auto m = MountWithPassthrough("cache_size=256M,fill_io=direct");
-  SKIP_WITHOUT_PASSTHROUGH();
+  auto m = t.MountWithPassthrough("cache_size=256M" + options);
+  if (!t.skip_.empty()) return;
   ::sync();
   DropPageCache(source);
   ASSERT_LT(ResidentBytes(source), data.size() / 10) << "the page cache of the source was not dropped";
-  ASSERT_EQ(RunCommand(kCtl + " preload " + mnt_ + "/by-name/m").exit_code, 0);
+  ASSERT_EQ(RunCommand(kCtl + " preload " + t.mnt_ + "/by-name/m").exit_code, 0);
   EXPECT_LT(ResidentBytes(source), data.size() / 10);
-  const auto s = Stats(mnt_);
-  EXPECT_EQ(s["fills"]["io"], "direct");
+  const auto s = Stats(t.mnt_);
+  EXPECT_EQ(s["fills"]["io"], io);
   EXPECT_EQ(s["fills"]["direct_bytes"], data.size());
   EXPECT_EQ(s["fills"]["direct_refused"], 0);
+  EXPECT_TRUE(ReadMapped(t.DigestDir("m") + "/model.safetensors") == data);
+  EXPECT_EQ(Opens(Stats(t.mnt_), "passthrough"), 1u);
+}
+
+TEST_F(PassthroughMountTest, DirectFillsLeaveTheSourcePageCacheAlone) {
+  ExpectAColdFillLeavesThePageCacheAlone(*this, ",fill_io=direct", "direct");
+  SKIP_WITHOUT_PASSTHROUGH();
+}
+
+TEST_F(PassthroughMountTest, ByDefaultAColdSourceIsCopiedWithoutFillingItsPageCache) {
+  ExpectAColdFillLeavesThePageCacheAlone(*this, "", "auto");
+  SKIP_WITHOUT_PASSTHROUGH();
+}
+
+// And a source in the page cache is copied from there.
+TEST_F(PassthroughMountTest, ByDefaultACachedSourceIsCopiedFromThePageCache) {
+  const std::string data = RandomBytes(24 * kMiB + 4097, 13);
+  WriteFile(src_ + "/m/model.safetensors", data);
+  auto m = MountWithPassthrough("cache_size=256M");
+  SKIP_WITHOUT_PASSTHROUGH();
+  ReadFile(src_ + "/m/model.safetensors");  // in the page cache now
+  ASSERT_EQ(RunCommand(kCtl + " preload " + mnt_ + "/by-name/m").exit_code, 0);
+  const auto s = Stats(mnt_);
+  EXPECT_EQ(s["fills"]["cached_bytes"], data.size());
+  EXPECT_EQ(s["fills"]["direct_bytes"], 0);
   EXPECT_TRUE(ReadMapped(DigestDir("m") + "/model.safetensors") == data);
-  EXPECT_EQ(Opens(Stats(mnt_), "passthrough"), 1u);
 }
 
 TEST_F(PassthroughMountTest, EveryBackingMemfdIsSealed) {

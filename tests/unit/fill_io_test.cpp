@@ -2,7 +2,9 @@
 // reads (SourceReader::Io::kDirect), reading straight into a copy's mapping
 // (SealedCopy::WritableAt), and the kernel's huge-page setting for memfds
 // (AskForShmemHugePages).
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include <cstdlib>
@@ -79,6 +81,26 @@ TEST_F(DirectReadTest, AMisalignedBufferIsReadBufferedAndCounted) {
   EXPECT_EQ(std::memcmp(buf.get() + 1, f.bytes.data() + kChunkSize, f.ChunkLen(1)), 0);
   EXPECT_EQ(reader.direct_bytes_read(), 0u);
   EXPECT_EQ(reader.direct_reads_refused(), 1u);
+}
+
+// kAuto: a chunk in the page cache is read from it, one that is not directly.
+TEST_F(DirectReadTest, AutoReadsACachedChunkFromTheCacheAndAnUncachedOneDirectly) {
+  const size_t len = f.ChunkLen(1);
+  ASSERT_TRUE(reader.ReadChunk(f.path, f.stamp, f.chunks, 1, buf.get(), len, SourceReader::Io::kAuto).ok());
+  EXPECT_EQ(std::memcmp(buf.get(), f.bytes.data() + kChunkSize, len), 0);
+  EXPECT_EQ(reader.cached_bytes_read(), len);  // just written: all of it cached
+  EXPECT_EQ(reader.direct_bytes_read(), 0u);
+
+  const int fd = ::open(f.path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ::fsync(fd);
+  ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+  ::close(fd);
+  std::memset(buf.get(), 0xab, kChunkSize);
+  ASSERT_TRUE(reader.ReadChunk(f.path, f.stamp, f.chunks, 0, buf.get(), kChunkSize, SourceReader::Io::kAuto).ok());
+  EXPECT_EQ(std::memcmp(buf.get(), f.bytes.data(), kChunkSize), 0);
+  EXPECT_EQ(reader.cached_bytes_read(), len);  // nothing more came from the cache
+  EXPECT_EQ(reader.direct_bytes_read(), kChunkSize);
 }
 
 TEST_F(DirectReadTest, ADirectReadIsCheckedLikeAnyOther) {
