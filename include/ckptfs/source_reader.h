@@ -43,7 +43,8 @@ class SourceReader {
   uint64_t bytes_read() const { return bytes_read_.load(); }
   uint64_t chunks_read() const { return chunks_read_.load(); }
   // Bytes read with O_DIRECT, and direct reads that had to be buffered;
-  // bytes kAuto read from the page cache.
+  // bytes kAuto read from the page cache because cachestat said they were
+  // there (not those read buffered because the kernel could not say).
   uint64_t direct_bytes_read() const { return direct_bytes_read_.load(); }
   uint64_t cached_bytes_read() const { return cached_bytes_read_.load(); }
   uint64_t direct_reads_refused() const { return direct_reads_refused_.load(); }

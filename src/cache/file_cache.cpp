@@ -59,7 +59,9 @@ class FileCache::PageLock {
 
 FileCache::FileCache(uint64_t capacity, DeviceMemory* device) : capacity_(capacity), device_(device) {}
 
-FileCache::~FileCache() = default;
+// The page locks first: each one updates registered_ and locked_memory_ as
+// it goes, which are destroyed before page_locks_ would be.
+FileCache::~FileCache() { page_locks_.clear(); }
 
 FileCache::Reservation::~Reservation() {
   if (!published_ && cache_ != nullptr) cache_->Abandon(*this);

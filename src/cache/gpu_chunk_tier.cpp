@@ -128,9 +128,12 @@ Status GpuChunkTier::CopyOut(const ChunkKey& key, uint8_t* dst, size_t len, bool
     auto it = entries_.find(key);
     if (it == entries_.end()) return Status::NotFound("not in the GPU tier");
     e = &it->second;
+    // A length other than the one stored would leave part of `dst` as it
+    // was (another chunk's bytes): the caller reads the source instead.
+    if (e->len != len) return Status::NotFound("the GPU tier holds this chunk with another length");
     ++e->busy;  // entries of a std::map stay put; busy keeps this one from being removed
   }
-  Status s = device_.CopyToHost(dst, e->device, std::min(len, e->len));
+  Status s = device_.CopyToHost(dst, e->device, len);
   std::vector<void*> to_free;
   {
     std::lock_guard lock(mu_);

@@ -1,6 +1,8 @@
 #include "kernel_tuning.h"
 
+#include <fcntl.h>
 #include <sys/sysmacros.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
@@ -87,14 +89,17 @@ Result<std::string> AskForShmemHugePages(const std::string& thp_dir) {
   // Huge pages allowed already, forbidden on purpose (deny, or an
   // administrator's advise/always), or no such file: nothing to do.
   if (setting != "never") return std::string();
-  {
-    std::ofstream out(path);
-    out << "advise";
+  int err = 0;
+  if (const int fd = ::open(path.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC); fd < 0) {
+    err = errno;
+  } else {
+    if (::write(fd, "advise", 6) != 6) err = errno;
+    ::close(fd);
   }
-  const int err = errno;
   if (ReadSetting(path) != "advise") {
+    const std::string why = err != 0 ? std::strerror(err) : "the kernel kept its value";
     return Status::Error("the host tier's copies use 4 KiB pages (" + path + " is never) and it could not be set to advise: " +
-                         std::strerror(err) + "; loads from the host tier will be slower (-o shmem_huge=keep silences this)");
+                         why + "; loads from the host tier will be slower (-o shmem_huge=keep silences this)");
   }
   return "set " + path +
          " from never (the kernel's default) to advise, so the host tier's copies get 2 MiB pages; only mappings "

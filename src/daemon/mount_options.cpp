@@ -363,12 +363,12 @@ ckptfs options (-o):
                        page cache; direct: always with O_DIRECT (a source
                        that refuses O_DIRECT is read buffered; stats says
                        so)
-  shmem_huge=advise|keep   advise (default): when the kernel's policy for
-                       huge pages in shmem is still its default (never),
-                       set the 2 MiB size to advise, so the host tier's
-                       memfds get 2 MiB pages (loads and fills run faster;
-                       only mappings that ask are affected); keep: leave
-                       the kernel's setting alone
+  shmem_huge=advise|keep   advise (default): when the kernel's
+                       transparent_hugepage/shmem_enabled is still its
+                       default (never), set it to advise, so the host
+                       tier's memfds get 2 MiB pages (loads and fills run
+                       faster; only shmem mappings that ask are affected);
+                       the setting stays after unmount; keep: leave it alone
   gpu=INDEX|auto|sim   add a GPU tier on CUDA device INDEX; auto: the first
                        device if there is one (else a warning); sim: a
                        simulated device in host memory (testing)

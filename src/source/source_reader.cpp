@@ -35,10 +35,11 @@ std::optional<size_t> ReadDirect(int fd, uint64_t offset, uint8_t* dst, size_t l
     n = ::pread(fd, dst, want, static_cast<off_t>(offset));
   } while (n < 0 && errno == EINTR);
   ::fcntl(fd, F_SETFL, flags);
-  if (n < 0) return std::nullopt;  // the buffered read then reports a real I/O error with its path
-  // The block holding the end of the file comes whole; what lies past the end
-  // is not the file's, so it must not stay where a mapping could show it.
+  // The block holding the end of the file comes whole (also from a read
+  // that failed part way); what lies past the end is not the file's, so it
+  // must not stay where a mapping of the copy could show it.
   std::memset(dst + len, 0, want - len);
+  if (n < 0) return std::nullopt;  // the buffered read then reports a real I/O error with its path
   // A read at the end of the file ends there; never count bytes past `len`.
   return std::min(static_cast<size_t>(n), len);
 }
@@ -89,7 +90,7 @@ Status SourceReader::ReadChunk(const std::string& path, const FileStamp& stamp, 
     // Where the kernel cannot say, buffered.
     const std::optional<double> cached = CachedShare(fd.get(), offset, len);
     direct = cached && *cached < 0.5;
-    if (!direct) cached_bytes_read_ += len;
+    if (cached && !direct) cached_bytes_read_ += len;
   }
   if (direct) {
     if (auto from_disk = ReadDirect(fd.get(), offset, dst, len)) {

@@ -4,6 +4,7 @@
 // (AskForShmemHugePages).
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mount.h>
 #include <unistd.h>
 #include <sys/stat.h>
 
@@ -74,6 +75,28 @@ TEST_F(DirectReadTest, ReadsTheVerifiedBytesAndLeavesNothingPastTheEnd) {
   // The test directory is on a filesystem with O_DIRECT (ext4 here).
   EXPECT_EQ(reader.direct_bytes_read(), len);
   EXPECT_EQ(reader.direct_reads_refused(), 0u);
+}
+
+// On tmpfs (O_DIRECT since Linux 6.6) a direct read copies only up to the
+// end of the file and leaves the rest of the buffer as it was, so there the
+// zeros past the end are the reader's own doing (on ext4 the block comes
+// zeroed from the disk already).
+TEST(DirectReadTmpfsTest, WhatLiesPastTheEndIsZeroedByTheReader) {
+  TempDir dir("ckptfs-direct-tmpfs");
+  ASSERT_EQ(::mount("tmpfs", dir.path().c_str(), "tmpfs", 0, "size=16m"), 0) << std::strerror(errno);
+  struct Unmount {
+    std::string path;
+    ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }
+  } unmount{dir.path()};
+  SourceFile f(dir.path());
+  SourceReader reader;
+  auto buf = AlignedChunk();
+  const size_t len = f.ChunkLen(1);
+  ASSERT_TRUE(reader.ReadChunk(f.path, f.stamp, f.chunks, 1, buf.get(), len, SourceReader::Io::kDirect).ok());
+  ASSERT_EQ(reader.direct_bytes_read(), len) << "tmpfs did not take O_DIRECT";
+  EXPECT_EQ(std::memcmp(buf.get(), f.bytes.data() + kChunkSize, len), 0);
+  const size_t rounded = (len + 4095) / 4096 * 4096;
+  for (size_t i = len; i < rounded; ++i) ASSERT_EQ(buf.get()[i], 0) << i;
 }
 
 TEST_F(DirectReadTest, AMisalignedBufferIsReadBufferedAndCounted) {
