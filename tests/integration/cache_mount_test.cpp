@@ -145,9 +145,10 @@ TEST_F(CacheMountTest, CorruptChunkGivesEioAndIsNeverServed) {
     ASSERT_TRUE((*index)->PutFile(FileStamp::FromStat(st), stored->path, stored->hashes).ok());
   }
 
-  // fill=open: the open is served by the chunk path, which this is about
-  // (with fill=wait the open's copy would meet the bad chunk first).
-  auto m = Mount("fill=open");
+  // fill=off: the chunk path, which this is about (with fill=wait the open's
+  // copy would meet the bad chunk first; with fill=open a background copy
+  // would race with the reads).
+  auto m = Mount("fill=off");
   ASSERT_TRUE(WaitForLink("m")) << m->Log();
   ASSERT_EQ(Digest("m"), old_digest);  // the index vouched for it
   const std::string through = mnt_ + "/" + old_digest + "/model.safetensors";
@@ -175,9 +176,10 @@ TEST_F(CacheMountTest, CorruptChunkGivesEioAndIsNeverServed) {
 TEST_F(CacheMountTest, SourceShrinkingUnderAnOpenReaderGivesEio) {
   const std::string shard = src_ + "/m/model.safetensors";
   WriteFile(shard, RandomBytes(16 * kMiB, 5));
-  // fill=open: the chunk path (with fill=wait the open would copy the file
-  // first, and the reader would keep its verified bytes after the shrink).
-  auto m = Mount("fill=open");
+  // fill=off: the chunk path. With fill=wait the open would copy the file
+  // first, and with fill=open a background copy could finish before the
+  // shrink; either way the reader would rightly keep its verified bytes.
+  auto m = Mount("fill=off");
   ASSERT_TRUE(WaitForLink("m")) << m->Log();
   const std::string through = mnt_ + "/by-name/m/model.safetensors";
   int fd = ::open(through.c_str(), O_RDONLY | O_DIRECT);

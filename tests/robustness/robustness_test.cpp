@@ -178,9 +178,10 @@ TEST_F(RobustnessTest, BadDurationsAndAFileMountPointAreRefusedClearly) {
 TEST_F(RobustnessTest, ReadsOfAChangedFileCauseOneReportAndFewRescans) {
   const std::string shard = src_ + "/m/model.bin";
   WriteFile(shard, RandomBytes(24 * kMiB, 2));
-  // fill=open: reads through the chunk path (with fill=wait the open would
-  // copy the file first and every read would get its verified old bytes).
-  auto m = Mount("fill=open");
+  // fill=off: reads through the chunk path. With fill=wait the open would
+  // copy the file first, and with fill=open a background copy could finish
+  // before the change; every read would then rightly get its old bytes.
+  auto m = Mount("fill=off");
   ASSERT_TRUE(WaitFor([&] { return !Digest("m").empty(); })) << m->Log();
   const std::string through = mnt_ + "/" + Digest("m") + "/model.bin";
   int fd = ::open(through.c_str(), O_RDONLY | O_DIRECT);
