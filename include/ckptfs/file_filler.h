@@ -62,7 +62,8 @@ class FileFiller {
   // directory, same suffix: the other shards), in name order, as long as
   // they fit in the tier's free room. An engine that opens one shard opens
   // the others next; their copies then fill while it loads this one. Only
-  // free room is used, so this never evicts what is resident.
+  // free room is used, so this never evicts what is resident. The siblings
+  // are looked for on the background thread, not on the caller's (an open).
   void EnqueueSiblings(const View::NodePtr& file);
   // Stops the background thread; fills in flight give up at their next chunk.
   void Stop();
@@ -77,6 +78,7 @@ class FileFiller {
                     const std::function<bool(uint64_t)>& progress);
   Status CopyChunk(const View::NodePtr& file, const ServedForm& form, uint64_t chunk, uint8_t* buf, SealedCopy& copy);
   void Report(const View::NodePtr& file, const Status& s);
+  void QueueSiblingsOf(const View::NodePtr& file);
   void RunQueue();
 
   FsContext& ctx_;
@@ -86,6 +88,7 @@ class FileFiller {
   std::condition_variable wake_;
   std::deque<std::pair<View::NodePtr, FileKey>> queue_;
   std::set<FileKey> queued_;
+  std::deque<View::NodePtr> sibling_requests_;  // files whose siblings are to be queued
   bool stopping_ = false;
   std::atomic<bool> cancel_{false};
   std::atomic<uint64_t> skipped_{0}, failed_{0};

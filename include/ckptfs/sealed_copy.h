@@ -46,6 +46,10 @@ class SealedCopy {
   // The kernel's policy for huge pages in memfds: the global shmem_enabled
   // ("always", "within_size", "advise", "never", "deny", "force").
   static std::string ShmemHugePages();
+  // The value of a transparent_hugepage setting file at `path`: its
+  // bracketed word ("always [advise] never"), or the only word of a file that
+  // holds one (what a write leaves in a copy of the file); "" when unreadable.
+  static std::string ReadHugePageSetting(const std::string& path);
   // What that policy asks for (read once).
   static WriteBy PreferredWrite();
 

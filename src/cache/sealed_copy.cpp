@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <vector>
 
 namespace ckptfs {
 
@@ -14,21 +15,22 @@ namespace {
 
 constexpr unsigned kAllSeals = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
-// The bracketed word of a transparent_hugepage setting ("always [advise] never").
-std::string Setting(const std::string& path) {
-  std::ifstream in(path);
-  for (std::string word; in >> word;) {
-    if (word.front() == '[') return word.substr(1, word.size() - 2);
-  }
-  return "";
-}
-
 }  // namespace
 
 // A memfd is a file of the kernel's internal shmem mount, which follows the
 // global setting (the per-size ones govern anonymous shared memory only).
+std::string SealedCopy::ReadHugePageSetting(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> words;
+  for (std::string word; in >> word;) {
+    if (word.size() > 2 && word.front() == '[') return word.substr(1, word.size() - 2);
+    words.push_back(word);
+  }
+  return words.size() == 1 ? words[0] : "";
+}
+
 std::string SealedCopy::ShmemHugePages() {
-  const std::string setting = Setting("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
+  const std::string setting = ReadHugePageSetting("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
   return setting.empty() ? "unknown" : setting;
 }
 

@@ -15,6 +15,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "ckptfs/sealed_copy.h"
+
 namespace ckptfs::daemon {
 
 std::string MountDevice(const std::string& mountpoint) {
@@ -63,29 +65,13 @@ void SetBdiReadahead(const std::string& mountpoint, uint64_t bytes, const std::a
   if (!stop.load()) spdlog::warn("read-ahead of {} did not stay at {} KiB", mountpoint, want);
 }
 
-namespace {
-
-// The bracketed word of a transparent_hugepage setting ("always [advise]
-// never"), or the only word of a file that holds one (a copy of the setting
-// written by a test: sysfs itself always shows the bracketed list).
-std::string ReadSetting(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<std::string> words;
-  for (std::string word; in >> word;) {
-    if (word.size() > 2 && word.front() == '[') return word.substr(1, word.size() - 2);
-    words.push_back(word);
-  }
-  return words.size() == 1 ? words[0] : "";
-}
-
-}  // namespace
 
 Result<std::string> AskForShmemHugePages(const std::string& thp_dir) {
   // A memfd lives on the kernel's internal shmem mount, whose policy is the
   // global shmem_enabled; the per-size files govern anonymous shared memory
   // only, so they would not reach the host tier.
   const std::string path = thp_dir + "/shmem_enabled";
-  const std::string setting = ReadSetting(path);
+  const std::string setting = SealedCopy::ReadHugePageSetting(path);
   // Huge pages allowed already, forbidden on purpose (deny, or an
   // administrator's advise/always), or no such file: nothing to do.
   if (setting != "never") return std::string();
@@ -96,7 +82,7 @@ Result<std::string> AskForShmemHugePages(const std::string& thp_dir) {
     if (::write(fd, "advise", 6) != 6) err = errno;
     ::close(fd);
   }
-  if (ReadSetting(path) != "advise") {
+  if (SealedCopy::ReadHugePageSetting(path) != "advise") {
     const std::string why = err != 0 ? std::strerror(err) : "the kernel kept its value";
     return Status::Error("the host tier's copies use 4 KiB pages (" + path + " is never) and it could not be set to advise: " +
                          why + "; loads from the host tier will be slower (-o shmem_huge=keep silences this)");

@@ -41,6 +41,7 @@ void FileFiller::Stop() {
     stopping_ = true;
     queue_.clear();
     queued_.clear();
+    sibling_requests_.clear();
   }
   cancel_ = true;
   wake_.notify_all();
@@ -138,8 +139,11 @@ Result<FileCache::CopyPtr> FileFiller::Fill(const View::NodePtr& file, bool pin,
   return ctx_.files->Publish(std::move(claim->fill), std::move(*copy));
 }
 
+namespace {
+constexpr size_t kMaxQueued = 4096;  // an open storm must not grow memory without bound
+}  // namespace
+
 void FileFiller::Enqueue(const View::NodePtr& file, const FileKey& key) {
-  constexpr size_t kMaxQueued = 4096;  // an open storm must not grow memory without bound
   {
     std::lock_guard lock(mu_);
     if (stopping_ || queued_.count(key) || queue_.size() >= kMaxQueued) return;
@@ -150,6 +154,15 @@ void FileFiller::Enqueue(const View::NodePtr& file, const FileKey& key) {
 }
 
 void FileFiller::EnqueueSiblings(const View::NodePtr& file) {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_ || sibling_requests_.size() >= kMaxQueued) return;
+    sibling_requests_.push_back(file);
+  }
+  wake_.notify_one();
+}
+
+void FileFiller::QueueSiblingsOf(const View::NodePtr& file) {
   const std::string_view path = file->source_path;
   const size_t slash = path.rfind('/');
   const size_t dot = path.rfind('.');
@@ -181,12 +194,23 @@ void FileFiller::EnqueueSiblings(const View::NodePtr& file) {
 void FileFiller::RunQueue() {
   for (;;) {
     std::pair<View::NodePtr, FileKey> job;
+    View::NodePtr siblings_of;
     {
       std::unique_lock lock(mu_);
-      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || !sibling_requests_.empty(); });
       if (stopping_) return;
-      job = std::move(queue_.front());
-      queue_.pop_front();
+      // Sibling requests first: they only queue fills, behind any queued before.
+      if (!sibling_requests_.empty()) {
+        siblings_of = std::move(sibling_requests_.front());
+        sibling_requests_.pop_front();
+      } else {
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+    }
+    if (siblings_of) {
+      QueueSiblingsOf(siblings_of);
+      continue;
     }
     if (!ctx_.files->Find(job.second, /*use=*/false)) {
       auto filled = Fill(job.first, /*pin=*/false);

@@ -13,12 +13,11 @@
 #include <vector>
 
 #include "test_tree.h"
+#include "test_binaries.h"
 
 namespace ckptfs::testing {
 namespace {
 
-const std::string kDaemon = CKPTFS_PATH;
-const std::string kCtl = CKPTFSCTL_PATH;
 const std::string kSource = CKPTFS_SOURCE_DIR;
 
 // A man page as plain text: roff escapes for '-' and font changes removed.

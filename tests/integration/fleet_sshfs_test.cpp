@@ -10,13 +10,12 @@
 #include "file_reads.h"
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
+#include "test_binaries.h"
 
 namespace ckptfs::testing {
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kDaemon = CKPTFS_PATH;
-const std::string kCtl = CKPTFSCTL_PATH;
 const std::string kLoopback = std::string(CKPTFS_SOURCE_DIR) + "/tests/support/sshfs_loopback.sh";
 
 // sshd and sshfs, stopped by PID (and the mount unmounted) however the test ends.

@@ -17,14 +17,12 @@
 #include "file_reads.h"
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
+#include "test_binaries.h"
 
 namespace ckptfs::testing {
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kDaemon = CKPTFS_PATH;
-const std::string kCtl = CKPTFSCTL_PATH;
-constexpr size_t kMiB = 1 << 20;
 
 // A field of /proc/PID/io: rchar counts every byte the process's read(2),
 // pread(2) and friends returned, whatever the filesystem.

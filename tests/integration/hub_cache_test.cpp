@@ -12,13 +12,12 @@
 
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
+#include "test_binaries.h"
 
 namespace ckptfs::testing {
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kDaemon = CKPTFS_PATH;
-const std::string kCtl = CKPTFSCTL_PATH;
 const std::string kCommitA = "0123456789abcdef0123456789abcdef01234567";
 const std::string kCommitB = "89abcdef0123456789abcdef0123456789abcdef";
 

@@ -16,13 +16,12 @@
 
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
+#include "test_binaries.h"
 
 namespace ckptfs::testing {
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kDaemon = CKPTFS_PATH;
-const std::string kCtl = CKPTFSCTL_PATH;
 
 std::set<std::string> DigestDirs(const std::string& mnt) {
   std::set<std::string> out;

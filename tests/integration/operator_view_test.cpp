@@ -10,13 +10,12 @@
 
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
+#include "test_binaries.h"
 
 namespace ckptfs::testing {
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kDaemon = CKPTFS_PATH;
-const std::string kCtl = CKPTFSCTL_PATH;
 
 // Every entry readdir(3) returns, with its d_ino.
 std::map<std::string, ino_t> Listing(const std::string& dir) {

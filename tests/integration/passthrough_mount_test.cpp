@@ -23,14 +23,12 @@
 #include "file_reads.h"
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
+#include "test_binaries.h"
 
 namespace ckptfs::testing {
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kDaemon = CKPTFS_PATH;
-const std::string kCtl = CKPTFSCTL_PATH;
-constexpr size_t kMiB = 1 << 20;
 
 nlohmann::json Ctl(const std::string& command, const std::string& mnt) { return QueryMount(kCtl, command, mnt); }
 nlohmann::json Stats(const std::string& mnt) { return Ctl("stats", mnt); }

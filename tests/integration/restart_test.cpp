@@ -22,15 +22,13 @@
 
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
+#include "test_binaries.h"
 
 namespace ckptfs::testing {
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kDaemon = CKPTFS_PATH;
 const std::string kNextDaemon = CKPTFS_NEXT_VERSION_PATH;  // the same ckptfs, another version string
-const std::string kCtl = CKPTFSCTL_PATH;
-constexpr size_t kMiB = 1 << 20;
 
 // The pattern of the streamed file: every 8-byte word is a function of its
 // offset, so a byte served from the wrong place or the wrong file shows.

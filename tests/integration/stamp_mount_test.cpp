@@ -15,13 +15,12 @@
 #include "ckptfs/safetensors_header.h"
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
+#include "test_binaries.h"
 
 namespace ckptfs::testing {
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kDaemon = CKPTFS_PATH;
-const std::string kCtl = CKPTFSCTL_PATH;
 
 // An independent safetensors reader (Python's json and struct over the raw
 // bytes): tensor name -> SHA-256 of its bytes, plus the metadata.

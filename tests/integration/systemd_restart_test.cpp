@@ -23,14 +23,12 @@
 #include "fake_service_manager.h"
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
+#include "test_binaries.h"
 
 namespace ckptfs::testing {
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kDaemon = CKPTFS_PATH;
-const std::string kCtl = CKPTFSCTL_PATH;
-constexpr size_t kMiB = 1 << 20;
 
 // Every read's outcome: errors by errno, and reads that returned other bytes.
 struct LoopTally {

@@ -21,13 +21,12 @@
 #include "control_flood.h"
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
+#include "test_binaries.h"
 
 namespace ckptfs::testing {
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kDaemon = CKPTFS_PATH;
-const std::string kCtl = CKPTFSCTL_PATH;
 
 // The whole file, or "<open: strerror>" / "<read: strerror>".
 std::string ReadOrError(const std::string& path) {

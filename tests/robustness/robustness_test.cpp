@@ -22,6 +22,7 @@
 #include "ckptfs/index.h"
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
+#include "test_binaries.h"
 
 namespace ckptfs::testing {
 namespace {
@@ -35,7 +36,6 @@ std::string FromEnv(const char* name, const char* fallback) {
 }
 const std::string kDaemon = FromEnv("CKPTFS_TEST_DAEMON", CKPTFS_PATH);
 const std::string kCtl = FromEnv("CKPTFS_TEST_CTL", CKPTFSCTL_PATH);
-constexpr size_t kMiB = 1 << 20;
 
 class RobustnessTest : public ::testing::Test {
  protected:

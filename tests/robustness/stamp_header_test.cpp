@@ -12,13 +12,12 @@
 #include "ckptfs/safetensors_header.h"
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
+#include "test_binaries.h"
 
 namespace ckptfs::testing {
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kDaemon = CKPTFS_PATH;
-const std::string kCtl = CKPTFSCTL_PATH;
 
 // A safetensors file from a raw header text (padded to a multiple of 8) and
 // the data section.

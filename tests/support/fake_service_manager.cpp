@@ -12,6 +12,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "notify_datagram.h"
+
 namespace ckptfs::testing {
 
 namespace {
@@ -140,23 +142,10 @@ void FakeServiceManager::SetJobType(const std::string& type) {
 
 void FakeServiceManager::ReadNotifications() {
   for (;;) {
-    char text[4096] = {};
-    char control[CMSG_SPACE(sizeof(int) * 8)] = {};
-    iovec iov{text, sizeof text - 1};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    const ssize_t n = ::recvmsg(notify_fd_, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    if (n < 0) return;
-    std::vector<int> fds;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      fds.resize((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-      std::memcpy(fds.data(), CMSG_DATA(c), fds.size() * sizeof(int));
-    }
-    const std::string s(text, static_cast<size_t>(n));
+    auto datagram = ReceiveNotifyDatagram(notify_fd_);
+    if (!datagram) return;
+    const std::vector<int>& fds = datagram->fds;
+    const std::string& s = datagram->text;
     const std::string name = Field(s, "FDNAME").empty() ? "stored" : Field(s, "FDNAME");
     if (Field(s, "READY") == "1") ++ready_;
     if (Field(s, "FDSTOREREMOVE") == "1") {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ckptfs/systemd_fdstore.h"
+#include "notify_datagram.h"
 #include "test_tree.h"
 
 namespace ckptfs::supervisor {
@@ -22,20 +23,9 @@ namespace {
 
 // One datagram from `sock`: its text and the descriptor it carried (-1: none).
 std::pair<std::string, int> ReceiveNotification(int sock) {
-  char text[512] = {};
-  char control[CMSG_SPACE(sizeof(int))] = {};
-  iovec iov{text, sizeof text - 1};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  const ssize_t n = ::recvmsg(sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-  int fd = -1;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); n > 0 && c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
-  }
-  return {n > 0 ? std::string(text, static_cast<size_t>(n)) : "", fd};
+  auto d = testing::ReceiveNotifyDatagram(sock);
+  if (!d) return {"", -1};
+  return {d->text, d->fds.empty() ? -1 : d->fds.front()};
 }
 
 class FdStoreTest : public ::testing::Test {
