@@ -13,6 +13,7 @@ packages=(
   libspdlog-dev               # logging
   nlohmann-json3-dev          # JSON output and safetensors headers
   libcli11-dev                # ckptfsctl argument parsing
+  libacl1-dev acl             # POSIX ACLs of the source (the access rule), setfacl for the tests
   libgtest-dev                # the test suite
   libsystemd-dev              # the fd store that keeps a mount across a supervisor restart (ckptfs@.service)
   clang libclang-rt-14-dev    # the libFuzzer target (tests/fuzz)

@@ -24,7 +24,14 @@ class Fingerprint {
     Add(static_cast<uint64_t>(s.size()));
     return Put(s.data(), s.size());
   }
-  Fingerprint& Add(const Ownership& o) { return Add(o.uid).Add(o.gid).Add(o.mode); }
+  Fingerprint& Add(const Ownership& o) {
+    Add(o.uid).Add(o.gid).Add(o.mode).Add(static_cast<uint64_t>(o.acl ? o.acl->named.size() + 1 : 0));
+    if (o.acl) {
+      Add(o.acl->group_obj);
+      for (const auto& e : o.acl->named) Add(static_cast<uint64_t>(e.tag)).Add(e.id).Add(e.perm);
+    }
+    return *this;
+  }
   Fingerprint& Add(const AccessPath& a) {
     Add(a.self);
     Add(static_cast<uint64_t>(a.dirs ? a.dirs->size() : 0));

@@ -4,6 +4,11 @@
 // counting search permission on every directory from SRC down to that copy
 // (and, for an entry reached through a symlink, down to the link's target).
 //
+// POSIX access ACLs count as the kernel counts them (acl(5)): an inode with
+// an extended ACL carries its named user and group entries, and the mode's
+// group bits are then the ACL's mask. Default ACLs never decide an access
+// themselves, only through the access ACLs they create, so they are not kept.
+//
 // The kernel's default_permissions cannot express that rule (it sees one
 // owner and one mode per inode, not "any of these copies", and it cannot tell
 // a group kept out by 0705 from everyone else once copies disagree), so the
@@ -14,6 +19,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -21,13 +27,41 @@
 
 namespace ckptfs {
 
+// The entries of an access ACL beyond what the mode bits already say: the
+// owning group's own permissions (with an extended ACL the mode's group bits
+// are the mask, not the group's entry) and the named users and groups.
+struct ExtendedAcl {
+  struct Entry {
+    enum class Tag : uint8_t { kUser, kGroup };
+    Tag tag = Tag::kUser;
+    uint32_t id = 0;
+    uint8_t perm = 0;  // rwx as 4, 2, 1
+    bool operator==(const Entry&) const = default;
+  };
+  uint8_t group_obj = 0;
+  std::vector<Entry> named;  // in the order the ACL lists them (users, then groups, ascending ids)
+  bool operator==(const ExtendedAcl&) const = default;
+};
+
 struct Ownership {
+  Ownership() = default;
+  // Not an aggregate, so that {uid, gid, mode} stays a complete value.
+  Ownership(uid_t u, gid_t g, mode_t m, std::shared_ptr<const ExtendedAcl> a = nullptr)
+      : uid(u), gid(g), mode(m), acl(std::move(a)) {}
+
   uid_t uid = 0;
   gid_t gid = 0;
-  mode_t mode = 0;  // permission bits only (07777 mask)
+  mode_t mode = 0;  // permission bits only (07777 mask); with an ACL, the group bits are its mask
+  // Set only for an inode with an extended access ACL (see ReadOwnership in
+  // source_acl.h); shared because a tree often gives one ACL to many files.
+  std::shared_ptr<const ExtendedAcl> acl;
 
-  static Ownership FromStat(const struct stat& st) { return {st.st_uid, st.st_gid, st.st_mode & 07777}; }
-  bool operator==(const Ownership&) const = default;
+  static Ownership FromStat(const struct stat& st) { return {st.st_uid, st.st_gid, st.st_mode & 07777, nullptr}; }
+  bool operator==(const Ownership& other) const;
+  // Owner, group and mode bits agree, whatever the ACLs say.
+  bool SameModeAs(const Ownership& other) const {
+    return uid == other.uid && gid == other.gid && mode == other.mode;
+  }
 };
 
 // The bits the view shows: write bits removed.
@@ -74,14 +108,20 @@ class Caller {
 // What a request wants of an entry, as in access(2).
 enum AccessWant : int { kWantSearch = 1, kWantRead = 4 };
 
-// POSIX permission check of `want` against one inode. Root (uid 0) may read
-// and search everything, as CAP_DAC_READ_SEARCH allows.
+// POSIX permission check of `want` against one inode, ACL included, as the
+// kernel's acl_permission_check decides. Root (uid 0) may read and search
+// everything, as CAP_DAC_READ_SEARCH allows.
 bool Permits(const Ownership& o, Caller& caller, int want);
 // The caller can search every directory of `path`.
 bool MayReach(const AccessPath& path, Caller& caller);
 // Some copy lets the caller reach the entry and do `want` on it (`want` 0:
 // reach it only). An empty list means the entry is open to everyone.
 bool MayAccess(const std::vector<AccessPath>& copies, Caller& caller, int want);
+// The caller could learn that this entry exists at its path in the source:
+// they reach its parent and may list it, or may search the entry itself (a
+// directory; as ls and stat would tell them). A path inside a directory the
+// caller can neither list nor enter is not theirs to learn.
+bool MayLearnPath(const AccessPath& path, Caller& caller);
 // True when every user, whatever their uid and groups, passes MayAccess with
 // `want` (so the kernel may cache the answer for as long as it likes).
 bool OpenToEveryone(const std::vector<AccessPath>& copies, int want);

@@ -4,6 +4,12 @@
 
 namespace ckptfs {
 
+bool Ownership::operator==(const Ownership& other) const {
+  if (!SameModeAs(other)) return false;
+  if (acl == other.acl) return true;
+  return acl && other.acl && *acl == *other.acl;
+}
+
 bool AccessPath::operator==(const AccessPath& other) const {
   if (!(self == other.self)) return false;
   if (dirs == other.dirs) return true;
@@ -33,10 +39,40 @@ bool Caller::InGroup(gid_t gid) {
   return std::find(groups_->begin(), groups_->end(), gid) != groups_->end();
 }
 
+namespace {
+
+// acl(5)'s access check algorithm for a caller who is not the owner: a named
+// user entry decides alone (through the mask); else, if the caller is in the
+// owning group or a named group, they pass when one of those entries grants
+// everything asked (through the mask) and are refused otherwise, whatever
+// "other" says; else "other" decides.
+bool AclPermits(const Ownership& o, const ExtendedAcl& acl, Caller& caller, unsigned need) {
+  const unsigned mask = (o.mode >> 3) & 7u;
+  for (const auto& e : acl.named) {
+    if (e.tag == ExtendedAcl::Entry::Tag::kUser && e.id == caller.uid()) return (e.perm & mask & need) == need;
+  }
+  bool in_group_class = false;
+  auto passes = [&](unsigned perm) { return (perm & need) == need; };
+  if (caller.InGroup(o.gid)) {
+    in_group_class = true;
+    if (passes(acl.group_obj)) return (mask & need) == need;
+  }
+  for (const auto& e : acl.named) {
+    if (e.tag != ExtendedAcl::Entry::Tag::kGroup || !caller.InGroup(e.id)) continue;
+    in_group_class = true;
+    if (passes(e.perm)) return (mask & need) == need;
+  }
+  if (in_group_class) return false;
+  return (o.mode & need) == need;
+}
+
+}  // namespace
+
 bool Permits(const Ownership& o, Caller& caller, int want) {
   if (caller.uid() == 0) return true;
   const unsigned need = static_cast<unsigned>(want) & 7u;
   if (caller.uid() == o.uid) return ((o.mode >> 6) & need) == need;
+  if (o.acl) return AclPermits(o, *o.acl, caller, need);
   const unsigned group = (o.mode >> 3) & need, other = o.mode & need;
   // Only when the group's bits differ from everyone else's does membership
   // matter; skip the (costly) lookup of supplementary groups otherwise.
@@ -52,6 +88,13 @@ bool MayReach(const AccessPath& path, Caller& caller) {
   return true;
 }
 
+bool MayLearnPath(const AccessPath& path, Caller& caller) {
+  if (!MayReach(path, caller)) return false;
+  const bool has_parent = path.dirs && !path.dirs->empty();
+  if (has_parent && Permits(path.dirs->back(), caller, kWantRead)) return true;
+  return Permits(path.self, caller, kWantSearch);
+}
+
 bool MayAccess(const std::vector<AccessPath>& copies, Caller& caller, int want) {
   if (copies.empty()) return true;
   for (const AccessPath& copy : copies) {
@@ -64,7 +107,13 @@ bool OpenToEveryone(const std::vector<AccessPath>& copies, int want) {
   if (copies.empty()) return true;
   auto all = [](const Ownership& o, unsigned need) {
     const unsigned bits = need * 0111u;  // the same bits for owner, group and others
-    return (o.mode & bits) == bits;
+    if ((o.mode & bits) != bits) return false;
+    if (!o.acl) return true;
+    // Every entry of the group class, through the mask, must grant it too
+    // (the mask itself is the mode's group bits, checked above).
+    if ((o.acl->group_obj & need) != need) return false;
+    return std::all_of(o.acl->named.begin(), o.acl->named.end(),
+                       [&](const ExtendedAcl::Entry& e) { return (e.perm & need) == need; });
   };
   for (const AccessPath& copy : copies) {
     bool ok = all(copy.self, static_cast<unsigned>(want) & 7u);

@@ -229,7 +229,7 @@ class HashingRun {
       // path is and who may read it.
       const FileStamp now = FileStamp::FromStat(seen);
       if (seen.st_ino == 0 || now.dev != job.stamp.dev || now.ino != job.stamp.ino ||
-          !(Ownership::FromStat(seen) == job.owner)) {
+          !Ownership::FromStat(seen).SameModeAs(job.owner)) {
         job.error = result.status().message() + "; will be walked again";
         job.unsettled = true;
         return;

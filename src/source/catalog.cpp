@@ -1,6 +1,7 @@
 #include "ckptfs/catalog.h"
 
 #include "ckptfs/fingerprint.h"
+#include "source_acl.h"
 
 #include <dirent.h>
 #include <sys/stat.h>
@@ -20,6 +21,15 @@ namespace ckptfs {
 namespace {
 
 using Chain = std::shared_ptr<const std::vector<Ownership>>;
+
+// Bounds of one walk, so that no directory's content can make the walk of
+// the rest of the tree cost more than the tree itself (issue 21): links may
+// make a directory reachable by many paths (25 directories, each with two
+// links to the next, are 2^24 paths), so each directory is walked by at most
+// this many paths in one walk (a path beyond makes its checkpoint invalid);
+// and a checkpoint has at most this many members.
+constexpr int kMaxPathsPerDirectory = 256;
+constexpr size_t kMaxMembersPerCheckpoint = 1'000'000;
 
 // A problem met on the walk: the full text for the log and root, and the
 // text shown to everyone else (see CheckpointSource::invalid_reason_shown).
@@ -44,6 +54,7 @@ struct DirNode {
   std::vector<File> files;
   std::vector<std::unique_ptr<DirNode>> subdirs;  // ascending rel
   std::vector<Problem> problems;  // each names the path and the cause
+  bool too_many_paths = false;    // a problem says so already (see kMaxPathsPerDirectory)
   // Nothing in this subtree can change without an inotify event in it: no
   // symlink followed, no file with other links, no problem (see RewalkHint).
   bool self_contained = true;
@@ -194,7 +205,17 @@ class TreeWalker {
                                       Quote(target)));
         return;
       }
-      const AccessPath access{reach, Ownership::FromStat(st)};
+      if (++paths_to_[key] > kMaxPathsPerDirectory) {
+        // Told once per directory listing it, so the problems too stay
+        // bounded by the tree, not by the paths through it.
+        if (!std::exchange(node.too_many_paths, true)) {
+          node.problems.push_back(Plain("directory " + Quote(target) + " is reached by more than " +
+                                        std::to_string(kMaxPathsPerDirectory) + " paths through symlinks (one is " +
+                                        Quote(child) + "); it is not walked again"));
+        }
+        return;
+      }
+      const AccessPath access{reach, ReadOwnership(target, st)};
       DirNode* before = via_link ? nullptr : PreviousChild(previous, rel);
       if (hint_ != nullptr && before != nullptr && before->self_contained && before->access == access &&
           !DirtyAtOrBelow(rel)) {
@@ -217,7 +238,7 @@ class TreeWalker {
     } else if (S_ISREG(st.st_mode)) {
       if (IsWeightFileName(name)) node.has_weight_file = true;
       if (st.st_nlink > 1) node.self_contained = false;  // written through another name, no event here
-      const Ownership owner = Ownership::FromStat(st);
+      const Ownership owner = ReadOwnership(target, st);
       node.files.push_back({rel, target, FileStamp::FromStat(st), owner, {reach, owner}});
     }
     // Sockets, fifos and devices are not members.
@@ -252,7 +273,7 @@ class TreeWalker {
     const Chain above = dir == "/" ? nullptr : ChainInto(ParentOf(dir));
     struct stat st;
     Ownership o{0, 0, 0};  // unreadable: nobody but root passes
-    if (::stat(dir.c_str(), &st) == 0) o = Ownership::FromStat(st);
+    if (::stat(dir.c_str(), &st) == 0) o = ReadOwnership(dir, st);
     Chain out = ExtendChain(above, o);
     chains_[dir] = out;
     return out;
@@ -364,6 +385,7 @@ class TreeWalker {
   std::string real_root_;
   const CatalogOptions& options_;
   std::map<std::string, Chain> chains_;  // canonical directory -> ChainInto(it)
+  std::map<std::pair<dev_t, ino_t>, int> paths_to_;  // directory -> paths it was walked by, this walk
   RewalkHint* hint_ = nullptr;
   uint64_t dirs_reused_ = 0;
 };
@@ -400,6 +422,22 @@ void CheckNames(const CheckpointSource& cp, std::vector<Problem>& problems) {
 
 std::string LastComponent(const std::string& rel) { return rel.substr(rel.rfind('/') + 1); }
 
+// A checkpoint's problems as one reason: each distinct text once, the first
+// few in full, so that a tree with 100,000 bad links (or one directory
+// reached by too many paths, told by every walk of its parent) still has a
+// reason of a few lines.
+std::string JoinProblems(const std::vector<Problem>& problems, std::string Problem::*text) {
+  constexpr size_t kShown = 8;
+  std::set<std::string> seen;
+  std::string out;
+  for (const auto& p : problems) {
+    if (!seen.insert(p.*text).second || seen.size() > kShown) continue;
+    out += (out.empty() ? "" : "; ") + p.*text;
+  }
+  if (seen.size() > kShown) out += "; and " + std::to_string(seen.size() - kShown) + " more problems";
+  return out;
+}
+
 // The files of a directory under a hub repository's refs/, with their bytes.
 // A ref that cannot be read is left out with a warning; it never touches a
 // checkpoint.
@@ -430,14 +468,14 @@ void CutIntoCheckpoints(const DirNode& node, const std::string& root, CatalogSca
     std::sort(cp.members.begin(), cp.members.end(),
               [](const MemberFile& a, const MemberFile& b) { return a.rel_path < b.rel_path; });
     CheckNames(cp, problems);
+    if (cp.members.size() > kMaxMembersPerCheckpoint) {
+      problems.push_back(Plain("checkpoint " + Quote(cp.abs_path) + " has " + std::to_string(cp.members.size()) +
+                               " member files, more than the " + std::to_string(kMaxMembersPerCheckpoint) +
+                               " one checkpoint may have"));
+    }
     if (!problems.empty()) {
-      std::string full, shown;
-      for (const auto& p : problems) {
-        full += (full.empty() ? "" : "; ") + p.full;
-        shown += (shown.empty() ? "" : "; ") + p.shown;
-      }
-      cp.invalid_reason = std::move(full);
-      cp.invalid_reason_shown = std::move(shown);
+      cp.invalid_reason = JoinProblems(problems, &Problem::full);
+      cp.invalid_reason_shown = JoinProblems(problems, &Problem::shown);
     }
     scan.checkpoints.push_back(std::move(cp));
     inside_checkpoint = true;
@@ -502,7 +540,7 @@ Result<CatalogScan> ScanSourceTree(const std::string& root, const CatalogOptions
   scan.tree = std::make_shared<WalkTree>();
   scan.tree->real_root = *real_root;
   DirNode& top = scan.tree->top;
-  top.access = {nullptr, Ownership::FromStat(st)};
+  top.access = {nullptr, ReadOwnership(*real_root, st)};
   top.inside = ExtendChain(nullptr, top.access.self);
   std::set<std::pair<dev_t, ino_t>> ancestors{{st.st_dev, st.st_ino}};
   TreeWalker walker(*real_root, top.access.self, options);

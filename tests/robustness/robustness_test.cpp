@@ -453,5 +453,50 @@ TEST_F(RobustnessTest, AWithdrawnDigestLeavesTheListingWhileAnotherIsIndexed) {
       << Ctl("status").dump(1) << m->Log();
 }
 
+// A symlink DAG (issue 21): 25 directories, each holding two contained
+// links to the next, are 2^24 paths from the first. Bound: each directory
+// is walked by at most 256 paths in one walk (kMaxPathsPerDirectory), the
+// checkpoint that holds the rest is invalid with a clear reason, and a
+// checkpoint beside it is served as soon as the mount returns. Before the
+// bound the walk ate gigabytes and the mount never answered.
+TEST_F(RobustnessTest, ASymlinkDagCostsItsDirectoriesNotItsPaths) {
+  constexpr int kLevels = 25;
+  WriteFile(src_ + "/dag/d0/model.bin", "weights");
+  for (int k = 0; k < kLevels; ++k) {
+    const std::string d = src_ + "/dag/d" + std::to_string(k);
+    MakeDirs(d);
+    if (k + 1 < kLevels) {
+      Symlink("../d" + std::to_string(k + 1), d + "/a");
+      Symlink("../d" + std::to_string(k + 1), d + "/b");
+    } else {
+      WriteFile(d + "/leaf.json", "{}");
+    }
+  }
+  WriteFile(src_ + "/ok/model.bin", "fine");
+  // The DAG's other directories are not checkpoints, and their problems are
+  // only warnings; d0 is one, and it holds them all.
+  auto m = Mount();
+  ASSERT_TRUE(m->ok()) << m->Log();
+  EXPECT_TRUE(WaitFor([&] { return !Digest("ok").empty(); })) << m->Log();
+  nlohmann::json dag;
+  ASSERT_TRUE(WaitFor([&] {
+    for (const auto& c : Ctl("status").value("checkpoints", nlohmann::json::array())) {
+      if (c.value("path", "") == src_ + "/dag/d0") dag = c;
+    }
+    return dag.value("state", "") == "invalid";
+  })) << Ctl("status").dump(1);
+  const std::string reason = dag.value("reason", "");
+  EXPECT_NE(reason.find("paths through symlinks"), std::string::npos) << dag.dump(1);
+  EXPECT_LT(reason.size(), 8192u) << "the reason itself must stay bounded";
+  EXPECT_TRUE(Digest("dag/d0").empty());
+  std::ifstream status("/proc/" + std::to_string(m->ServingPid()) + "/status");
+  uint64_t peak_kb = 0;
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) peak_kb = std::stoul(line.substr(6));
+  }
+  EXPECT_LT(peak_kb, 512u * 1024) << "peak resident memory of the daemon, kB";
+  std::cout << "[ symlink DAG ] " << kLevels << " levels, daemon peak RSS " << peak_kb << " kB\n";
+}
+
 }  // namespace
 }  // namespace ckptfs::testing
