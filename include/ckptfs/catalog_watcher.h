@@ -1,18 +1,22 @@
 // CatalogWatcher: keeps the view in step with the source tree.
 //
-// One thread scans the tree (a stat walk, cheap thanks to the index), shows at
-// once every checkpoint whose files the index already knows, then indexes the
-// others one at a time and shows each as it completes. It rescans when
-// inotify reports a change (debounced), every `rescan` seconds (inotify misses
-// changes on network filesystems), and on request (control socket, SIGHUP).
-// A checkpoint is indexed only once none of its files has changed (ctime) for
-// `settle` seconds; a changed checkpoint leaves the view at the first rescan
-// that sees the change, and its new digest appears once it has settled.
+// One thread scans the tree (a stat walk, cheap thanks to the index) and
+// shows at once every checkpoint whose files the index already knows; a
+// second thread indexes the others and shows each as it completes, so a
+// long re-hash never holds up the scans (an owner, mode or ACL change in SRC
+// is applied by the next scan, whatever is being hashed). It rescans when
+// inotify reports a change (debounced), every `rescan` seconds (inotify
+// misses changes on network filesystems), and on request (control socket,
+// SIGHUP). A checkpoint is indexed only once none of its files has changed
+// (ctime) for `settle` seconds. A shown checkpoint that changed keeps its
+// last verified digest in the view, reached as the new walk says, until its
+// new digest is known; then one publish moves its by-name entry there.
 //
 // A rescan is three steps: the pure ScanPlanner (scan_planner.h) decides
 // from the walk and what was shown; Apply() changes the watcher's state and
-// publishes the view under one lock acquisition; IndexQueued() hashes what
-// the plan queued, taking withdrawn digests out of the view between files.
+// publishes the view under one lock acquisition, and hands what the plan
+// queued to the indexing thread, which takes withdrawn digests out of the
+// view between files.
 #pragma once
 
 #include <sys/inotify.h>
@@ -20,6 +24,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -43,7 +48,10 @@ struct CheckpointState {
   enum class Phase { kExposed, kIndexing, kPending, kInvalid };
   std::string path;  // absolute source path
   Phase phase = Phase::kPending;
-  std::string name;    // when exposed
+  std::string name;    // when exposed, or while revalidating
+  // Changed since it was shown and being verified again (pending or
+  // indexing): `name` is the digest it still serves meanwhile.
+  bool revalidating = false;
   std::string reason;  // when invalid or pending
   // The reason as told to users who are not root nor the mount's owner: what
   // a symlink resolves to is left out (see CheckpointSource).
@@ -56,6 +64,8 @@ struct CheckpointState {
   uint64_t bytes_done = 0;  // when indexing
   uint64_t bytes_total = 0;
   int64_t indexed_at = 0;
+  // Whether the view serves a digest for this path now.
+  bool Serves() const { return phase == Phase::kExposed || revalidating; }
 };
 const char* PhaseName(CheckpointState::Phase phase);
 
@@ -124,15 +134,33 @@ class CatalogWatcher {
   KnownCheckpoints Known() const;
   IndexReport LookUp(const CatalogScan& scan, const std::vector<const CheckpointSource*>& which) const;
   // The plan's changes and the publish that shows them, under one lock.
+  // `queue`: hand what the plan queued to the indexing thread.
   void Apply(const CatalogScan& scan, const ScanPlan& plan, std::vector<ExposedCheckpoint> shown, ScanStats stats,
-             double started);
-  // Hashes the plan's queue, one checkpoint at a time, each shown when done.
-  void IndexQueued(const CatalogScan& scan, const ScanPlan& plan);
+             double started, bool queue);
+  // A checkpoint the plan queued for hashing, with the walk it was queued
+  // from: a result is shown only while that is still the latest walk.
+  struct IndexJob {
+    CatalogScan scan;  // holding just this checkpoint
+    Sha256Digest fingerprint{};
+    const CheckpointSource& source() const { return scan.checkpoints.front(); }
+  };
+  // Brings the queue in line with the plan (mu_ held): jobs for paths the
+  // plan no longer hashes, or walked otherwise, leave it; new ones join.
+  void QueueLocked(const CatalogScan& scan, const ScanPlan& plan);
+  // The indexing thread: hashes queued checkpoints, each shown when done.
+  void IndexLoop();
+  enum class Shown { kNo, kPublished, kLater };  // kLater: shown at the next publish
+  // `last_publish`: when the view was last published (monotonic seconds).
+  Shown IndexOne(const IndexJob& job, double last_publish);
+  // A shown exposure, reached as the latest walk says (see ScanPlan::Revalidate).
+  static ExposedCheckpoint ReachedAsNow(const ExposedCheckpoint& shown, const CheckpointSource& now);
   IndexerOptions HashingOptions(const std::string& path);
   void RecordIndexingFailure(const CheckpointSource& cp, const IndexedCheckpoint& indexed);
   // Shows a freshly indexed checkpoint; publishes when `publish` or when a
   // withdrawal was waiting. True if it published.
-  bool Expose(const CheckpointSource& cp, ExposedCheckpoint e, const Sha256Digest& fingerprint, bool publish);
+  // Nothing is shown (false) when the path has been walked otherwise since
+  // `fingerprint`: a newer job is queued for it, or it is gone.
+  Shown Expose(const CheckpointSource& cp, ExposedCheckpoint e, const Sha256Digest& fingerprint, bool publish);
   // Takes the digests Withdraw() named out of the view and publishes, at
   // once; true if any was waiting. Safe from any thread but a FUSE handler's.
   bool ApplyWithdrawals();
@@ -144,6 +172,9 @@ class CatalogWatcher {
   void NoteDirty(const inotify_event& ev);
   void UpdateWatches(const CatalogScan& scan);
   void SetState(CheckpointState state);
+  // As SetState, mu_ held; a path whose digest is still shown keeps naming
+  // it (revalidating) in every phase but invalid.
+  void PutStateLocked(CheckpointState state);
 
   Options options_;
   Index* index_;
@@ -162,11 +193,15 @@ class CatalogWatcher {
   bool watch_limit_logged_ = false;
 
   std::thread thread_;
+  std::thread indexing_thread_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> rescan_requested_{true};
   std::atomic<bool> soon_requested_{false};
   std::atomic<uint64_t> scans_{0};
-  double next_settle_deadline_ = 0;  // monotonic seconds; 0 = none
+  double next_settle_deadline_ = 0;  // monotonic seconds; 0 = none; the scanning thread's
+  // A retry the indexing thread asks for (a checkpoint still changing):
+  // monotonic seconds, taken by the scanning thread; 0 = none.
+  std::atomic<double> retry_at_{0};
 
   mutable std::mutex mu_;
   std::map<std::string, CheckpointState> states_;          // by source path
@@ -180,6 +215,12 @@ class CatalogWatcher {
   std::map<std::string, AccessPath> last_dirs_;
   std::vector<HubRef> last_hub_refs_;
   std::map<std::string, std::string> withdrawals_;  // digest -> reason; guarded by mu_
+  // The latest walk of every valid checkpoint, by path (guarded by mu_).
+  std::map<std::string, Sha256Digest> walked_fingerprints_;
+  std::deque<IndexJob> queue_;                  // guarded by mu_
+  std::optional<std::string> indexing_path_;    // the job being hashed; guarded by mu_
+  std::optional<Sha256Digest> indexing_fingerprint_;  // guarded by mu_
+  std::condition_variable queued_;              // with mu_: the queue grew, or Stop()
 };
 
 }  // namespace ckptfs

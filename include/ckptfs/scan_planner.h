@@ -9,7 +9,8 @@
 //   Triage(scan)             which checkpoints to keep as shown, which to
 //                            look up in the index, which are invalid or gone;
 //   Plan(triage, lookups, t) what to show at once, what to withdraw, what to
-//                            hash, and what to wait for (not settled yet).
+//                            hash, what to wait for (not settled yet), and
+//                            which shown digests stay while re-verified.
 #pragma once
 
 #include <cstdint>
@@ -61,8 +62,16 @@ struct ScanPlan {
     int64_t quiet_ns;  // since its newest file change
     int64_t left_ns;   // until it has settled
   };
+  // Shown, changed since (its stamps or how it is reached), and not known
+  // to the index as it is now: its last verified digest stays in the view,
+  // with who may reach it taken from this walk at once, until the new
+  // digest is known (DESIGN.md section 2: never dark while re-verified).
+  struct Revalidate {
+    const CheckpointSource* source;
+    std::string shown_name;
+  };
   // A shown digest that leaves the view.
-  enum class Why { kRemoved, kChanged, kInvalid };
+  enum class Why { kRemoved, kInvalid };
   struct Withdrawal {
     std::string path;
     std::string name;
@@ -74,6 +83,7 @@ struct ScanPlan {
   std::vector<Show> show;
   std::vector<Wait> wait;
   std::vector<const CheckpointSource*> index;  // settled, unknown to the index: hash them
+  std::vector<Revalidate> revalidate;          // each also in `wait` or `index`
   std::vector<std::string> vanished;           // forget these paths
   std::vector<Withdrawal> withdraw;
   int64_t settle_wait_ns = 0;  // until the first waiting checkpoint settles; 0 when none waits

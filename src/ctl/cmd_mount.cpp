@@ -93,6 +93,9 @@ int RunStatus(const MountArgs& args) {
       std::printf("  %s / %s", FormatBytes(done).c_str(), FormatBytes(total).c_str());
     }
     if (cp.contains(kReason)) std::printf("\n          %s", cp[kReason].get<std::string>().c_str());
+    if (cp.value("revalidating", false)) {
+      std::printf("\n          serving %s until it is verified again", cp.value(kName, std::string("?")).c_str());
+    }
   }
   std::printf("\n");
   return kExitOk;

@@ -17,6 +17,8 @@ nlohmann::json CheckpointRow(const CheckpointState& s) {
   using namespace protocol;
   nlohmann::json j{{kPath, s.path}, {kState, PhaseName(s.phase)}, {kFiles, s.files}, {kSize, s.size}};
   if (!s.name.empty()) j[kName] = s.name;
+  // Changed in SRC and being verified again: `name` is served meanwhile.
+  if (s.revalidating) j["revalidating"] = true;
   if (!s.reason.empty()) j[kReason] = s.reason;
   if (s.phase == CheckpointState::Phase::kIndexing) {
     j[kBytesDone] = s.bytes_done;
@@ -96,7 +98,7 @@ nlohmann::json LsJson(const std::vector<CheckpointState>& visible, const View& v
   const auto by_name = VisibleByName(visible, view, source);
   std::map<std::string, nlohmann::json> rows;
   for (const auto& s : visible) {
-    if (s.phase != CheckpointState::Phase::kExposed) continue;
+    if (!s.Serves()) continue;
     auto& row = rows[s.name];
     if (row.is_null()) {
       row = {{protocol::kName, s.name},         {protocol::kFiles, s.files},

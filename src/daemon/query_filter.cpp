@@ -7,10 +7,7 @@ namespace ckptfs::daemon {
 bool VisibleTo(const CheckpointState& state, const ControlServer::Request& r) {
   if (r.privileged) return true;
   Caller caller(r.peer_uid, r.peer_gid, [groups = r.peer_groups] { return groups; });
-  if (!MayReach(state.access, caller)) return false;
-  const bool has_parent = state.access.dirs && !state.access.dirs->empty();
-  if (has_parent && Permits(state.access.dirs->back(), caller, kWantRead)) return true;
-  return Permits(state.access.self, caller, kWantSearch);
+  return MayLearnPath(state.access, caller);
 }
 
 std::vector<CheckpointState> VisibleStates(std::vector<CheckpointState> states, const ControlServer::Request& r) {
@@ -28,7 +25,7 @@ std::map<std::string, std::vector<std::string>> VisibleByName(const std::vector<
   std::map<std::string, std::vector<std::string>> out;
   std::set<std::string> sources;
   for (const auto& s : visible) {
-    if (s.phase != CheckpointState::Phase::kExposed) continue;
+    if (!s.Serves()) continue;
     sources.insert(s.path);
     out[s.name];
   }

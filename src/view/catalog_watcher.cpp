@@ -126,6 +126,7 @@ void CatalogWatcher::ShowIndexed() {
 }
 
 void CatalogWatcher::Start() {
+  indexing_thread_ = std::thread([this] { IndexLoop(); });
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -136,7 +137,12 @@ void CatalogWatcher::Stop() {
   if (::write(wake_.get(), &one, sizeof one) < 0) {
     // The eventfd cannot be full with one write; nothing else to do.
   }
+  {
+    std::lock_guard lock(mu_);  // so that the indexing thread cannot miss the wake-up
+  }
+  queued_.notify_all();
   thread_.join();
+  indexing_thread_.join();
 }
 
 void CatalogWatcher::RequestRescan() {
@@ -169,6 +175,9 @@ void CatalogWatcher::Run() {
   bool read_triggered = false;
   while (!stop_) {
     const double now = MonotonicSeconds();
+    if (const double retry = retry_at_.exchange(0); retry > 0) {
+      next_settle_deadline_ = next_settle_deadline_ > 0 ? std::min(next_settle_deadline_, retry) : retry;
+    }
     if (soon_requested_.exchange(false)) {
       read_triggered = true;
       next_debounced = std::min(next_debounced, std::max(now + kDebounceS, last_scan_end + kReadTriggeredEveryS));
@@ -282,6 +291,16 @@ void CatalogWatcher::UpdateWatches(const CatalogScan& scan) {
 
 void CatalogWatcher::SetState(CheckpointState state) {
   std::lock_guard lock(mu_);
+  PutStateLocked(std::move(state));
+}
+
+void CatalogWatcher::PutStateLocked(CheckpointState state) {
+  if (state.phase != CheckpointState::Phase::kExposed && state.phase != CheckpointState::Phase::kInvalid) {
+    if (auto it = exposed_.find(state.path); it != exposed_.end()) {
+      state.name = it->second.name;
+      state.revalidating = true;
+    }
+  }
   states_[state.path] = std::move(state);
 }
 
@@ -363,6 +382,8 @@ void CatalogWatcher::WithdrawEverything(const Status& why) {
     std::lock_guard lock(mu_);
     exposed_.clear();
     states_.clear();
+    queue_.clear();
+    walked_fingerprints_.clear();
     last_dirs_.clear();
     last_hub_refs_.clear();
     changes = PublishLocked();
@@ -436,26 +457,36 @@ void CatalogWatcher::ScanOnce(const WalkTriggers& why, bool index_unknown) {
   stats.checkpoints = plan.valid;
   stats.checkpoints_kept = plan.keep.size();
   stats.files_looked_up = plan.files_looked_up;
-  Apply(*scan, plan, std::move(shown), stats, started);
-  if (index_unknown) IndexQueued(*scan, plan);
+  Apply(*scan, plan, std::move(shown), stats, started, index_unknown);
 }
 
 void CatalogWatcher::Apply(const CatalogScan& scan, const ScanPlan& plan, std::vector<ExposedCheckpoint> shown,
-                           ScanStats stats, double started) {
+                           ScanStats stats, double started, bool queue) {
   const std::string settle = SecondsText(options_.settle_s);
   View::Changes changes;
   {
     std::lock_guard lock(mu_);
     last_dirs_ = scan.dirs;
     last_hub_refs_ = scan.hub_refs;
+    walked_fingerprints_ = plan.fingerprints;
     for (const auto& w : plan.withdraw) {
       exposed_.erase(w.path);
       if (w.why == ScanPlan::Why::kRemoved) spdlog::info("checkpoint {} removed from the source; withdrawn", w.path);
-      if (w.why == ScanPlan::Why::kChanged) spdlog::info("checkpoint {} changed; withdrawn until re-indexed", w.path);
     }
     for (const auto& path : plan.vanished) {
       shown_fingerprints_.erase(path);
       states_.erase(path);
+    }
+    // Who may reach a changed checkpoint is decided by this walk, now; what
+    // it holds by the index, once the new digest is known.
+    for (const auto& r : plan.revalidate) {
+      auto it = exposed_.find(r.source->abs_path);
+      if (it == exposed_.end()) continue;  // withdrawn meanwhile (a chunk failed its check)
+      if (!states_[r.source->abs_path].revalidating) {
+        spdlog::info("checkpoint {} changed; {} is served until it is verified again", r.source->abs_path,
+                     r.shown_name);
+      }
+      it->second = ReachedAsNow(it->second, *r.source);
     }
     for (const auto& [cp, announce] : plan.invalid) {
       CheckpointState st = StateOf(*cp, CheckpointState::Phase::kInvalid, *cp->invalid_reason);
@@ -464,9 +495,9 @@ void CatalogWatcher::Apply(const CatalogScan& scan, const ScanPlan& plan, std::v
       states_[cp->abs_path] = std::move(st);
     }
     for (const auto& w : plan.wait) {
-      states_[w.source->abs_path] =
-          StateOf(*w.source, CheckpointState::Phase::kPending,
-                  "changed " + std::to_string(w.quiet_ns / 1'000'000) + " ms ago; waiting for settle=" + settle);
+      PutStateLocked(StateOf(*w.source, CheckpointState::Phase::kPending,
+                             "changed " + std::to_string(w.quiet_ns / 1'000'000) + " ms ago; waiting for settle=" +
+                                 settle));
     }
     for (size_t i = 0; i < plan.show.size(); ++i) {
       const CheckpointSource& cp = *plan.show[i].source;
@@ -475,9 +506,7 @@ void CatalogWatcher::Apply(const CatalogScan& scan, const ScanPlan& plan, std::v
       exposed_[cp.abs_path] = std::move(shown[i]);
       shown_fingerprints_[cp.abs_path] = plan.fingerprints.at(cp.abs_path);
     }
-    for (const auto* cp : plan.index) {
-      states_[cp->abs_path] = StateOf(*cp, CheckpointState::Phase::kPending, "queued for indexing");
-    }
+    if (queue) QueueLocked(scan, plan);
     // A digest withdrawn meanwhile is not shown again, not even for a moment.
     TakeWithdrawalsLocked();
     changes = PublishLocked();
@@ -517,19 +546,37 @@ void CatalogWatcher::RecordIndexingFailure(const CheckpointSource& cp, const Ind
   const auto phase = indexed.unsettled ? CheckpointState::Phase::kPending : CheckpointState::Phase::kInvalid;
   CheckpointState st = StateOf(cp, phase, *indexed.error);
   if (indexed.unsettled) {
+    // Still changing: a digest it showed stays while it settles.
     spdlog::info("checkpoint {} is still changing; will retry: {}", cp.abs_path, st.reason);
-    next_settle_deadline_ = MonotonicSeconds() + std::max(options_.settle_s, 0.5);
-  } else {
-    spdlog::warn("checkpoint {} is invalid and not shown: {}", cp.abs_path, st.reason);
+    retry_at_ = MonotonicSeconds() + std::max(options_.settle_s, 0.5);
+    uint64_t one = 1;
+    if (::write(wake_.get(), &one, sizeof one) < 0) {
+    }
+    SetState(std::move(st));
+    return;
   }
-  SetState(std::move(st));
-}
-
-bool CatalogWatcher::Expose(const CheckpointSource& cp, ExposedCheckpoint e, const Sha256Digest& fingerprint,
-                            bool publish) {
+  spdlog::warn("checkpoint {} is invalid and not shown: {}", cp.abs_path, st.reason);
+  // Its new content cannot be verified, and what it served before is gone
+  // from the source with it.
   View::Changes changes;
   {
     std::lock_guard lock(mu_);
+    PutStateLocked(std::move(st));
+    if (exposed_.erase(cp.abs_path) != 0) {
+      shown_fingerprints_.erase(cp.abs_path);
+      changes = PublishLocked();
+    }
+  }
+  Notify(changes);
+}
+
+CatalogWatcher::Shown CatalogWatcher::Expose(const CheckpointSource& cp, ExposedCheckpoint e,
+                                             const Sha256Digest& fingerprint, bool publish) {
+  View::Changes changes;
+  {
+    std::lock_guard lock(mu_);
+    auto walked = walked_fingerprints_.find(cp.abs_path);
+    if (walked == walked_fingerprints_.end() || walked->second != fingerprint) return Shown::kNo;
     states_[cp.abs_path] = ExposedState(cp, e);
     exposed_[cp.abs_path] = std::move(e);
     // The walk as hashed; a file the indexer found changed and hashed again
@@ -540,38 +587,122 @@ bool CatalogWatcher::Expose(const CheckpointSource& cp, ExposedCheckpoint e, con
     if (publish) changes = PublishLocked();
   }
   Notify(changes);
-  return publish;
+  return publish ? Shown::kPublished : Shown::kLater;
 }
 
-void CatalogWatcher::IndexQueued(const CatalogScan& scan, const ScanPlan& plan) {
-  // Many small checkpoints finish faster than the view is worth rebuilding,
-  // so publish at most a few times a second (and always after the last).
-  constexpr double kPublishEveryS = 0.25;
+void CatalogWatcher::QueueLocked(const CatalogScan& scan, const ScanPlan& plan) {
+  std::map<std::string, const CheckpointSource*> wanted;
+  for (const auto* cp : plan.index) wanted[cp->abs_path] = cp;
+  auto still_wanted = [&](const std::string& path, const Sha256Digest& fingerprint) {
+    return wanted.count(path) != 0 && plan.fingerprints.at(path) == fingerprint;
+  };
+  std::deque<IndexJob> kept;
+  for (auto& job : queue_) {
+    const std::string path = job.source().abs_path;
+    if (!still_wanted(path, job.fingerprint)) continue;
+    wanted.erase(path);
+    kept.push_back(std::move(job));
+  }
+  queue_ = std::move(kept);
+  // Being hashed as walked now: its progress stands.
+  if (indexing_path_ && still_wanted(*indexing_path_, *indexing_fingerprint_)) wanted.erase(*indexing_path_);
+  for (const auto& [path, cp] : wanted) {
+    PutStateLocked(StateOf(*cp, CheckpointState::Phase::kPending, "queued for indexing"));
+    queue_.push_back({Only(scan, {cp}), plan.fingerprints.at(path)});
+  }
+  if (!queue_.empty()) queued_.notify_one();
+}
+
+void CatalogWatcher::IndexLoop() {
   double last_publish = MonotonicSeconds();
   bool unpublished = false;
-  for (const CheckpointSource* cp : plan.index) {
-    if (stop_) return;
-    ApplyWithdrawals();
-    SetState(StateOf(*cp, CheckpointState::Phase::kIndexing));
-    spdlog::info("indexing checkpoint {} ({} files, {} bytes)", cp->abs_path, cp->members.size(), cp->TotalSize());
-    IndexReport report = Indexer(index_, HashingOptions(cp->abs_path)).Run(Only(scan, {cp}));
-    for (const auto& w : report.warnings) spdlog::warn("{}", w);
-    const IndexedCheckpoint& indexed = report.checkpoints.front();
-    if (indexed.error) {
-      RecordIndexingFailure(*cp, indexed);
+  std::unique_lock lock(mu_);
+  while (!stop_) {
+    if (queue_.empty() && unpublished) {
+      lock.unlock();
+      Publish();
+      unpublished = false;
+      last_publish = MonotonicSeconds();
+      lock.lock();
       continue;
     }
-    ExposedCheckpoint e = ToExposed(*cp, indexed, *index_);
-    spdlog::info("checkpoint {} is {} ({} files hashed)", cp->abs_path, e.name, report.files_hashed);
-    const bool due = MonotonicSeconds() - last_publish >= kPublishEveryS;
-    if (Expose(*cp, std::move(e), plan.fingerprints.at(cp->abs_path), due)) {
-      last_publish = MonotonicSeconds();
-      unpublished = false;
+    if (queue_.empty()) {
+      queued_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      continue;
+    }
+    IndexJob job = std::move(queue_.front());
+    queue_.pop_front();
+    indexing_path_ = job.source().abs_path;
+    indexing_fingerprint_ = job.fingerprint;
+    lock.unlock();
+    switch (IndexOne(job, last_publish)) {
+      case Shown::kPublished:
+        last_publish = MonotonicSeconds();
+        unpublished = false;
+        break;
+      case Shown::kLater: unpublished = true; break;
+      case Shown::kNo: break;
+    }
+    lock.lock();
+    indexing_path_.reset();
+    indexing_fingerprint_.reset();
+  }
+}
+
+CatalogWatcher::Shown CatalogWatcher::IndexOne(const IndexJob& job, double last_publish) {
+  // Many small checkpoints finish faster than the view is worth rebuilding,
+  // so publish at most a few times a second (IndexLoop publishes whatever
+  // is left when the queue runs dry).
+  constexpr double kPublishEveryS = 0.25;
+  const CheckpointSource& cp = job.source();
+  ApplyWithdrawals();
+  SetState(StateOf(cp, CheckpointState::Phase::kIndexing));
+  spdlog::info("indexing checkpoint {} ({} files, {} bytes)", cp.abs_path, cp.members.size(), cp.TotalSize());
+  IndexReport report = Indexer(index_, HashingOptions(cp.abs_path)).Run(job.scan);
+  if (stop_) return Shown::kNo;
+  for (const auto& w : report.warnings) spdlog::warn("{}", w);
+  const IndexedCheckpoint& indexed = report.checkpoints.front();
+  if (indexed.error) {
+    RecordIndexingFailure(cp, indexed);
+    return Shown::kNo;
+  }
+  ExposedCheckpoint e = ToExposed(cp, indexed, *index_);
+  const std::string name = e.name;
+  const bool due = MonotonicSeconds() - last_publish >= kPublishEveryS;
+  const Shown shown = Expose(cp, std::move(e), job.fingerprint, due);
+  if (shown == Shown::kNo) {
+    // Walked otherwise since it was queued: the job queued from that walk
+    // shows it (its files are in the index now, so that costs lookups only).
+    spdlog::debug("checkpoint {} changed while it was indexed; the newer walk decides", cp.abs_path);
+  } else {
+    spdlog::info("checkpoint {} is {} ({} files hashed)", cp.abs_path, name, report.files_hashed);
+  }
+  return shown;
+}
+
+ExposedCheckpoint CatalogWatcher::ReachedAsNow(const ExposedCheckpoint& shown, const CheckpointSource& now) {
+  // What the walk no longer finds as it was shown is for root alone until
+  // the new digest is known: access must never outlive what a walk vouches for.
+  static const AccessPath kRootOnly{nullptr, {0, 0, 0}};
+  ExposedCheckpoint e = shown;
+  e.dir_access = now.dir_access;
+  for (auto& [rel, access] : e.subdirs) {
+    auto it = now.subdirs.find(rel);
+    access = it != now.subdirs.end() ? it->second : kRootOnly;
+  }
+  std::map<std::string_view, const MemberFile*> members;
+  for (const auto& m : now.members) members.emplace(m.rel_path, &m);
+  for (auto& f : e.files) {
+    auto it = members.find(f.rel_path);
+    if (it != members.end() && it->second->open_path == f.source_path) {
+      f.owner = it->second->owner;
+      f.access = it->second->access;
     } else {
-      unpublished = true;
+      f.access = kRootOnly;
     }
   }
-  if (unpublished) Publish();
+  e.inputs = View::InputsOf(e);
+  return e;
 }
 
 }  // namespace ckptfs

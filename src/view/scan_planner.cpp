@@ -72,9 +72,10 @@ ScanPlan ScanPlanner::Plan(const ScanTriage& triage, const std::vector<IndexedCh
       plan.show.push_back({&cp, &lookups[i], shown != lookups[i].name});
       continue;
     }
-    // Not known to the index: what the view shows for this path is stale,
-    // and leaves it now, whether the new content is hashed now or later.
-    if (shown) plan.withdraw.push_back({cp.abs_path, *shown, ScanPlan::Why::kChanged});
+    // Not known to the index: the digest shown for this path stays until
+    // the new one is known (its bytes are still checked on every read), and
+    // moves in one publish then.
+    if (shown) plan.revalidate.push_back({&cp, *shown});
     const int64_t quiet_ns = now_ns - NewestChangeNs(cp);
     if (quiet_ns < settle_ns_) {
       const int64_t left_ns = settle_ns_ - quiet_ns;

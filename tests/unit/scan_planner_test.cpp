@@ -146,7 +146,7 @@ TEST_F(ScanPlannerTest, AVanishedCheckpointIsForgottenAndWithdrawn) {
   EXPECT_EQ(Paths(plan.keep), std::vector<std::string>{"a"});
 }
 
-TEST_F(ScanPlannerTest, AChangedCheckpointIsReindexedAndItsOldDigestWithdrawn) {
+TEST_F(ScanPlannerTest, AChangedCheckpointIsReindexedWhileItsOldDigestStays) {
   WriteFile(src_ / "a/model.bin", "weights");
   KnownCheckpoints known = IndexAndShow(ScanOk(src_.path()));
   const std::string old_name = *known[src_ / "a"].shown_name;
@@ -155,17 +155,36 @@ TEST_F(ScanPlannerTest, AChangedCheckpointIsReindexedAndItsOldDigestWithdrawn) {
   ScanPlan plan = PlanFor(scan, known, NewestChange(scan, "a") + kSettle);
   EXPECT_EQ(Paths(triage_.look_up), std::vector<std::string>{"a"});
   EXPECT_EQ(Paths(plan.index), std::vector<std::string>{"a"});
-  ASSERT_EQ(plan.withdraw.size(), 1u);
-  EXPECT_EQ(plan.withdraw[0].name, old_name);
-  EXPECT_EQ(plan.withdraw[0].why, ScanPlan::Why::kChanged);
+  // Never dark while re-verified: nothing withdrawn, the old digest kept.
+  EXPECT_TRUE(plan.withdraw.empty());
+  ASSERT_EQ(plan.revalidate.size(), 1u);
+  EXPECT_EQ(plan.revalidate[0].shown_name, old_name);
+  EXPECT_EQ(plan.revalidate[0].source->abs_path, src_ / "a");
   EXPECT_TRUE(plan.vanished.empty());
 
-  // Not settled yet: withdrawn all the same, and waited for.
+  // Not settled yet: kept all the same, and waited for.
   plan = PlanFor(scan, known, NewestChange(scan, "a") + 1);
   EXPECT_EQ(plan.wait.size(), 1u);
   EXPECT_TRUE(plan.index.empty());
-  ASSERT_EQ(plan.withdraw.size(), 1u);
-  EXPECT_EQ(plan.withdraw[0].name, old_name);
+  EXPECT_TRUE(plan.withdraw.empty());
+  ASSERT_EQ(plan.revalidate.size(), 1u);
+  EXPECT_EQ(plan.revalidate[0].shown_name, old_name);
+}
+
+TEST_F(ScanPlannerTest, AChangeThatTheIndexKnowsMovesTheNameAtOnce) {
+  WriteFile(src_ / "a/model.bin", "weights");
+  KnownCheckpoints known = IndexAndShow(ScanOk(src_.path()));
+  // Content the index already knows (here: indexed as it is now) is shown
+  // under its digest in this plan; nothing is revalidated or withdrawn.
+  WriteFile(src_ / "a/model.bin", "fine-tuned");
+  IndexAndShow(ScanOk(src_.path()));
+  const CatalogScan scan = ScanOk(src_.path());
+  ScanPlan plan = PlanFor(scan, known, NewestChange(scan, "a") + kSettle);
+  ASSERT_EQ(plan.show.size(), 1u);
+  EXPECT_TRUE(plan.show[0].announce);
+  EXPECT_NE(plan.show[0].indexed->name, *known[src_ / "a"].shown_name);
+  EXPECT_TRUE(plan.revalidate.empty());
+  EXPECT_TRUE(plan.withdraw.empty());
 }
 
 TEST_F(ScanPlannerTest, AnInvalidCheckpointIsWithdrawnAndLoggedOncePerReason) {

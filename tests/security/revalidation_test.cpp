@@ -1,0 +1,273 @@
+// Checkpoints in motion (issue 20, DESIGN.md section 2): while a checkpoint
+// that changed in SRC is verified again, its last verified digest stays in
+// the view and its by-name entry keeps pointing at it; the new digest, when
+// known, replaces it in one publish. Who may reach it follows SRC at once,
+// without waiting for that re-index. Each test holds the re-index at a
+// known file (the daemon's pause seam: the file that changed, as only
+// changed files are hashed again) so that "while it is verified again" is a
+// state the test is in, not a race it hopes to win.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "security_fixture.h"
+
+namespace ckptfs::testing {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr size_t kMiB = 1 << 20;
+
+// Reads a by-name link every 2 ms on its own thread and keeps the sequence
+// of distinct targets it saw ("" for "absent").
+class LinkPoller {
+ public:
+  explicit LinkPoller(std::string link) : link_(std::move(link)), thread_([this] { Run(); }) {}
+  ~LinkPoller() { Stop(); }
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  std::vector<std::string> Targets() {
+    std::lock_guard lock(mu_);
+    return targets_;
+  }
+  uint64_t polls() const { return polls_.load(); }
+  uint64_t absent() const { return absent_.load(); }
+
+ private:
+  void Run() {
+    while (!stop_) {
+      char buf[4096];
+      const ssize_t n = ::readlink(link_.c_str(), buf, sizeof buf);
+      std::string target = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+      if (target.empty()) ++absent_;
+      {
+        std::lock_guard lock(mu_);
+        if (targets_.empty() || targets_.back() != target) targets_.push_back(target);
+      }
+      ++polls_;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+  const std::string link_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> polls_{0}, absent_{0};
+  std::mutex mu_;
+  std::vector<std::string> targets_;
+  std::thread thread_;
+};
+
+class RevalidationTest : public SecurityTest {
+ protected:
+  // Mounts with the indexer held before every file named `gate`, lets the
+  // first indexing through and waits until `by_name` is shown.
+  std::unique_ptr<MountedCkptfs> MountHeldAt(const std::string& gate, const std::string& by_name) {
+    MakeDirs(gate_);
+    ::setenv("CKPTFS_TEST_PAUSE_BEFORE_HASH", (gate + ":" + gate_).c_str(), 1);
+    auto m = Mount();
+    ::unsetenv("CKPTFS_TEST_PAUSE_BEFORE_HASH");
+    EXPECT_TRUE(WaitFor(Held())) << m->Log();
+    ResumeOnce();
+    EXPECT_TRUE(WaitFor([&] { return !DigestOf(by_name).empty(); })) << m->Log();
+    return m;
+  }
+  std::function<bool()> Held() {
+    return [this] { return ::access((gate_ + "/paused").c_str(), F_OK) == 0; };
+  }
+  // Lets the held file through; the next one of that name is held again.
+  void ResumeOnce() {
+    WriteFile(gate_ + "/resume.next", "once");
+    fs::rename(gate_ + "/resume.next", gate_ + "/resume");
+    EXPECT_TRUE(WaitFor([&] { return !Held()(); }));
+  }
+  void ResumeAll() { WriteFile(gate_ + "/resume", ""); }
+
+  // The status row of the checkpoint at SRC/rel.
+  nlohmann::json Row(const std::string& rel) {
+    for (const auto& c : Status().value("checkpoints", nlohmann::json::array())) {
+      if (c.value("path", "") == src_ + "/" + rel) return c;
+    }
+    return nlohmann::json::object();
+  }
+  bool Settled(const std::string& rel) {
+    const auto row = Row(rel);
+    return row.value("state", "") == "exposed" && !row.value("revalidating", false);
+  }
+  bool Listed(const std::string& digest) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(mnt_, ec)) {
+      if (e.path().filename() == digest) return true;
+    }
+    return false;
+  }
+  // Reads the whole of an open descriptor from offset 0.
+  static std::string ReadAll(int fd) {
+    std::string out(64 * kMiB, '\0');
+    size_t got = 0;
+    for (;;) {
+      const ssize_t n = ::pread(fd, out.data() + got, out.size() - got, static_cast<off_t>(got));
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    out.resize(got);
+    return out;
+  }
+
+  std::string gate_ = tmp_ / "gate";
+};
+
+std::string Target(const std::string& digest) { return "../" + digest; }
+
+// chmod -R a+r (nothing changes but ctimes) and chown -R to the same owner:
+// the by-name link resolves at every poll through the whole re-verification,
+// always to the same digest.
+TEST_F(RevalidationTest, ChmodAndChownOfACheckpointNeverTakeItsNameAway) {
+  WriteFile(src_ + "/m/model.bin", RandomBytes(2 * kMiB, 1));
+  WriteFile(src_ + "/m/config.json", "{\"a\": 1}");
+  WriteFile(src_ + "/m/gate.json", "{}");
+  auto m = MountHeldAt("gate.json", "m");
+  const std::string old = DigestOf("m");
+  ASSERT_FALSE(old.empty());
+
+  LinkPoller poller(mnt_ + "/by-name/m");
+  ASSERT_EQ(RunCommand("chmod -R a+r " + ShellQuote(src_ + "/m")).exit_code, 0);
+  ASSERT_TRUE(WaitFor(Held())) << "the chmod was not verified again\n" << m->Log();
+  EXPECT_TRUE(WaitFor([&] { return Row("m").value("revalidating", false); })) << Status().dump(1);
+  EXPECT_EQ(Row("m").value("name", ""), old);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // polls while it is held
+  ASSERT_EQ(RunCommand("chown -R 0:0 " + ShellQuote(src_ + "/m")).exit_code, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_TRUE(Held()());  // still being verified: the polls above were all inside the window
+  ResumeAll();
+  EXPECT_TRUE(WaitFor([&] { return Settled("m"); })) << Status().dump(1) << m->Log();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  poller.Stop();
+
+  EXPECT_GT(poller.polls(), 100u);
+  EXPECT_EQ(poller.absent(), 0u) << "by-name/m was absent during re-verification";
+  EXPECT_EQ(poller.Targets(), std::vector<std::string>{Target(old)});
+  EXPECT_EQ(DigestOf("m"), old);
+  EXPECT_EQ(ReadFile(mnt_ + "/by-name/m/config.json"), "{\"a\": 1}");
+}
+
+// A content change: the link goes from the old digest straight to the new
+// one; a reader holding an unchanged file of the old digest reads the right
+// bytes throughout; the changed file of the old digest gives its old bytes
+// or EIO, never the new ones.
+TEST_F(RevalidationTest, AContentChangeMovesTheLinkStraightToTheNewDigest) {
+  const std::string weights = RandomBytes(6 * kMiB, 2);
+  WriteFile(src_ + "/m/model.bin", weights);
+  WriteFile(src_ + "/m/config.json", "{\"v\": 1}");
+  auto m = MountHeldAt("config.json", "m");
+  const std::string old = DigestOf("m");
+  ASSERT_FALSE(old.empty());
+  const int held_fd = ::open((mnt_ + "/" + old + "/model.bin").c_str(), O_RDONLY);
+  ASSERT_GE(held_fd, 0);
+  EXPECT_EQ(ReadAll(held_fd), weights);
+
+  LinkPoller poller(mnt_ + "/by-name/m");
+  WriteFile(src_ + "/m/config.json", "{\"v\": 2, \"fine-tuned\": true}");
+  ASSERT_TRUE(WaitFor(Held())) << m->Log();
+  EXPECT_TRUE(WaitFor([&] { return Row("m").value("revalidating", false); })) << Status().dump(1);
+  EXPECT_EQ(DigestOf("m"), old);
+  EXPECT_TRUE(Listed(old));
+  EXPECT_EQ(ReadAll(held_fd), weights);
+  EXPECT_EQ(ReadFile(mnt_ + "/" + old + "/model.bin"), weights);  // unchanged file, opened afresh
+  {
+    // The changed file under the old name: its old bytes (a sealed copy) or
+    // an error, never the new content.
+    const int fd = ::open((mnt_ + "/" + old + "/config.json").c_str(), O_RDONLY);
+    if (fd >= 0) {
+      char buf[256];
+      const ssize_t n = ::pread(fd, buf, sizeof buf, 0);
+      if (n >= 0) {
+        EXPECT_EQ(std::string(buf, static_cast<size_t>(n)), "{\"v\": 1}");
+      }
+      ::close(fd);
+    }
+  }
+  ResumeAll();
+  EXPECT_TRUE(WaitFor([&] { return Settled("m") && DigestOf("m") != old; })) << Status().dump(1) << m->Log();
+  const std::string now = DigestOf("m");
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  poller.Stop();
+
+  EXPECT_EQ(poller.absent(), 0u) << "by-name/m was absent between the two digests";
+  EXPECT_EQ(poller.Targets(), (std::vector<std::string>{Target(old), Target(now)}));
+  EXPECT_FALSE(Listed(old)) << "no other copy holds the old digest";
+  EXPECT_EQ(ReadFile(mnt_ + "/" + now + "/config.json"), "{\"v\": 2, \"fine-tuned\": true}");
+  EXPECT_EQ(ReadAll(held_fd), weights);  // an open file of a withdrawn digest keeps its bytes
+  ::close(held_fd);
+}
+
+// A revocation in SRC (chmod 0700 of the checkpoint's parent) refuses
+// another user at once, while the re-index that keeps the content
+// available is still held; root still reads it all along.
+TEST_F(RevalidationTest, ARevocationAppliesAtOnceWhileTheCheckpointIsVerifiedAgain) {
+  WriteFile(src_ + "/p/m/model.bin", RandomBytes(kMiB, 3));
+  WriteFile(src_ + "/p/m/config.json", "{}");
+  auto m = MountHeldAt("config.json", "p/m");
+  const std::string old = DigestOf("p/m");
+  ASSERT_FALSE(old.empty());
+  const std::vector<Attempt> probes = {{Probe::kRead, mnt_ + "/" + old + "/model.bin"},
+                                       {Probe::kRead, mnt_ + "/by-name/p/m/config.json"},
+                                       {Probe::kList, mnt_ + "/by-name/p"}};
+  EXPECT_EQ(TryAs(kOther, probes), (std::vector<bool>{true, true, true}));
+
+  WriteFile(src_ + "/p/m/config.json", "{\"changed\": true}");
+  ASSERT_TRUE(WaitFor(Held())) << m->Log();
+  ASSERT_EQ(::chmod((src_ + "/p").c_str(), 0700), 0);
+  EXPECT_TRUE(WaitFor([&] { return TryAs(kOther, probes) == std::vector<bool>{false, false, false}; }))
+      << "other still reads what SRC now refuses them\n" << m->Log();
+  EXPECT_TRUE(Held()()) << "the refusal must not have waited for the re-index";
+  EXPECT_EQ(TryAs(kRoot, probes), (std::vector<bool>{true, true, true})) << "the old digest is still served";
+  EXPECT_EQ(TryAs(kOther, {{Probe::kRead, src_ + "/p/m/model.bin"}}), std::vector<bool>{false});  // the oracle
+
+  ResumeAll();
+  EXPECT_TRUE(WaitFor([&] { return Settled("p/m") && DigestOf("p/m") != old; })) << Status().dump(1);
+  const std::string now = DigestOf("p/m");
+  EXPECT_EQ(TryAs(kOther, {{Probe::kRead, mnt_ + "/" + now + "/model.bin"}}), std::vector<bool>{false});
+}
+
+// Hub cache: a revision resolves through refs/ (a by-name file) to its
+// snapshot link while the only snapshot is verified again.
+TEST_F(RevalidationTest, AHubRevisionResolvesWhileItsOnlySnapshotIsVerifiedAgain) {
+  const std::string repo = src_ + "/hub/models--org--tiny";
+  const std::string commit = "0123456789abcdef0123456789abcdef01234567";
+  const std::string gate_bytes = "{\"gate\": 1}";
+  WriteHubSnapshot(repo, commit,
+                   {{"model.safetensors", RandomBytes(kMiB, 4)}, {"config.json", "{}"}, {"gate.json", gate_bytes}});
+  WriteHubRef(repo, "main", commit);
+  // Snapshot files are links into blobs/<sha256>: the indexer opens the blob.
+  const std::string gate_blob = RunCommand("printf %s " + ShellQuote(gate_bytes) + " | sha256sum").out.substr(0, 64);
+  const std::string snapshot = "hub/models--org--tiny/snapshots/" + commit;
+  auto m = MountHeldAt(gate_blob, snapshot);
+  const std::string old = DigestOf(snapshot);
+  ASSERT_FALSE(old.empty());
+  const std::string ref = mnt_ + "/by-name/hub/models--org--tiny/refs/main";
+  ASSERT_EQ(ReadFile(ref), commit);
+
+  LinkPoller poller(mnt_ + "/by-name/" + snapshot);
+  ASSERT_EQ(RunCommand("chmod -R a+r " + ShellQuote(repo + "/blobs")).exit_code, 0);
+  ASSERT_TRUE(WaitFor(Held())) << m->Log();
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(ReadFile(ref), commit) << "refs/main vanished during the re-index";
+    EXPECT_EQ(DigestOf("hub/models--org--tiny/snapshots/" + ReadFile(ref)), old);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ResumeAll();
+  EXPECT_TRUE(WaitFor([&] { return Settled(snapshot); })) << Status().dump(1);
+  poller.Stop();
+  EXPECT_EQ(poller.absent(), 0u);
+  EXPECT_EQ(poller.Targets().size(), 1u);
+  EXPECT_EQ(DigestOf(snapshot), old);
+}
+
+}  // namespace
+}  // namespace ckptfs::testing
