@@ -120,6 +120,10 @@ class View {
     // so that every command that takes a checkpoint can act on it.
     std::string own_digest;
     std::vector<std::pair<std::string, std::string>> xattrs;
+    // With a user.ckptfs.sources xattr: how each of its lines (a source
+    // copy) is reached, in the same order. Each caller is told only the
+    // copies whose path they could learn in SRC (see MayLearnPath).
+    std::vector<AccessPath> source_access;
   };
   using NodePtr = std::shared_ptr<const Node>;
 
@@ -189,6 +193,7 @@ class View {
     std::vector<NodePtr> nodes;
     std::map<std::string, std::set<std::string>> entries;  // directory -> entry names
     std::vector<std::pair<std::string, std::string>> xattrs;
+    std::vector<AccessPath> source_access;  // as Node::source_access
   };
   struct Snapshot {
     std::unordered_map<InodeId, NodePtr> nodes;

@@ -10,6 +10,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <sys/uio.h>
 #include <vector>
 
@@ -83,6 +85,26 @@ bool Allowed(fuse_req_t req, const View::Node& n, int want) {
   return false;
 }
 
+constexpr std::string_view kSourcesXattr = "user.ckptfs.sources";
+
+// user.ckptfs.sources as this caller may read it: only the copies whose
+// path they could learn in SRC (ckptfsctl ls filters the same way).
+std::string SourcesFor(fuse_req_t req, const View::Node& n, const std::string& stored) {
+  Caller caller = CallerOf(req);
+  std::string out;
+  size_t line = 0, pos = 0;
+  while (pos < stored.size()) {
+    size_t end = stored.find('\n', pos);
+    if (end == std::string::npos) end = stored.size();
+    if (line < n.source_access.size() && MayLearnPath(n.source_access[line], caller)) {
+      out.append(stored, pos, end - pos).push_back('\n');
+    }
+    pos = end + 1;
+    ++line;
+  }
+  return out;
+}
+
 // The node's attributes as served: a stamped safetensors file is longer than
 // its source by the header's growth.
 Result<struct stat> AttrOf(FsContext& ctx, const View::NodePtr& n) {
@@ -136,6 +158,16 @@ void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     if (p && p->immutable) e.entry_timeout = Ctx(req).immutable_timeout_s;
     fuse_reply_entry(req, &e);
     return;
+  }
+  // A digest that no copy lets the caller reach does not exist for them:
+  // ENOENT, as for a digest nobody holds, so that knowing a digest tells no
+  // one that a private copy of it exists (the root's listing hides it too).
+  if (parent == kRootInode && !n->access.empty()) {
+    Caller caller = CallerOf(req);
+    if (!MayAccess(n->access, caller, 0)) {
+      fuse_reply_err(req, ENOENT);
+      return;
+    }
   }
   if (!Allowed(req, *n, 0)) return;
   ReplyEntry(req, n);
@@ -522,8 +554,9 @@ void GetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
   auto n = NodeOrReply(req, ino);
   if (!n) return;
   if (!Allowed(req, *n, kWantRead)) return;
-  for (const auto& [key, value] : n->xattrs) {
+  for (const auto& [key, stored] : n->xattrs) {
     if (key != name) continue;
+    const std::string value = key == kSourcesXattr ? SourcesFor(req, *n, stored) : stored;
     if (size == 0) fuse_reply_xattr(req, value.size());
     else if (size < value.size()) fuse_reply_err(req, ERANGE);
     else fuse_reply_buf(req, value.data(), value.size());

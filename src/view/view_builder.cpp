@@ -175,7 +175,8 @@ InodeId ViewBuilder::BuildDigest(const std::string& name, const std::vector<cons
   dir->xattrs = {{"user.ckptfs.digest", name},
                  {"user.ckptfs.sources", sources},
                  {"user.ckptfs.size", std::to_string(first.total_size)}};
-  digest_xattrs_[name] = dir->xattrs;
+  dir->source_access = dir->access;  // one per copy, in the order of `sources`
+  digest_xattrs_[name] = {dir->xattrs, dir->source_access};
 
   digest_subdirs_ = {{"", dir}};
   digest_nodes_.clear();
@@ -192,6 +193,7 @@ InodeId ViewBuilder::BuildDigest(const std::string& name, const std::vector<cons
   part->nodes = std::move(digest_nodes_);
   part->entries = entries_[name];
   part->xattrs = dir->xattrs;
+  part->source_access = dir->source_access;
   snap_->digests[name] = std::move(part);
   return dir->ino;
 }
@@ -205,7 +207,7 @@ InodeId ViewBuilder::ReuseDigest(const std::string& name, const std::shared_ptr<
   }
   reused_ += part->nodes.size();
   entries_[name] = part->entries;
-  digest_xattrs_[name] = part->xattrs;
+  digest_xattrs_[name] = {part->xattrs, part->source_access};
   snap_->digests[name] = part;
   return part->dir;
 }
@@ -270,7 +272,9 @@ InodeId ViewBuilder::BuildByNameDir(const std::string& p, const std::string& dig
   if (has_digest && offset.empty() && by_name_.count(p)) {
     // A checkpoint with nested ones: it answers for its own digest.
     dir->own_digest = digest;
-    dir->xattrs = digest_xattrs_[digest];
+    const DigestXattrs& own = digest_xattrs_[digest];
+    dir->xattrs = own.xattrs;
+    dir->source_access = own.source_access;
   }
   // What its entries need: search on every directory down to this one.
   const AccessPath inside{ExtendChain(source.dirs, source.self), {in_.root_owner.uid, in_.root_owner.gid, 0777}};

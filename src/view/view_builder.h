@@ -91,7 +91,12 @@ class ViewBuilder {
   uint64_t reused_ = 0;
   // digest -> directory inside it -> entry names
   std::map<std::string, std::map<std::string, std::set<std::string>>> entries_;
-  std::map<std::string, std::vector<std::pair<std::string, std::string>>> digest_xattrs_;  // digest -> its xattrs
+  // digest -> its directory's xattrs and Node::source_access
+  struct DigestXattrs {
+    std::vector<std::pair<std::string, std::string>> xattrs;
+    std::vector<AccessPath> source_access;
+  };
+  std::map<std::string, DigestXattrs> digest_xattrs_;
 };
 
 }  // namespace ckptfs
