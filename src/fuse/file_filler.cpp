@@ -391,9 +391,12 @@ void FileFiller::Finish(const std::shared_ptr<FillJob>& job, Status s, bool canc
     job->changed.notify_all();
   }
   if (!s.ok() && s.code() != Status::Code::kFull && !cancelled) {
-    ++failed_;  // the source's failures were reported by ReadSourceChunk
-    spdlog::warn("{}: the copy of {} for the host tier was abandoned ({}); nothing of it is served", job->file->digest,
-                 job->file->source_path, s.message());
+    ++failed_;
+    // A changed or damaged source was reported where it was found
+    // (ReadSourceChunk, or above): once is enough.
+    const bool reported = s.code() == Status::Code::kChanged || s.code() == Status::Code::kCorrupt;
+    spdlog::warn("{}: the copy of {} for the host tier was abandoned{}{}; nothing of it is served", job->file->digest,
+                 job->file->source_path, reported ? "" : ": ", reported ? "" : s.message());
   }
 }
 

@@ -1,6 +1,8 @@
 // Reading a file's chunks from its source copies (View::Node::copies), most
 // trusted first, and what a copy that fails its checks leads to.
 #include <cerrno>
+#include <optional>
+#include <span>
 
 #include <spdlog/spdlog.h>
 
@@ -51,8 +53,21 @@ void ReportSourceFailure(FsContext& ctx, const View::Node& file, const SourceCop
   }
 }
 
+// The node's copies; a node made without them (by hand, in a test) has the
+// one its own fields name, in `own`.
+namespace {
+
+std::span<const SourceCopy> CopiesOf(const View::Node& file, std::optional<SourceCopy>& own) {
+  if (!file.copies.empty()) return file.copies;
+  own = SourceCopy{file.source_path, file.stamp, file.chunks};
+  return {&*own, 1};
+}
+
+}  // namespace
+
 bool AllCopiesRefused(const FsContext& ctx, const View::Node& file) {
-  for (const SourceCopy& c : file.copies) {
+  std::optional<SourceCopy> own;
+  for (const SourceCopy& c : CopiesOf(file, own)) {
     if (!Refused(ctx, file, c)) return false;
   }
   return true;
@@ -64,7 +79,8 @@ Status ReadSourceChunk(FsContext& ctx, const View::Node& file, uint64_t index, u
   Status result = Status::Changed(file.source_path + ": no source copy still holds the bytes indexed for " +
                                   file.digest);
   bool served = false;
-  for (const SourceCopy& c : file.copies) {
+  std::optional<SourceCopy> own;
+  for (const SourceCopy& c : CopiesOf(file, own)) {
     if (Refused(ctx, file, c)) continue;
     Status s = ReadChunkOf(ctx, c, index, dst, len, io);
     if (s.ok() && chunk_sha256 != nullptr && Sha256Of(std::string_view(reinterpret_cast<const char*>(dst), len)) != *chunk_sha256) {
