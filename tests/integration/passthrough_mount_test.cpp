@@ -14,9 +14,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <iostream>
 #include <random>
 #include <thread>
 
@@ -175,6 +177,41 @@ TEST_F(PassthroughMountTest, WithFillWaitTheFirstOpenWaitsForTheCopyAndPassesThr
   EXPECT_EQ(Opens(s, "passthrough"), 1u) << s["opens"].dump();
   EXPECT_EQ(s["read_requests"], 0);
   EXPECT_EQ(s["fills"]["policy"], "wait");
+}
+
+// Issue 20 item 5: a parallel loader opens its shards with O_DIRECT. Its
+// first open under fill=wait does not wait for the whole copy: it is
+// answered through the daemon, which serves its reads from the copy as it
+// is made (the chunks it asks for first), so the source is read once, by
+// the fill, and the next open passes through.
+TEST_F(PassthroughMountTest, WithFillWaitAnODirectOpenIsServedFromTheCopyWhileItIsMade) {
+  const std::string data = RandomBytes(40 * kMiB + 5, 9);
+  WriteFile(src_ + "/m/model.safetensors", data);
+  auto m = MountWithPassthrough("cache_size=256M,fill=wait");
+  SKIP_WITHOUT_PASSTHROUGH();
+  const std::string path = DigestDir("m") + "/model.safetensors";
+  {  // one open: from the middle first, then all of it
+    const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
+    ASSERT_GE(fd, 0);
+    void* buf = nullptr;
+    ASSERT_EQ(::posix_memalign(&buf, 4096, data.size() + 4096), 0);
+    const size_t middle = 20 * kMiB;
+    EXPECT_EQ(::pread(fd, buf, data.size() - middle, middle), static_cast<ssize_t>(data.size() - middle));
+    EXPECT_EQ(std::memcmp(buf, data.data() + middle, data.size() - middle), 0);
+    EXPECT_EQ(::pread(fd, buf, data.size() + 4096, 0), static_cast<ssize_t>(data.size()));
+    EXPECT_EQ(std::memcmp(buf, data.data(), data.size()), 0);
+    std::free(buf);
+    ::close(fd);
+  }
+  auto s = Stats(mnt_);
+  EXPECT_EQ(Opens(s, "chunk path: not resident"), 1u) << s["opens"].dump();
+  EXPECT_EQ(Opens(s, "passthrough"), 0u) << s["opens"].dump();
+  ASSERT_TRUE(WaitFor([&] { return Stats(mnt_)["tiers"]["host"]["files"] == 1; })) << m->Log();
+  EXPECT_TRUE(ReadDirect(path) == data);
+  s = Stats(mnt_);
+  EXPECT_EQ(Opens(s, "passthrough"), 1u) << s["opens"].dump();
+  EXPECT_EQ(s["source_bytes_read"], data.size()) << "the source was read more than once: " << s.dump();
+  std::cout << "reads served from the copy in progress: " << s["fills"]["streamed_reads"] << "\n";
 }
 
 // The other shards beside an opened one are copied in the background, in
