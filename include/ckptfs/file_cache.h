@@ -11,6 +11,16 @@
 // keep its pages until they let go, and those bytes are reported apart as
 // held by readers, outside the budget.
 //
+// Descriptors: a copy in a memfd holds one of the daemon's descriptors
+// (small files are kept in memory and hold none: SealedCopy::kMemory), and
+// `descriptor_budget` bounds how many the resident copies and the fills in
+// flight hold together, exactly as `capacity` bounds their bytes: a fill
+// that needs a descriptor evicts the least recently used unpinned copy that
+// holds one, or is refused (kFull) and its file is served by the chunk
+// path. A copy the tier lets go of closes its descriptor at once, even
+// while readers still hold it (their mapping, or the kernel's passthrough
+// backing, keeps the pages), so readers never hold descriptors of the tier.
+//
 // Single flight: one fill per key at a time; others wait for it or, if they
 // only wanted to start one (a background fill), go away.
 //
@@ -55,9 +65,11 @@ class FileCache {
  public:
   using CopyPtr = std::shared_ptr<const SealedCopy>;
 
+  static constexpr uint64_t kNoDescriptorLimit = ~uint64_t{0};
   // `device`: the GPU tier's device, which pinned copies are registered
   // with; null without a GPU tier. It must outlive the cache.
-  explicit FileCache(uint64_t capacity, DeviceMemory* device = nullptr);
+  explicit FileCache(uint64_t capacity, DeviceMemory* device = nullptr,
+                     uint64_t descriptor_budget = kNoDescriptorLimit);
   ~FileCache();
   FileCache(const FileCache&) = delete;
   FileCache& operator=(const FileCache&) = delete;
@@ -76,11 +88,13 @@ class FileCache {
 
    private:
     friend class FileCache;
-    Reservation(FileCache* cache, FileKey key, uint64_t bytes, bool pin)
-        : cache_(cache), key_(std::move(key)), bytes_(bytes), pin_(pin), start_(std::chrono::steady_clock::now()) {}
+    Reservation(FileCache* cache, FileKey key, uint64_t bytes, bool descriptor, bool pin)
+        : cache_(cache), key_(std::move(key)), bytes_(bytes), descriptor_(descriptor), pin_(pin),
+          start_(std::chrono::steady_clock::now()) {}
     FileCache* cache_;
     FileKey key_;
     uint64_t bytes_;
+    bool descriptor_;  // room for one descriptor (a memfd) was reserved
     bool pin_;
     bool published_ = false;
     std::chrono::steady_clock::time_point start_;
@@ -92,11 +106,19 @@ class FileCache {
     CopyPtr resident;
     std::unique_ptr<Reservation> fill;
   };
+  // The fill reserves `size` bytes (in whole pages) and, when a copy of
+  // that size holds a memfd (SealedCopy::NeedsDescriptor), a descriptor.
   // kFull with the reason when the file cannot fit (or, with `pin`, when the
-  // pins would exceed the tier).
+  // pins would exceed the tier, or no descriptor can be freed).
   Result<Claimed> Claim(const FileKey& key, uint64_t size, bool pin, bool wait);
   // Makes a sealed copy resident (pinned if the claim asked for it).
   CopyPtr Publish(std::unique_ptr<Reservation> fill, std::unique_ptr<SealedCopy> copy);
+  // The same for a copy its filler shares with readers of it in progress.
+  CopyPtr Publish(std::unique_ptr<Reservation> fill, std::shared_ptr<SealedCopy> copy);
+  // Evicts up to `count` of the least recently used unpinned copies that
+  // hold a descriptor (the daemon ran out: its source reads come first);
+  // returns how many.
+  size_t ShedDescriptors(size_t count);
 
   // Pins the resident copy of `key` (registered with the device, or mlock;
   // see Stats::registered and Stats::locked_memory).
@@ -116,6 +138,9 @@ class FileCache {
     uint64_t fill_bytes = 0;
     double fill_seconds = 0;
     uint64_t fills_abandoned = 0;
+    uint64_t descriptors = 0;        // held by resident copies and fills in flight
+    uint64_t descriptor_budget = 0;  // kNoDescriptorLimit: none
+    uint64_t in_memory = 0;          // resident copies held without a descriptor
     bool locked_memory = true;  // false once the kernel refused to mlock a pinned copy
     uint64_t registered = 0;    // pinned bytes registered with the GPU tier's device
   };
@@ -130,19 +155,29 @@ class FileCache {
   struct Entry {
     std::shared_ptr<SealedCopy> copy;
     bool pinned = false;
+    bool descriptor = false;  // the copy held a memfd when it was published
     std::list<FileKey>::iterator lru;
+  };
+  // Copies the tier let go of, closed and dropped by the caller after it
+  // unlocks: the last reference unmaps a copy and frees its pages, which
+  // takes time for a large file and must not hold up Find.
+  struct Released {
+    std::vector<CopyPtr> copies;
+    ~Released();
   };
   class PageLock;
   void Abandon(Reservation& fill);
   Status PinRefused() const;
-  bool MakeRoom(uint64_t bytes, const FileKey& keep, std::vector<CopyPtr>& released);
-  void Drop(std::map<FileKey, Entry>::iterator it, std::vector<CopyPtr>& released);
-  CopyPtr PublishLocked(std::unique_ptr<Reservation> fill, std::unique_ptr<SealedCopy> copy);
+  bool MakeRoom(uint64_t bytes, bool descriptor, const FileKey& keep, Released& released);
+  bool EvictOldest(bool holding_descriptor, const FileKey& keep, Released& released);
+  void Drop(std::map<FileKey, Entry>::iterator it, Released& released);
+  CopyPtr PublishLocked(std::unique_ptr<Reservation> fill, std::shared_ptr<SealedCopy> copy);
   void MarkPinned(Entry& e);
   void LockPages(const FileKey& key);
 
   const uint64_t capacity_;
   DeviceMemory* const device_;
+  const uint64_t descriptor_budget_;
   // Taken before mu_, never while holding it; guards page_locks_.
   std::mutex pin_mu_;
   std::map<const SealedCopy*, std::unique_ptr<PageLock>> page_locks_;
@@ -155,6 +190,7 @@ class FileCache {
   std::list<FileKey> lru_;  // front: most recently used
   std::set<FileKey> filling_;
   uint64_t used_ = 0, reserved_ = 0, pinned_ = 0;
+  uint64_t descriptors_ = 0;  // of resident copies and reserved by fills
   mutable std::vector<std::weak_ptr<const SealedCopy>> evicted_;
   Stats counters_;
 };

@@ -1,22 +1,33 @@
-// FileFiller: makes a file resident in the host tier (FileCache). The copy
-// is read from the source chunk by chunk through the SourceReader, so every
-// 4 MiB chunk is checked against the index (the file's stamp before and
-// after the read, the chunk's XXH3-128) exactly as on the chunk path, with
-// several chunks in flight. With stamp_headers a safetensors file is copied
-// in its stamped form (the stamped header, then the source's bytes after the
-// original header), so a passthrough reader sees what the chunk path serves.
-// Only when every chunk passed is the memfd sealed and published; a chunk
-// that fails (the source changed, does not match, or cannot be read)
-// abandons the fill, and nothing of it is ever served.
+// FileFiller: makes files resident in the host tier (FileCache). A copy is
+// read from the source chunk by chunk through ReadSourceChunk, so every
+// 4 MiB chunk is checked exactly as on the chunk path (the copy's stamp
+// before and after the read, the chunk's XXH3-128; a copy that fails is
+// left for the next copy of the file), and under verify=sha256 the whole
+// copy's SHA-256 is checked against the index's before it is sealed. With
+// stamp_headers a safetensors file is copied in its stamped form (the
+// stamped header, then the source's bytes after the original header), so a
+// passthrough reader sees what the chunk path serves. Only when every chunk
+// passed is the memfd sealed and published; a chunk that fails (the source
+// changed, does not match, or cannot be read) abandons the fill, and the
+// copy is never handed to the kernel.
 //
-// Background fills (fill=open) run one file at a time on a thread of their
-// own, so an engine's open is answered at once by the chunk path while its
-// file is copied for the next open.
+// Fills share one set of `depth` reading threads, which take chunks from
+// every fill in flight in turn (so that three shards opened at once are
+// copied together, at the depth the disk needs, rather than one after the
+// other) and, first of all, the chunks a reader is waiting for. A reader of
+// a file whose copy is in progress (Stream) is served from the copy, chunk
+// by chunk as each is verified, instead of reading the source a second
+// time; under verify=sha256 only once the whole copy has passed.
+//
+// Background fills (fill=open, the shards beside an opened one) run one file
+// at a time on a thread of their own; Start begins a fill at once without
+// waiting for it (an open that must not wait: its reads Stream).
 #pragma once
 
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -25,11 +36,11 @@
 #include "ckptfs/file_cache.h"
 #include "ckptfs/fuse_ops.h"
 #include "ckptfs/source_reader.h"
-#include "ckptfs/thread_pool.h"
 
 namespace ckptfs::daemon {
 
 struct StampedFile;
+class FillJob;
 
 // How a file is served: its host-tier key, its size as served, and (with
 // stamp_headers) the stamped header that replaces the source's.
@@ -44,7 +55,8 @@ Result<ServedForm> ServedFormOf(FsContext& ctx, const View::NodePtr& file);
 
 class FileFiller {
  public:
-  // `depth`: chunk reads in flight per fill; `io`: how the source is read.
+  // `depth`: chunk reads in flight for all fills together; `io`: how the
+  // source is read.
   FileFiller(FsContext& ctx, unsigned depth, SourceReader::Io io = SourceReader::Io::kBuffered);
   ~FileFiller();
   FileFiller(const FileFiller&) = delete;
@@ -55,6 +67,28 @@ class FileFiller {
   // five times a second; returning false cancels the fill.
   Result<FileCache::CopyPtr> Fill(const View::NodePtr& file, bool pin,
                                   const std::function<bool(uint64_t)>& progress = nullptr);
+  // Begins a fill of `file` and returns without waiting for it (no-op when
+  // it is resident or being filled, or does not fit: then the chunk path
+  // serves it). Takes no lock that a fill holds while it reads.
+  void Start(const View::NodePtr& file);
+
+  // Bytes [offset, offset + len) of `key`'s copy in progress, served form,
+  // once verified (this call asks for their chunks first and waits for
+  // them), with the copy they lie in. nullopt when no fill of `key` is in
+  // flight, or it failed or ended meanwhile: the caller then reads the way
+  // it would have without it.
+  struct Streamed {
+    std::shared_ptr<const SealedCopy> copy;
+    const uint8_t* data = nullptr;
+    size_t len = 0;
+  };
+  std::optional<Streamed> Stream(const FileKey& key, uint64_t offset, size_t len);
+
+  // The per-chunk SHA-256 table of `file`'s source chunks, proven by the
+  // whole file's SHA-256 (verify=sha256, the chunk path): one kept from an
+  // earlier fill or pass, else made now by reading and checking the whole
+  // file once (one pass per file at a time; others wait for it).
+  Result<ProvenChunkTables::Table> Prove(const View::NodePtr& file);
 
   // Queues a background fill of `file` (no-op if one is queued or running).
   void Enqueue(const View::NodePtr& file, const FileKey& key);
@@ -65,25 +99,48 @@ class FileFiller {
   // free room is used, so this never evicts what is resident. The siblings
   // are looked for on the background thread, not on the caller's (an open).
   void EnqueueSiblings(const View::NodePtr& file);
-  // Stops the background thread; fills in flight give up at their next chunk.
+  // Stops the background thread and the readers; fills in flight give up.
   void Stop();
 
   uint64_t fills_skipped() const { return skipped_.load(); }
   uint64_t fills_failed() const { return failed_.load(); }
-  unsigned depth() const { return reads_.size(); }
+  uint64_t streamed_reads() const { return streamed_.load(); }
+  unsigned depth() const { return static_cast<unsigned>(readers_.size()); }
   SourceReader::Io io() const { return io_; }
 
  private:
-  Status CopyChunks(const View::NodePtr& file, const ServedForm& form, SealedCopy& copy,
-                    const std::function<bool(uint64_t)>& progress);
-  Status CopyChunk(const View::NodePtr& file, const ServedForm& form, uint64_t chunk, uint8_t* buf, SealedCopy& copy);
-  void Report(const View::NodePtr& file, const Status& s);
+  // A new fill of `file` in `form` (registered, its chunks offered to the
+  // readers), or the one in flight, or null with why not in `refused`.
+  std::shared_ptr<FillJob> Begin(const View::NodePtr& file, const ServedForm& form, bool pin, bool wait,
+                                 FileCache::CopyPtr* resident, Status* refused);
+  void ReadChunks();
+  std::pair<std::shared_ptr<FillJob>, uint64_t> NextChunk();
+  Status CopyChunk(FillJob& job, uint64_t chunk, uint8_t* buf);
+  void ChunkDone(const std::shared_ptr<FillJob>& job, uint64_t chunk, const Status& s);
+  // `cancelled`: given up by the caller or at a stop, not worth a warning.
+  void Finish(const std::shared_ptr<FillJob>& job, Status s, bool cancelled = false);
+  std::shared_ptr<FillJob> InFlight(const FileKey& key);
+  Result<ProvenChunkTables::Table> ProveByReading(const View::NodePtr& file);
   void QueueSiblingsOf(const View::NodePtr& file);
   void RunQueue();
 
   FsContext& ctx_;
   const SourceReader::Io io_;
-  ThreadPool reads_;
+
+  // Fills in flight, and the threads that read their chunks.
+  std::mutex jobs_mu_;
+  std::condition_variable work_;
+  std::map<FileKey, std::shared_ptr<FillJob>> jobs_;
+  std::deque<std::shared_ptr<FillJob>> turns_;  // whose chunk comes next, round-robin
+  bool readers_stopping_ = false;
+  std::vector<std::thread> readers_;
+
+  // Proving passes in flight (verify=sha256), by file.
+  std::mutex prove_mu_;
+  std::condition_variable proved_;
+  std::set<Sha256Digest> proving_;
+
+  // The background queue.
   std::mutex mu_;
   std::condition_variable wake_;
   std::deque<std::pair<View::NodePtr, FileKey>> queue_;
@@ -91,7 +148,7 @@ class FileFiller {
   std::deque<View::NodePtr> sibling_requests_;  // files whose siblings are to be queued
   bool stopping_ = false;
   std::atomic<bool> cancel_{false};
-  std::atomic<uint64_t> skipped_{0}, failed_{0};
+  std::atomic<uint64_t> skipped_{0}, failed_{0}, streamed_{0};
   std::thread worker_;
 };
 

@@ -22,6 +22,7 @@
 #include "ckptfs/refused_files.h"
 #include "ckptfs/file_cache.h"
 #include "ckptfs/open_modes.h"
+#include "ckptfs/proven_chunk_tables.h"
 #include "ckptfs/source_reader.h"
 #include "ckptfs/thread_pool.h"
 #include "ckptfs/view.h"
@@ -55,12 +56,21 @@ class OpenCounts {
   std::map<std::string, uint64_t> counts_;
 };
 
+// What every byte served is checked against (mount option verify=).
+enum class Verify {
+  kXxh3,    // each chunk's XXH3-128 from the index: catches corruption, not forgery
+  kSha256,  // and the file's SHA-256: a whole copy before it is sealed, and
+            // on the chunk path each chunk's SHA-256 from a ProvenChunkTables table
+};
+
 struct FsContext {
   View* view = nullptr;
   ChunkCache* cache = nullptr;  // the chunk path
   FileCache* files = nullptr;   // the host tier of whole files
   FileFiller* filler = nullptr;
   FillPolicy fill = FillPolicy::kOpen;
+  Verify verify = Verify::kXxh3;
+  ProvenChunkTables* proven = nullptr;  // set with verify=sha256
   std::shared_ptr<KernelPassthrough> passthrough;  // set by AttachConnection
   std::shared_ptr<ConnectionIo> connection;        // set by AttachConnection
   // Open files and directories by the number the kernel holds (fh), so that
@@ -90,8 +100,11 @@ struct FsContext {
   double mutable_timeout_s = 1;
   // A fill found the source changed: rescan.
   std::function<void()> on_source_changed;
-  // A fill found a chunk that does not match the index: withdraw the digest.
-  std::function<void(const View::Node& file, const Status& why)> on_corrupt_chunk;
+  // A read found a copy's chunk that does not match the index although its
+  // stamp does: hash that copy again, and withdraw the digest when no other
+  // copy served the read (`withdraw`).
+  std::function<void(const View::Node& file, const SourceCopy& copy, const Status& why, bool withdraw)>
+      on_corrupt_chunk;
   // Set once the kernel's INIT has been answered; the BDI read-ahead can only
   // be raised after that (the kernel lowers it to the INIT reply's value).
   std::function<void()> on_init;
@@ -150,11 +163,30 @@ void WatchOpenInodes(FsContext& ctx, std::function<void(const InheritedInode&)> 
 // "on", "off" or "pending" (before INIT), and why.
 std::pair<std::string, std::string> PassthroughState(const FsContext& ctx);
 
-// Called with every failed fill of `file`: the first failure of a file is
-// logged and reported (a damaged chunk withdraws the digest, a changed source
-// asks for a rescan), later ones only counted, and the file is refused from
+// Called with every failed read of `copy` of `file`: the first failure of a
+// copy is logged and reported (a damaged chunk has the copy hashed again and,
+// unless `served_by_another` copy, withdraws the digest; a changed source
+// asks for a rescan), later ones only counted, and the copy is refused from
 // then on (see RefusedFiles).
-void ReportSourceFailure(FsContext& ctx, const View::Node& file, const Status& s);
+void ReportSourceFailure(FsContext& ctx, const View::Node& file, const SourceCopy& copy, const Status& s,
+                         bool served_by_another);
+// Every copy of `file` was refused: nothing of it can be read from the source.
+bool AllCopiesRefused(const FsContext& ctx, const View::Node& file);
+// Chunk `index` of `file` (`len` bytes) into `dst`, from the first of its
+// source copies (most trusted first, see View::Node::copies) that is not
+// refused and passes every check: the stamp and the chunk's XXH3-128
+// (SourceReader::ReadChunk), and the chunk's SHA-256 when `chunk_sha256` is
+// given. A copy that fails is reported and the next one tried, so that one
+// changed or damaged copy costs no reader an EIO while another still holds
+// the bytes. The error is the last copy's.
+Status ReadSourceChunk(FsContext& ctx, const View::Node& file, uint64_t index, uint8_t* dst, size_t len,
+                       SourceReader::Io io = SourceReader::Io::kBuffered, const Sha256Digest* chunk_sha256 = nullptr);
+// The same, checked as the mount's verify= asks: under verify=sha256 each
+// chunk against the file's proven chunk table (ProvenChunkTables), proven
+// first by a pass over the whole file when there is none yet, except for
+// `readahead` (which then fails with kNotFound rather than start one).
+Status ReadVerifiedChunk(FsContext& ctx, const View::NodePtr& file, uint64_t index, uint8_t* dst, size_t len,
+                         bool readahead = false);
 
 fuse_lowlevel_ops MakeOperations();
 

@@ -44,11 +44,14 @@ struct MountOptions {
   bool passthrough = true;
   // fill=open|wait|preload|off: when files are copied into the host tier.
   std::string fill = "wait";
-  unsigned fill_depth = 0;  // fill_depth=N: chunk reads in flight per fill; 0 = one per CPU, at most 4
+  unsigned fill_depth = 0;  // fill_depth=N: chunk reads in flight for all fills; 0 = kDefaultFillDepth
   // fill_io=buffered|direct|auto: how fills read the source (see
   // SourceReader::Io): through its page cache, with O_DIRECT, or what is
   // cached from the cache and the rest with O_DIRECT.
   std::string fill_io = "auto";
+  // verify=xxh3|sha256 (see daemon::Verify); set by parsing: sha256 when
+  // manifests= is given, else xxh3.
+  std::string verify;
   // shmem_huge=advise|keep: whether the daemon may set the kernel's default
   // shmem huge-page policy to "advise" (see AskForShmemHugePages).
   bool shmem_huge_advise = true;

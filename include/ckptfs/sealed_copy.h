@@ -6,7 +6,12 @@
 //
 // Life cycle: Create (an empty memfd of the final size), fill with Write,
 // Seal (then the copy is mapped read-only for the daemon's own reads). Only
-// a sealed copy is ever given out.
+// a sealed copy is ever handed to the kernel; the daemon itself may serve
+// verified ranges of one still being filled (ReadableAt).
+//
+// Small files are held in the daemon's memory instead (kMemory, no memfd):
+// the same life cycle, served by the daemon, never passed through; "sealed"
+// then means only that Write is refused from then on.
 //
 // How the copy is written depends on the kernel's huge-page policy for
 // shmem (transparent_hugepage/shmem_enabled). Where a mapping can get 2 MiB
@@ -42,7 +47,15 @@ class CopyAttachment {
 
 class SealedCopy {
  public:
-  enum class WriteBy { kPwrite, kHugePageMapping };
+  // How the copy is held and written. kPwrite and kHugePageMapping are
+  // memfds (see above); kMemory keeps the bytes in the daemon's own memory,
+  // with no descriptor: a small file (a config, a tokenizer's settings) is
+  // served from there by the daemon, since passthrough would save it little
+  // and a memfd each would let a user who reads 25,000 of them take every
+  // descriptor the daemon has.
+  enum class WriteBy { kPwrite, kHugePageMapping, kMemory };
+  // Files up to this size are copied kMemory by default.
+  static constexpr uint64_t kMemoryCopyMax = 256 << 10;
   // The kernel's policy for huge pages in memfds: the global shmem_enabled
   // ("always", "within_size", "advise", "never", "deny", "force").
   static std::string ShmemHugePages();
@@ -50,12 +63,19 @@ class SealedCopy {
   // bracketed word ("always [advise] never"), or the only word of a file that
   // holds one (what a write leaves in a copy of the file); "" when unreadable.
   static std::string ReadHugePageSetting(const std::string& path);
-  // What that policy asks for (read once).
+  // How that policy asks a memfd to be written (read once).
   static WriteBy PreferredWrite();
+  // How a copy of `size` bytes is made by default: kMemory up to
+  // kMemoryCopyMax, else PreferredWrite().
+  static WriteBy PreferredWriteFor(uint64_t size);
+  // Whether a copy of `size` bytes made by default holds a descriptor.
+  static bool NeedsDescriptor(uint64_t size) { return PreferredWriteFor(size) != WriteBy::kMemory; }
 
-  // An unsealed memfd named `name` (shown in /proc/PID/fd) of `size` bytes.
-  static Result<std::unique_ptr<SealedCopy>> Create(const std::string& name, uint64_t size,
-                                                    WriteBy how = PreferredWrite());
+  // An unsealed copy named `name` (for a memfd, shown in /proc/PID/fd) of
+  // `size` bytes, made PreferredWriteFor(size) or as `how` says. Out of
+  // descriptors or memory, kFull.
+  static Result<std::unique_ptr<SealedCopy>> Create(const std::string& name, uint64_t size);
+  static Result<std::unique_ptr<SealedCopy>> Create(const std::string& name, uint64_t size, WriteBy how);
   ~SealedCopy();
   SealedCopy(const SealedCopy&) = delete;
   SealedCopy& operator=(const SealedCopy&) = delete;
@@ -66,34 +86,60 @@ class SealedCopy {
   // at [offset, offset + len) go, so that a reader can put them there itself
   // (one copy of each byte instead of two) and they are checked where they
   // will be served; there is room up to the end of the last page. Null for a
-  // copy written with pwrite, or a range past the end.
+  // copy written with pwrite or held in memory, or a range past the end.
   uint8_t* WritableAt(uint64_t offset, size_t len) const;
-  // Seals the memfd and maps it read-only (huge pages requested for the
-  // mapping, where the kernel's shmem_enabled allows them).
+  // Before Seal: the bytes written so far at [offset, offset + len), for
+  // the filler's own checks and for the daemon's reads of chunks it has
+  // verified while the rest is still being copied (never for the kernel:
+  // only a sealed copy is handed to it). Null past the end. The address
+  // stays valid, with the same bytes, after Seal, for as long as the copy
+  // lives.
+  const uint8_t* ReadableAt(uint64_t offset, size_t len) const;
+  // Seals the memfd (and maps it read-only, huge pages requested for the
+  // mapping where the kernel's shmem_enabled allows them, in place of the
+  // mapping it was written or read through, so that ReadableAt's addresses
+  // never stop being mapped); a kMemory copy is only marked sealed.
   Status Seal();
 
   bool sealed() const { return sealed_; }
   const uint8_t* data() const { return sealed_ ? map_ : nullptr; }
   uint64_t size() const { return size_; }
-  int fd() const { return fd_.get(); }
+  // The memfd; -1 for a kMemory copy or once ReleaseDescriptor ran.
+  int fd() const;
+  bool holds_descriptor() const { return fd() >= 0; }
+  bool in_memory() const { return how_ == WriteBy::kMemory; }
+  // Closes the memfd of a copy the host tier let go of: its mapping (and
+  // every reader of it, and a kernel passthrough backing made from it
+  // already) keeps the pages, but the descriptor goes back to the daemon.
+  void ReleaseDescriptor() const;
   const std::string& name() const { return name_; }
 
   // mlock of the mapping; the errno on refusal. Unlock undoes it.
   int Lock() const;
   void Unlock() const;
 
-  // The attachment made by `make` the first time one is asked for (made at
-  // most once, under a lock); null if `make` failed.
-  std::shared_ptr<CopyAttachment> Attachment(const std::function<std::shared_ptr<CopyAttachment>()>& make) const;
+  // The attachment made by `make` from the memfd the first time one is asked
+  // for (made at most once, under a lock that ReleaseDescriptor takes too,
+  // so the descriptor cannot be closed under `make`); null if `make` failed
+  // or the copy has no descriptor any more.
+  std::shared_ptr<CopyAttachment> Attachment(const std::function<std::shared_ptr<CopyAttachment>(int fd)>& make) const;
 
  private:
-  SealedCopy(std::string name, UniqueFd fd, uint64_t size) : name_(std::move(name)), fd_(std::move(fd)), size_(size) {}
+  SealedCopy(std::string name, UniqueFd fd, uint64_t size, WriteBy how)
+      : name_(std::move(name)), fd_(std::move(fd)), size_(size), how_(how) {}
+  Status MapForWriting();
+  Status MapReadOnly(int flags);
   void Unmap();
 
   const std::string name_;
-  UniqueFd fd_;
+  mutable UniqueFd fd_;  // guarded by attach_mu_ once the copy is shared
   const uint64_t size_;
-  uint8_t* map_ = nullptr;  // writable before Seal (kHugePageMapping), read-only after
+  const WriteBy how_;
+  // kHugePageMapping: writable before Seal; kPwrite: a private read-only
+  // view before Seal (a shared one would keep the kernel from sealing);
+  // both read-only and shared after. kMemory: memory_.
+  uint8_t* map_ = nullptr;
+  std::unique_ptr<uint8_t[]> memory_;
   bool sealed_ = false;
   mutable bool locked_ = false;
   mutable std::mutex attach_mu_;

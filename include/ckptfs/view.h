@@ -51,6 +51,14 @@ namespace ckptfs {
 using InodeId = uint64_t;
 constexpr InodeId kRootInode = 1;  // FUSE_ROOT_ID
 
+// One place in the source that holds a file's bytes, and what reads of it
+// check: its stamp as hashed and its chunk table.
+struct SourceCopy {
+  std::string path;  // resolved path of the bytes
+  FileStamp stamp;
+  std::shared_ptr<const std::vector<ChunkHash>> chunks;
+};
+
 // A checkpoint ready to be shown: indexed, valid, settled.
 struct ExposedCheckpoint {
   struct File {
@@ -103,13 +111,21 @@ class View {
     // entries numbered 0).
     InodeId parent = 0;
     std::string link_target;                     // symlinks
-    std::string source_path;                     // files
+    std::string source_path;                     // files: copies.front()'s
     // Files the daemon serves from memory (hub refs): their bytes. Fixed for
     // the node's life: a ref that changes becomes a new node.
     std::optional<std::string> content;
     FileStamp stamp;                             // files
     Sha256Digest sha256{};                       // files
     std::shared_ptr<const std::vector<ChunkHash>> chunks;  // files
+    // Files: every source copy of the node's digest that holds these bytes,
+    // most trusted first (a copy whose owner, or the owner of a directory
+    // on its way from SRC, is root; then the mount's owner; then anyone
+    // else; path order within each), so that reads try a copy its owner
+    // cannot change before one that a user can truncate or rewrite, and go
+    // on to the next copy when one fails its checks. source_path, stamp and
+    // chunks are those of the first.
+    std::vector<SourceCopy> copies;
     bool safetensors = false;                    // files named *.safetensors
     // Files named *.safetensors: their size as served under stamp_headers,
     // stored at indexing so that stat reads nothing (unset: not known yet).

@@ -19,7 +19,7 @@ class FileCache::PageLock {
  public:
   PageLock(FileCache& cache, CopyPtr copy) : cache_(cache), copy_(std::move(copy)) {
     const uint64_t bytes = PageBytes(copy_->size());
-    if (cache_.device_ != nullptr && copy_->data() != nullptr) {
+    if (cache_.device_ != nullptr && copy_->data() != nullptr && !copy_->in_memory()) {
       Status s = cache_.device_->RegisterHost(copy_->data(), copy_->size());
       if (s.ok()) {
         registered_ = true;
@@ -57,7 +57,12 @@ class FileCache::PageLock {
   bool registered_ = false;
 };
 
-FileCache::FileCache(uint64_t capacity, DeviceMemory* device) : capacity_(capacity), device_(device) {}
+FileCache::FileCache(uint64_t capacity, DeviceMemory* device, uint64_t descriptor_budget)
+    : capacity_(capacity), device_(device), descriptor_budget_(descriptor_budget) {}
+
+FileCache::Released::~Released() {
+  for (const CopyPtr& c : copies) c->ReleaseDescriptor();
+}
 
 // The page locks first: each one updates registered_ and locked_memory_ as
 // it goes, which are destroyed before page_locks_ would be.
@@ -81,42 +86,47 @@ FileCache::CopyPtr FileCache::Find(const FileKey& key, bool use) {
   return it->second.copy;
 }
 
-// The copy goes to `released`, which the caller lets go of after unlocking:
-// the last reference unmaps the copy and frees its memfd's pages, which takes
-// time for a large file and must not hold up Find.
-void FileCache::Drop(std::map<FileKey, Entry>::iterator it, std::vector<CopyPtr>& released) {
+// The copy goes to `released` (see Released).
+void FileCache::Drop(std::map<FileKey, Entry>::iterator it, Released& released) {
   const auto& copy = it->second.copy;
   const uint64_t bytes = PageBytes(copy->size());
   used_ -= bytes;
   if (it->second.pinned) pinned_ -= bytes;  // its pages are unlocked by the caller (Evict)
+  if (it->second.descriptor) --descriptors_;
   // Readers may still hold it: remember it to count what they hold.
   if (copy.use_count() > 1) evicted_.push_back(copy);
-  released.push_back(std::move(it->second.copy));
+  released.copies.push_back(std::move(it->second.copy));
   lru_.erase(it->second.lru);
   entries_.erase(it);
   ++counters_.evictions;
 }
 
-bool FileCache::MakeRoom(uint64_t bytes, const FileKey& keep, std::vector<CopyPtr>& released) {
-  auto victim = lru_.end();
+// Evicts the least recently used unpinned copy other than `keep` (one that
+// holds a descriptor, if asked); false when there is none.
+bool FileCache::EvictOldest(bool holding_descriptor, const FileKey& keep, Released& released) {
+  for (auto it = lru_.rbegin(); it != lru_.rend(); ++it) {
+    const Entry& e = entries_.at(*it);
+    if (*it == keep || e.pinned || (holding_descriptor && !e.descriptor)) continue;
+    Drop(entries_.find(*it), released);
+    return true;
+  }
+  return false;
+}
+
+bool FileCache::MakeRoom(uint64_t bytes, bool descriptor, const FileKey& keep, Released& released) {
   while (used_ + reserved_ + bytes > capacity_) {
-    // The least recently used copy that is not pinned.
-    victim = lru_.end();
-    for (auto it = lru_.rbegin(); it != lru_.rend(); ++it) {
-      if (*it != keep && !entries_.at(*it).pinned) {
-        victim = std::prev(it.base());
-        break;
-      }
-    }
-    if (victim == lru_.end()) return false;
-    Drop(entries_.find(*victim), released);
+    if (!EvictOldest(/*holding_descriptor=*/false, keep, released)) return false;
+  }
+  while (descriptor && descriptors_ + 1 > descriptor_budget_) {
+    if (!EvictOldest(/*holding_descriptor=*/true, keep, released)) return false;
   }
   return true;
 }
 
 Result<FileCache::Claimed> FileCache::Claim(const FileKey& key, uint64_t size, bool pin, bool wait) {
   const uint64_t bytes = PageBytes(size);
-  std::vector<CopyPtr> released;  // declared before the lock: let go of after it
+  const bool descriptor = SealedCopy::NeedsDescriptor(size);
+  Released released;  // declared before the lock: let go of after it
   std::unique_lock lock(mu_);
   for (;;) {
     if (auto it = entries_.find(key); it != entries_.end()) {
@@ -132,13 +142,18 @@ Result<FileCache::Claimed> FileCache::Claim(const FileKey& key, uint64_t size, b
     return Status::Full("the file (" + std::to_string(size) + " bytes) is larger than the host tier (" +
                         std::to_string(capacity_) + " bytes)");
   }
-  if (!MakeRoom(bytes, key, released)) {
-    return Status::Full("no room in the host tier: " + std::to_string(used_ + reserved_) + " of " +
-                        std::to_string(capacity_) + " bytes are pinned or being filled");
+  if (!MakeRoom(bytes, descriptor, key, released)) {
+    if (used_ + reserved_ + bytes > capacity_) {
+      return Status::Full("no room in the host tier: " + std::to_string(used_ + reserved_) + " of " +
+                          std::to_string(capacity_) + " bytes are pinned or being filled");
+    }
+    return Status::Full("no descriptor for another copy in the host tier: " + std::to_string(descriptors_) + " of " +
+                        std::to_string(descriptor_budget_) + " are held by pinned copies or fills");
   }
   reserved_ += bytes;
+  if (descriptor) ++descriptors_;
   filling_.insert(key);
-  return Claimed{nullptr, std::unique_ptr<Reservation>(new Reservation(this, key, bytes, pin))};
+  return Claimed{nullptr, std::unique_ptr<Reservation>(new Reservation(this, key, bytes, descriptor, pin))};
 }
 
 Status FileCache::PinRefused() const {
@@ -149,6 +164,7 @@ Status FileCache::PinRefused() const {
 void FileCache::Abandon(Reservation& fill) {
   std::lock_guard lock(mu_);
   reserved_ -= fill.bytes_;
+  if (fill.descriptor_) --descriptors_;
   filling_.erase(fill.key_);
   ++counters_.fills_abandoned;
   filled_.notify_all();
@@ -176,6 +192,10 @@ void FileCache::LockPages(const FileKey& key) {
 }
 
 FileCache::CopyPtr FileCache::Publish(std::unique_ptr<Reservation> fill, std::unique_ptr<SealedCopy> copy) {
+  return Publish(std::move(fill), std::shared_ptr<SealedCopy>(std::move(copy)));
+}
+
+FileCache::CopyPtr FileCache::Publish(std::unique_ptr<Reservation> fill, std::shared_ptr<SealedCopy> copy) {
   const bool pin = fill->pin_;
   const FileKey key = fill->key_;
   CopyPtr published = PublishLocked(std::move(fill), std::move(copy));
@@ -183,10 +203,14 @@ FileCache::CopyPtr FileCache::Publish(std::unique_ptr<Reservation> fill, std::un
   return published;
 }
 
-FileCache::CopyPtr FileCache::PublishLocked(std::unique_ptr<Reservation> fill, std::unique_ptr<SealedCopy> copy) {
+FileCache::CopyPtr FileCache::PublishLocked(std::unique_ptr<Reservation> fill, std::shared_ptr<SealedCopy> copy) {
   std::lock_guard lock(mu_);
   fill->published_ = true;
   reserved_ -= fill->bytes_;
+  // The reserved descriptor becomes the copy's; a copy made otherwise than
+  // its size suggests is counted as it is.
+  const bool descriptor = copy->holds_descriptor();
+  if (fill->descriptor_ != descriptor) descriptor ? ++descriptors_ : --descriptors_;
   filling_.erase(fill->key_);
   filled_.notify_all();
   ++counters_.fills;
@@ -195,6 +219,7 @@ FileCache::CopyPtr FileCache::PublishLocked(std::unique_ptr<Reservation> fill, s
   lru_.push_front(fill->key_);
   Entry& e = entries_[fill->key_];
   e.copy = std::move(copy);
+  e.descriptor = descriptor;
   e.lru = lru_.begin();
   used_ += PageBytes(e.copy->size());
   if (fill->pin_) MarkPinned(e);
@@ -234,7 +259,7 @@ uint64_t FileCache::Unpin(const Sha256Digest& sha256) {
 
 uint64_t FileCache::Evict(const Sha256Digest& sha256) {
   std::lock_guard pin_lock(pin_mu_);
-  std::vector<CopyPtr> dropped;
+  Released dropped;
   uint64_t bytes = 0;
   {
     std::lock_guard lock(mu_);
@@ -243,8 +268,16 @@ uint64_t FileCache::Evict(const Sha256Digest& sha256) {
       Drop(it++, dropped);
     }
   }
-  for (const CopyPtr& c : dropped) page_locks_.erase(c.get());
+  for (const CopyPtr& c : dropped.copies) page_locks_.erase(c.get());
   return bytes;
+}
+
+size_t FileCache::ShedDescriptors(size_t count) {
+  Released released;
+  std::lock_guard lock(mu_);
+  size_t shed = 0;
+  while (shed < count && EvictOldest(/*holding_descriptor=*/true, FileKey{}, released)) ++shed;
+  return shed;
 }
 
 FileCache::Stats FileCache::GetStats() const {
@@ -257,6 +290,9 @@ FileCache::Stats FileCache::GetStats() const {
   s.filling = reserved_;
   s.pinned = pinned_;
   s.files = entries_.size();
+  s.descriptors = descriptors_;
+  s.descriptor_budget = descriptor_budget_;
+  for (const auto& [key, e] : entries_) s.in_memory += e.copy->in_memory() ? 1 : 0;
   std::erase_if(evicted_, [](const auto& w) { return w.expired(); });
   for (const auto& w : evicted_) {
     if (auto c = w.lock()) s.held_by_readers += PageBytes(c->size());

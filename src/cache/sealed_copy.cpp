@@ -43,20 +43,65 @@ SealedCopy::WriteBy SealedCopy::PreferredWrite() {
   return how;
 }
 
+SealedCopy::WriteBy SealedCopy::PreferredWriteFor(uint64_t size) {
+  return size <= kMemoryCopyMax ? WriteBy::kMemory : PreferredWrite();
+}
+
+Result<std::unique_ptr<SealedCopy>> SealedCopy::Create(const std::string& name, uint64_t size) {
+  return Create(name, size, PreferredWriteFor(size));
+}
+
+namespace {
+
+// Out of descriptors or memory: no room for a copy now, as a full tier.
+Status CopyRefused(const std::string& what, int err) {
+  if (err == EMFILE || err == ENFILE || err == ENOMEM) return Status::Full(what + ": " + std::strerror(err));
+  return Status::FromErrno(what, err);
+}
+
+}  // namespace
+
 Result<std::unique_ptr<SealedCopy>> SealedCopy::Create(const std::string& name, uint64_t size, WriteBy how) {
+  if (how == WriteBy::kMemory) {
+    std::unique_ptr<SealedCopy> copy(new SealedCopy(name, UniqueFd(), size, how));
+    if (size > 0) {
+      copy->memory_.reset(new (std::nothrow) uint8_t[size]);
+      if (!copy->memory_) return CopyRefused("no memory for a copy of " + name, ENOMEM);
+      copy->map_ = copy->memory_.get();
+    }
+    return copy;
+  }
   UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!fd.valid()) return Status::FromErrno("memfd_create for " + name, errno);
+  if (!fd.valid()) return CopyRefused("memfd_create for " + name, errno);
   if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
     return Status::FromErrno("cannot size the memfd for " + name + " to " + std::to_string(size) + " bytes", errno);
   }
-  std::unique_ptr<SealedCopy> copy(new SealedCopy(name, std::move(fd), size));
-  if (how == WriteBy::kHugePageMapping && size > 0) {
-    void* p = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_SHARED, copy->fd(), 0);
-    if (p == MAP_FAILED) return Status::FromErrno("cannot map the memfd for " + name, errno);
-    copy->map_ = static_cast<uint8_t*>(p);
-    ::madvise(p, static_cast<size_t>(size), MADV_HUGEPAGE);
-  }
+  std::unique_ptr<SealedCopy> copy(new SealedCopy(name, std::move(fd), size, how));
+  if (Status s = copy->MapForWriting(); !s.ok()) return s;
   return copy;
+}
+
+// kHugePageMapping: the mapping the copy is written through. kPwrite: a
+// private read-only view of what pwrite put there (ReadableAt), which does
+// not keep the kernel from sealing as a shared one would.
+Status SealedCopy::MapForWriting() {
+  if (size_ == 0) return Status::Ok();
+  const bool writable = how_ == WriteBy::kHugePageMapping;
+  void* p = ::mmap(nullptr, static_cast<size_t>(size_), writable ? PROT_READ | PROT_WRITE : PROT_READ,
+                   writable ? MAP_SHARED : MAP_PRIVATE, fd_.get(), 0);
+  if (p == MAP_FAILED) return CopyRefused("cannot map the memfd for " + name_, errno);
+  map_ = static_cast<uint8_t*>(p);
+  if (writable) ::madvise(p, static_cast<size_t>(size_), MADV_HUGEPAGE);
+  return Status::Ok();
+}
+
+// The same pages, read-only, at the same address (MAP_FIXED replaces the
+// old mapping in one step: a reader of ReadableAt never finds it unmapped).
+Status SealedCopy::MapReadOnly(int flags) {
+  void* p = ::mmap(map_, static_cast<size_t>(size_), PROT_READ, flags | MAP_FIXED, fd_.get(), 0);
+  if (p == MAP_FAILED) return Status::FromErrno("cannot map the memfd for " + name_ + " read-only", errno);
+  ::madvise(p, static_cast<size_t>(size_), MADV_HUGEPAGE);
+  return Status::Ok();
 }
 
 SealedCopy::~SealedCopy() {
@@ -65,15 +110,25 @@ SealedCopy::~SealedCopy() {
 }
 
 void SealedCopy::Unmap() {
-  if (map_ != nullptr) ::munmap(map_, static_cast<size_t>(size_));
+  if (map_ != nullptr && how_ != WriteBy::kMemory) ::munmap(map_, static_cast<size_t>(size_));
   map_ = nullptr;
+}
+
+int SealedCopy::fd() const {
+  std::lock_guard lock(attach_mu_);
+  return fd_.get();
+}
+
+void SealedCopy::ReleaseDescriptor() const {
+  std::lock_guard lock(attach_mu_);
+  fd_.reset();
 }
 
 Status SealedCopy::Write(uint64_t offset, const uint8_t* data, size_t len) {
   if (sealed_) return Status::Error(name_ + " is sealed");
   if (offset + len > size_) return Status::Error(name_ + ": write past its size");
-  if (map_ != nullptr) {  // the huge-page mapping
-    std::memcpy(map_ + offset, data, len);
+  if (how_ != WriteBy::kPwrite) {  // the huge-page mapping, or memory
+    if (len > 0) std::memcpy(map_ + offset, data, len);
     return Status::Ok();
   }
   for (size_t done = 0; done < len;) {
@@ -86,29 +141,39 @@ Status SealedCopy::Write(uint64_t offset, const uint8_t* data, size_t len) {
 }
 
 uint8_t* SealedCopy::WritableAt(uint64_t offset, size_t len) const {
-  if (sealed_ || map_ == nullptr || offset + len > size_) return nullptr;
+  if (sealed_ || how_ != WriteBy::kHugePageMapping || offset + len > size_) return nullptr;
+  return map_ + offset;
+}
+
+const uint8_t* SealedCopy::ReadableAt(uint64_t offset, size_t len) const {
+  if (map_ == nullptr || offset + len > size_) return nullptr;
   return map_ + offset;
 }
 
 Status SealedCopy::Seal() {
   if (sealed_) return Status::Ok();
-  Unmap();  // a writable mapping would make the kernel refuse F_SEAL_WRITE; the pages stay
+  if (how_ == WriteBy::kMemory) {
+    sealed_ = true;
+    return Status::Ok();
+  }
+  // A writable mapping would make the kernel refuse F_SEAL_WRITE: replace
+  // it with a private read-only one first (the pages stay).
+  if (how_ == WriteBy::kHugePageMapping && size_ > 0) {
+    if (Status s = MapReadOnly(MAP_PRIVATE); !s.ok()) return s;
+  }
   if (::fcntl(fd_.get(), F_ADD_SEALS, kAllSeals) != 0) return Status::FromErrno("cannot seal the memfd for " + name_, errno);
   if (static_cast<unsigned>(::fcntl(fd_.get(), F_GET_SEALS)) != kAllSeals) {
     return Status::Error("the memfd for " + name_ + " did not keep its seals");
   }
   if (size_ > 0) {
-    void* p = ::mmap(nullptr, static_cast<size_t>(size_), PROT_READ, MAP_SHARED, fd_.get(), 0);
-    if (p == MAP_FAILED) return Status::FromErrno("cannot map the sealed memfd for " + name_, errno);
-    map_ = static_cast<uint8_t*>(p);
-    ::madvise(map_, static_cast<size_t>(size_), MADV_HUGEPAGE);
+    if (Status s = MapReadOnly(MAP_SHARED); !s.ok()) return s;
   }
   sealed_ = true;
   return Status::Ok();
 }
 
 int SealedCopy::Lock() const {
-  if (locked_ || map_ == nullptr) return 0;
+  if (locked_ || map_ == nullptr || size_ == 0) return 0;
   if (::mlock(map_, static_cast<size_t>(size_)) != 0) return errno;
   locked_ = true;
   return 0;
@@ -121,9 +186,9 @@ void SealedCopy::Unlock() const {
 }
 
 std::shared_ptr<CopyAttachment> SealedCopy::Attachment(
-    const std::function<std::shared_ptr<CopyAttachment>()>& make) const {
+    const std::function<std::shared_ptr<CopyAttachment>(int fd)>& make) const {
   std::lock_guard lock(attach_mu_);
-  if (!attachment_) attachment_ = make();
+  if (!attachment_ && fd_.valid()) attachment_ = make(fd_.get());
   return attachment_;
 }
 

@@ -56,10 +56,8 @@ nlohmann::json PreloadChunks(FsContext& ctx, const ControlServer::Request& r, co
       const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunkSize, f->size - c * kChunkSize));
       Status s = ctx.cache->Load(
           {f->sha256, static_cast<uint32_t>(c)}, len,
-          [&](uint8_t* dst, size_t n) { return ctx.reader->ReadChunk(f->source_path, f->stamp, *f->chunks, c, dst, n); },
-          tier, pin);
-      if (!s.ok()) {
-        ReportSourceFailure(ctx, *f, s);
+          [&](uint8_t* dst, size_t n) { return ReadVerifiedChunk(ctx, f, c, dst, n); }, tier, pin);
+      if (!s.ok()) {  // a source failure was reported by ReadVerifiedChunk
         return Refuse("preload stopped after " + std::to_string(done) + " bytes: " + s.message());
       }
       done += len;
@@ -166,7 +164,12 @@ nlohmann::json HostTierJson(const FileCache::Stats& f) {
   using namespace protocol;
   return {{kCapacity, f.capacity},   {kUsed, f.used},     {kPinned, f.pinned},    {kHits, f.hits},
           {kMisses, f.misses},       {kFills, f.fills},   {kEvictions, f.evictions}, {kFiles, f.files},
-          {"filling", f.filling},    {kHeldByReaders, f.held_by_readers}, {"registered", f.registered}};
+          {"filling", f.filling},    {kHeldByReaders, f.held_by_readers}, {"registered", f.registered},
+          // memfds held by the tier (resident copies and fills), of the most
+          // it may hold; files kept in the daemon's memory hold none
+          {"descriptors", f.descriptors},
+          {"descriptor_budget", f.descriptor_budget},
+          {"in_memory", f.in_memory}};
 }
 
 // Per digest directory: bytes of its distinct files held whole in the host
@@ -218,6 +221,12 @@ nlohmann::json FillsJson(FsContext& ctx, const FileCache::Stats& f) {
           {kFillsAbandoned, f.fills_abandoned},
           {"failed", ctx.filler != nullptr ? ctx.filler->fills_failed() : 0},
           {kFillsSkipped, ctx.filler != nullptr ? ctx.filler->fills_skipped() : 0},
+          // reads served from a copy while it was being made (its verified chunks)
+          {"streamed_reads", ctx.filler != nullptr ? ctx.filler->streamed_reads() : 0},
+          // what fills and chunk reads check (verify=), and the files whose
+          // chunks are proven by their SHA-256 for the chunk path
+          {"verify", ctx.verify == Verify::kSha256 ? "sha256" : "xxh3"},
+          {"proven_files", ctx.proven != nullptr ? ctx.proven->tables() : 0},
           // How fills read the source (fill_io=), the bytes read with O_DIRECT,
           // and the direct reads that had to be buffered (a filesystem that
           // refuses O_DIRECT, a copy not aligned for it).

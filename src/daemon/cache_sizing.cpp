@@ -1,8 +1,10 @@
 #include "cache_sizing.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 
 #include <spdlog/spdlog.h>
 
@@ -41,6 +43,17 @@ uint64_t GpuCacheBytes(const MountOptions& o, const DeviceMemory& device) {
   return bytes / kChunkSize * kChunkSize;
 }
 
-unsigned FillDepth(const MountOptions& o) { return o.fill_depth ? o.fill_depth : std::min(4u, EffectiveThreads(0)); }
+uint64_t DescriptorBudget(const MountOptions& o) {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return 0;
+  const uint64_t limit = lim.rlim_cur == RLIM_INFINITY ? uint64_t{1} << 20 : lim.rlim_cur;
+  const uint64_t fuse_threads = std::max(4u, 2 * EffectiveThreads(o.threads));
+  const uint64_t reserve = kDescriptorReserve + 8 * fuse_threads;
+  uint64_t maps = 65530;  // the kernel's default
+  std::ifstream("/proc/sys/vm/max_map_count") >> maps;
+  return std::min({limit / 2, limit > reserve ? limit - reserve : 0, maps / 4});
+}
+
+unsigned FillDepth(const MountOptions& o) { return o.fill_depth ? o.fill_depth : kDefaultFillDepth; }
 
 }  // namespace ckptfs::daemon

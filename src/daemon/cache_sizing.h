@@ -25,9 +25,19 @@ uint64_t ChunkCacheBytes(const MountOptions& o, uint64_t host_bytes);
 // (50% by default) of the device, in whole chunks.
 uint64_t GpuCacheBytes(const MountOptions& o, const DeviceMemory& device);
 
-// Reads in flight per fill. Fills are CPU-bound once the source is in memory
-// (read, XXH3, write): more than one per CPU only contends (measured with 2
-// CPUs: depth 2 2.7 GB/s, depth 4 1.6 to 2.5 GB/s).
+// How many memfd copies the host tier may hold (each is a descriptor and a
+// mapping): half of RLIMIT_NOFILE, less when that would leave the rest of
+// the daemon fewer than kDescriptorReserve plus 8 a FUSE thread (each holds
+// its /dev/fuse clone and a source file while it reads), and at most a
+// quarter of vm.max_map_count.
+uint64_t DescriptorBudget(const MountOptions& o);
+inline constexpr uint64_t kDescriptorReserve = 512;
+
+// Reads in flight for all fills together (fill_depth=, else
+// kDefaultFillDepth): the depth a disk needs to reach its rate with 4 MiB
+// reads, whatever the number of CPUs (a cold source is read with O_DIRECT,
+// which costs little CPU); see README, measured performance.
+inline constexpr unsigned kDefaultFillDepth = 16;
 unsigned FillDepth(const MountOptions& o);
 
 }  // namespace ckptfs::daemon

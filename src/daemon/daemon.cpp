@@ -196,7 +196,11 @@ void Daemon::StartCaches() {
   const uint64_t host_bytes = HostCacheBytes(o);
   const uint64_t chunk_bytes = ChunkCacheBytes(o, host_bytes);
   // With the GPU tier on, pinned whole files are registered with its device.
-  files_ = std::make_unique<FileCache>(host_bytes - chunk_bytes, device_.get());
+  const uint64_t descriptors = DescriptorBudget(o);
+  spdlog::info("host tier: {} bytes for whole files, at most {} of them in memfds (RLIMIT_NOFILE and "
+               "vm.max_map_count allow; files up to {} bytes are held in memory)",
+               host_bytes - chunk_bytes, descriptors, SealedCopy::kMemoryCopyMax);
+  files_ = std::make_unique<FileCache>(host_bytes - chunk_bytes, device_.get(), descriptors);
   cache_ = std::make_unique<ChunkCache>(ChunkCache::Options{.host_capacity = chunk_bytes,
                                                             .gpu_capacity = gpu.bytes,
                                                             .device = device_.get(),
@@ -218,15 +222,26 @@ void Daemon::StartCaches() {
   const SourceReader::Io fill_io = o.fill_io == "direct" ? SourceReader::Io::kDirect
                                   : o.fill_io == "auto"   ? SourceReader::Io::kAuto
                                                           : SourceReader::Io::kBuffered;
+  if (o.verify == "sha256") {
+    // 32 bytes a 4 MiB chunk: 2^20 chunks (4 TiB of files) in 32 MiB.
+    constexpr uint64_t kProvenChunks = uint64_t{1} << 20;
+    proven_ = std::make_unique<ProvenChunkTables>(kProvenChunks);
+    ctx_.verify = Verify::kSha256;
+    ctx_.proven = proven_.get();
+  }
   filler_ = std::make_unique<FileFiller>(ctx_, FillDepth(o), fill_io);
   ctx_.filler = filler_.get();
 
   ctx_.on_source_changed = [this] { watcher_->RequestRescanSoon(); };
   ctx_.drop_page_cache = [this](InodeId ino) { session_->InvalidateInode(ino, 0, 0); };
-  ctx_.on_corrupt_chunk = [this](const View::Node& file, const Status& why) {
-    if (Status s = index_->ForgetFile(file.stamp.dev, file.stamp.ino); !s.ok()) spdlog::error("{}", s.message());
-    DistrustRecordOf(manifests_.get(), options_.source, file);
-    watcher_->Withdraw(file.digest, why.message());
+  ctx_.on_corrupt_chunk = [this](const View::Node& file, const SourceCopy& copy, const Status& why, bool withdraw) {
+    if (Status s = index_->ForgetFile(copy.stamp.dev, copy.stamp.ino); !s.ok()) spdlog::error("{}", s.message());
+    DistrustRecordOf(manifests_.get(), options_.source, copy);
+    if (withdraw) {
+      watcher_->Withdraw(file.digest, why.message());
+    } else {
+      watcher_->RequestRescanSoon();  // the copy gets the digest of what it holds now
+    }
   };
 }
 

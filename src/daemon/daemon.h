@@ -116,6 +116,7 @@ class Daemon {
   std::unique_ptr<SourceReader> reader_;
   std::unique_ptr<ThreadPool> readahead_pool_;
   HeaderStamper stamper_;
+  std::unique_ptr<ProvenChunkTables> proven_;  // verify=sha256
   std::unique_ptr<FileFiller> filler_;
   std::unique_ptr<PinList> pins_;  // pinned paths, re-pinned by a daemon that takes the mount over
   std::atomic<bool> stop_repin_{false};

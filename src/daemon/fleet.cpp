@@ -60,14 +60,14 @@ void AddFleetStatus(nlohmann::json& status, const ManifestStore* store, const So
                         {kRecordsDistrusted, s.distrusted}};
 }
 
-void DistrustRecordOf(ManifestStore* store, const std::string& real_source, const View::Node& file) {
+void DistrustRecordOf(ManifestStore* store, const std::string& real_source, const SourceCopy& copy) {
   if (store == nullptr) return;
-  const std::string& path = file.source_path;
+  const std::string& path = copy.path;
   if (path.size() <= real_source.size() + 1 || path.compare(0, real_source.size(), real_source) != 0 ||
       path[real_source.size()] != '/') {
     return;
   }
-  store->Distrust(path.substr(real_source.size() + 1), file.stamp);
+  store->Distrust(path.substr(real_source.size() + 1), copy.stamp);
 }
 
 }  // namespace ckptfs::daemon

@@ -30,8 +30,8 @@ std::string AdaptRescanToFilesystem(const SourceFilesystem& fs, MountOptions& o)
 void AddFleetStatus(nlohmann::json& status, const ManifestStore* store, const SourceFilesystem& fs,
                     const MountOptions& o);
 
-// A chunk of `file` did not match its chunk table: if the table came from a
+// A chunk of `copy` did not match its chunk table: if the table came from a
 // record, that record is never trusted again for this version of the file.
-void DistrustRecordOf(ManifestStore* store, const std::string& real_source, const View::Node& file);
+void DistrustRecordOf(ManifestStore* store, const std::string& real_source, const SourceCopy& copy);
 
 }  // namespace ckptfs::daemon

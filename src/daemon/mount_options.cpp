@@ -162,6 +162,9 @@ std::optional<Status> ApplyKeyedOption(const std::string& key, const std::string
   } else if (key == "fill_io") {
     if (Status s = OneOf(key, value, {"buffered", "direct", "auto"}); !s.ok()) return s;
     o.fill_io = value;
+  } else if (key == "verify") {
+    if (Status s = OneOf(key, value, {"xxh3", "sha256"}); !s.ok()) return s;
+    o.verify = value;
   } else if (key == "shmem_huge") {
     if (Status s = OneOf(key, value, {"advise", "keep"}); !s.ok()) return s;
     o.shmem_huge_advise = value == "advise";
@@ -270,6 +273,9 @@ Result<MountOptions> ParseMountOptions(int argc, const char* const* argv) {
   o.source = positional[0];
   o.mountpoint = positional[1];
   if (o.fsname.empty()) o.fsname = o.source;
+  // Storage shared with other nodes (and their writers) is checked against
+  // forgery, not only corruption, unless the operator says otherwise.
+  if (o.verify.empty()) o.verify = o.manifests.empty() ? "xxh3" : "sha256";
   if (o.manifests.empty() && (!o.manifest_keys.empty() || !o.manifest_sign.empty())) {
     return Status::Error("options manifest_keys= and manifest_sign= need manifests=DIR");
   }
@@ -353,8 +359,17 @@ ckptfs options (-o):
                        serves meanwhile; both then copy the other shards
                        beside it in the background while they fit; preload:
                        only by ckptfsctl preload; off: never (chunks only)
-  fill_depth=N         4 MiB source reads in flight per fill (default: one
-                       per CPU, at most 4)
+  fill_depth=N         4 MiB source reads in flight for all fills together
+                       (default 16)
+  verify=xxh3|sha256   what every byte served is checked against: xxh3:
+                       each 4 MiB chunk's XXH3-128 from the index (catches
+                       corruption, not bytes crafted to pass it); sha256:
+                       also the file's SHA-256, for a whole copy before it
+                       is sealed and, on the chunk path, for each chunk
+                       (against SHA-256s taken in a pass over the whole
+                       file that matched it; one more read of a file the
+                       host tier does not hold). Default: sha256 with
+                       manifests= (shared storage), else xxh3
   fill_io=auto|buffered|direct  how fills read the source: auto
                        (default): a 4 MiB chunk mostly in the source's page
                        cache from there, one mostly not with O_DIRECT, so

@@ -3,12 +3,10 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <future>
 #include <vector>
 
 #include <spdlog/spdlog.h>
 
-#include "ckptfs/catalog.h"
 #include "ckptfs/header_stamper.h"
 
 namespace ckptfs::daemon {
@@ -28,8 +26,87 @@ Result<ServedForm> ServedFormOf(FsContext& ctx, const View::NodePtr& file) {
   return form;
 }
 
-FileFiller::FileFiller(FsContext& ctx, unsigned depth, SourceReader::Io io)
-    : ctx_(ctx), io_(io), reads_(std::max(1u, depth)) {
+namespace {
+
+enum ChunkState : uint8_t { kPending, kTaken, kDone };
+
+// The copy ReadSourceChunk reads first now: the one to blame for bytes that
+// passed their chunk checks but not the whole file's SHA-256.
+const SourceCopy* FirstReadCopy(const FsContext& ctx, const View::Node& file) {
+  for (const SourceCopy& c : file.copies) {
+    if (!ctx.refused.Contains(file.sha256, c.stamp, c.chunks.get())) return &c;
+  }
+  return nullptr;
+}
+
+Status NotTheIndexedBytes(const View::Node& file) {
+  return Status::Corrupt(file.source_path + ": every chunk passed its XXH3-128, but the file's SHA-256 is not "
+                         "the index's: the source does not hold the indexed bytes");
+}
+
+using AlignedBuffer = std::unique_ptr<uint8_t, decltype(&std::free)>;
+AlignedBuffer ChunkBuffer() {
+  return AlignedBuffer(static_cast<uint8_t*>(std::aligned_alloc(SourceReader::kDirectAlignment, kChunkSize)),
+                       &std::free);
+}
+
+}  // namespace
+
+// One copy being filled. Its chunks' states, the reads wanted first, and
+// how it ended are guarded by FileFiller::jobs_mu_ (`changed` is signalled
+// under it); the bytes are written by the reader thread that took each
+// chunk, and read (ReadableAt) only once their chunk is kDone.
+class FillJob {
+ public:
+  FillJob(View::NodePtr f, ServedForm sf, std::shared_ptr<SealedCopy> c,
+          std::unique_ptr<FileCache::Reservation> r, bool sha256)
+      : file(std::move(f)), form(std::move(sf)), copy(std::move(c)), reservation(std::move(r)),
+        chunks(ChunkCount(file->size)), prove(sha256), state(chunks, kPending) {
+    if (prove) {
+      chunk_sha.resize(chunks);
+      original_prefix.resize(static_cast<size_t>(std::min(form.source_prefix_len, file->size)));
+    }
+  }
+
+  // Where source byte `offset` of the file lands in the copy.
+  uint64_t CopyOffset(uint64_t offset) const {
+    return offset - form.source_prefix_len + (form.prefix ? form.prefix->size() : 0);
+  }
+  uint64_t ChunkLen(uint64_t c) const { return std::min<uint64_t>(kChunkSize, file->size - c * kChunkSize); }
+
+  const View::NodePtr file;
+  const ServedForm form;
+  const std::shared_ptr<SealedCopy> copy;
+  std::unique_ptr<FileCache::Reservation> reservation;  // given to Publish, or dropped when it fails
+  const uint64_t chunks;
+  const bool prove;  // verify=sha256: the whole copy's SHA-256 is checked before it is sealed
+
+  // Under jobs_mu_.
+  std::condition_variable changed;
+  std::vector<uint8_t> state;
+  uint64_t next = 0;            // the next chunk in order not yet taken (or past)
+  std::deque<uint64_t> wanted;  // chunks a streaming reader waits for
+  uint64_t done = 0;
+  bool finishing = false;  // Finish ran or runs
+  enum class End { kRunning, kPublished, kFailed } end = End::kRunning;
+  Status error;
+  FileCache::CopyPtr published;
+  std::atomic<uint64_t> done_bytes{0};
+
+  // verify=sha256: each chunk's SHA-256 (written by its reader), the source
+  // header a stamped copy does not hold (written by the readers of the
+  // chunks it spans), and the whole file's SHA-256 over the chunks done so
+  // far in order, taken by whoever holds hash_mu (see AdvanceHash).
+  std::vector<Sha256Digest> chunk_sha;
+  std::string original_prefix;
+  std::mutex hash_mu;
+  Sha256 whole;
+  std::atomic<uint64_t> hashed{0};
+  std::atomic<bool> hash_complete{false};
+};
+
+FileFiller::FileFiller(FsContext& ctx, unsigned depth, SourceReader::Io io) : ctx_(ctx), io_(io) {
+  for (unsigned i = 0; i < std::max(1u, depth); ++i) readers_.emplace_back([this] { ReadChunks(); });
   worker_ = std::thread([this] { RunQueue(); });
 }
 
@@ -45,183 +122,359 @@ void FileFiller::Stop() {
   }
   cancel_ = true;
   wake_.notify_all();
+  std::vector<std::shared_ptr<FillJob>> running;
+  {
+    std::lock_guard lock(jobs_mu_);
+    readers_stopping_ = true;
+    for (const auto& [key, job] : jobs_) running.push_back(job);
+  }
+  work_.notify_all();
+  for (const auto& job : running) {
+    Finish(job, Status::Error(job->file->source_path + ": fill cancelled (stopping)"), /*cancelled=*/true);
+  }
+  for (auto& t : readers_) {
+    if (t.joinable()) t.join();
+  }
   if (worker_.joinable()) worker_.join();
 }
 
-// Source chunk `chunk` of `file`, verified, at its place in the copy: byte o
-// of the source lands at o + (prefix - source_prefix_len); the bytes of a
-// source header being replaced are not copied. Where the copy is written
-// through a mapping, a chunk that lands in one piece is read straight into
-// it; otherwise it goes through `buf` (kChunkSize bytes, aligned for
-// O_DIRECT).
-Status FileFiller::CopyChunk(const View::NodePtr& file, const ServedForm& form, uint64_t chunk, uint8_t* buf,
-                             SealedCopy& copy) {
-  const uint64_t begin = chunk * kChunkSize;
-  const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunkSize, file->size - begin));
-  const uint64_t prefix = form.prefix ? form.prefix->size() : 0;
-  if (begin >= form.source_prefix_len) {
-    const uint64_t at = begin - form.source_prefix_len + prefix;
-    const bool aligned_enough = io_ == SourceReader::Io::kBuffered || at % SourceReader::kDirectAlignment == 0;
-    if (uint8_t* in_place = copy.WritableAt(at, len); in_place != nullptr && aligned_enough) {
-      return ctx_.reader->ReadChunk(file->source_path, file->stamp, *file->chunks, chunk, in_place, len, io_);
-    }
-  }
-  if (Status s = ctx_.reader->ReadChunk(file->source_path, file->stamp, *file->chunks, chunk, buf, len, io_); !s.ok()) {
-    return s;
-  }
-  const size_t skip = static_cast<size_t>(std::min<uint64_t>(len, form.source_prefix_len - std::min(begin, form.source_prefix_len)));
-  return copy.Write(begin + skip - form.source_prefix_len + prefix, buf + skip, len - skip);
+std::shared_ptr<FillJob> FileFiller::InFlight(const FileKey& key) {
+  std::lock_guard lock(jobs_mu_);
+  auto it = jobs_.find(key);
+  return it == jobs_.end() ? nullptr : it->second;
 }
 
-// Every chunk of `file` into `copy`, `depth` of them in flight; the first
-// failure stops the others at their next chunk.
-Status FileFiller::CopyChunks(const View::NodePtr& file, const ServedForm& form, SealedCopy& copy,
-                              const std::function<bool(uint64_t)>& progress) {
-  const uint64_t chunks = ChunkCount(file->size);
-  std::atomic<uint64_t> next{0}, done_chunks{0}, done_bytes{0};
-  std::atomic<bool> failed{false};
-  std::mutex error_mu;
-  Status error;
-  auto work = [&] {
-    std::unique_ptr<uint8_t, decltype(&std::free)> buf(
-        static_cast<uint8_t*>(std::aligned_alloc(SourceReader::kDirectAlignment, kChunkSize)), &std::free);
-    for (uint64_t c; !failed && !cancel_ && (c = next++) < chunks;) {
-      Status s = buf ? CopyChunk(file, form, c, buf.get(), copy) : Status::FromErrno("no memory for a fill buffer", ENOMEM);
-      if (!s.ok()) {
-        std::lock_guard lock(error_mu);
-        if (!failed.exchange(true)) error = s;
-        return;
-      }
-      ++done_chunks;
-      done_bytes += std::min<uint64_t>(kChunkSize, file->size - c * kChunkSize);
+std::shared_ptr<FillJob> FileFiller::Begin(const View::NodePtr& file, const ServedForm& form, bool pin, bool wait,
+                                           FileCache::CopyPtr* resident, Status* refused) {
+  if (auto job = InFlight(form.key)) return job;
+  // Never waiting here first: a fill of it may be ours, registered in a
+  // moment; only one that is not ours (another party's claim) is waited for.
+  auto claim = ctx_.files->Claim(form.key, form.size, pin, /*wait=*/false);
+  if (claim.ok() && !claim->resident && !claim->fill) {
+    if (auto job = InFlight(form.key)) return job;
+    if (!wait) {
+      *refused = Status::Full(file->source_path + ": being copied by another fill");
+      return nullptr;
     }
-  };
-  std::vector<std::future<void>> running;
-  for (uint64_t i = 0; i < std::min<uint64_t>(reads_.size(), chunks); ++i) running.push_back(reads_.Submit(work));
-  for (auto& f : running) {
-    while (f.wait_for(std::chrono::milliseconds(200)) != std::future_status::ready) {
-      if (progress && !progress(done_bytes.load())) failed = true;  // the others stop at their next chunk
+    claim = ctx_.files->Claim(form.key, form.size, pin, /*wait=*/true);
+  }
+  if (!claim.ok()) {
+    *refused = claim.status();
+    return nullptr;
+  }
+  if (claim->resident) {
+    *resident = claim->resident;
+    return nullptr;
+  }
+  auto made = SealedCopy::Create("ckptfs:" + ToHex(file->sha256).substr(0, 16) + ":" + file->digest.substr(7, 12),
+                                 form.size);
+  if (!made.ok()) {  // the reservation is given back
+    *refused = made.status();
+    return nullptr;
+  }
+  std::shared_ptr<SealedCopy> copy = std::move(*made);
+  // The stamped header first: it is known, and a streaming reader of the
+  // copy's first bytes finds it there.
+  if (form.prefix) {
+    if (Status s = copy->Write(0, reinterpret_cast<const uint8_t*>(form.prefix->data()), form.prefix->size());
+        !s.ok()) {
+      *refused = s;
+      return nullptr;
     }
   }
-  if (!error.ok()) {
-    Report(file, error);
-    return error;
+  auto job = std::make_shared<FillJob>(file, form, std::move(copy), std::move(claim->fill),
+                                       ctx_.verify == Verify::kSha256);
+  if (job->chunks == 0) {
+    Finish(job, Status::Ok());
+    return job;
   }
-  if (done_chunks.load() != chunks) return Status::Error(file->source_path + ": fill cancelled");
-  if (!form.prefix) return Status::Ok();
-  return copy.Write(0, reinterpret_cast<const uint8_t*>(form.prefix->data()), form.prefix->size());
-}
-
-void FileFiller::Report(const View::NodePtr& file, const Status& s) {
-  ++failed_;
-  ReportSourceFailure(ctx_, *file, s);
-  spdlog::warn("{}: the copy of {} for the host tier was abandoned; nothing of it is served", file->digest,
-               file->source_path);
+  {
+    std::lock_guard lock(jobs_mu_);
+    jobs_[form.key] = job;
+    turns_.push_back(job);
+  }
+  work_.notify_all();
+  return job;
 }
 
 Result<FileCache::CopyPtr> FileFiller::Fill(const View::NodePtr& file, bool pin,
                                             const std::function<bool(uint64_t)>& progress) {
   auto form = ServedFormOf(ctx_, file);
   if (!form.ok()) return form.status();
-  auto claim = ctx_.files->Claim(form->key, form->size, pin, /*wait=*/true);
-  if (!claim.ok()) return claim.status();
-  if (claim->resident) {
-    if (pin) {
-      if (Status s = ctx_.files->Pin(form->key); !s.ok()) return s;
+  FileCache::CopyPtr resident;
+  Status refused;
+  auto job = Begin(file, *form, pin, /*wait=*/true, &resident, &refused);
+  if (!job && !resident) return refused;
+  if (job) {
+    std::unique_lock lock(jobs_mu_);
+    while (job->end == FillJob::End::kRunning) {
+      job->changed.wait_for(lock, std::chrono::milliseconds(200));
+      if (!progress || job->end != FillJob::End::kRunning) continue;
+      lock.unlock();
+      const bool go_on = progress(job->done_bytes.load());
+      if (!go_on) Finish(job, Status::Error(file->source_path + ": fill cancelled"), /*cancelled=*/true);
+      lock.lock();
     }
-    return claim->resident;
+    if (job->end == FillJob::End::kFailed) return job->error;
+    resident = job->published;
   }
-  auto copy = SealedCopy::Create("ckptfs:" + ToHex(file->sha256).substr(0, 16) + ":" + file->digest.substr(7, 12),
-                                 form->size);
-  if (!copy.ok()) return copy.status();  // the reservation is given back
-  if (Status s = CopyChunks(file, *form, **copy, progress); !s.ok()) return s;
-  if (Status s = (*copy)->Seal(); !s.ok()) return s;
-  return ctx_.files->Publish(std::move(claim->fill), std::move(*copy));
+  if (pin) {
+    if (Status s = ctx_.files->Pin(form->key); !s.ok()) return s;
+  }
+  return resident;
+}
+
+void FileFiller::Start(const View::NodePtr& file) {
+  if (cancel_) return;
+  auto form = ServedFormOf(ctx_, file);
+  if (!form.ok()) return;
+  FileCache::CopyPtr resident;
+  Status refused;
+  if (!Begin(file, *form, /*pin=*/false, /*wait=*/false, &resident, &refused) && !resident) {
+    ++skipped_;
+    spdlog::debug("{}: not copied at open: {}", file->source_path, refused.message());
+  }
+}
+
+// The next chunk to read: one a streaming reader waits for, from any fill,
+// else the next in order of each fill in turn. Blocks until there is one;
+// {null, 0} once stopping.
+std::pair<std::shared_ptr<FillJob>, uint64_t> FileFiller::NextChunk() {
+  std::unique_lock lock(jobs_mu_);
+  for (;;) {
+    if (readers_stopping_) return {nullptr, 0};
+    for (const auto& [key, job] : jobs_) {
+      while (!job->wanted.empty()) {
+        const uint64_t c = job->wanted.front();
+        job->wanted.pop_front();
+        if (job->state[c] != kPending) continue;
+        job->state[c] = kTaken;
+        return {job, c};
+      }
+    }
+    while (!turns_.empty()) {
+      auto job = std::move(turns_.front());
+      turns_.pop_front();
+      while (job->next < job->chunks && job->state[job->next] != kPending) ++job->next;
+      if (job->next >= job->chunks || job->end != FillJob::End::kRunning) continue;  // nothing left to take
+      const uint64_t c = job->next++;
+      job->state[c] = kTaken;
+      turns_.push_back(job);
+      return {job, c};
+    }
+    work_.wait(lock);
+  }
+}
+
+void FileFiller::ReadChunks() {
+  AlignedBuffer buf = ChunkBuffer();  // this thread's, for all its chunks: kept warm
+  for (;;) {
+    auto [job, chunk] = NextChunk();
+    if (!job) return;
+    Status s = buf ? CopyChunk(*job, chunk, buf.get()) : Status::FromErrno("no memory for a fill buffer", ENOMEM);
+    ChunkDone(job, chunk, s);
+  }
+}
+
+// Source chunk `chunk` of the job's file, verified, at its place in the
+// copy: byte o of the source lands at CopyOffset(o); the bytes of a source
+// header being replaced are not copied (only kept aside to be hashed, under
+// verify=sha256). Where the copy is written through a mapping, a chunk that
+// lands in one piece is read straight into it; otherwise it goes through
+// `buf` (kChunkSize bytes, aligned for O_DIRECT).
+Status FileFiller::CopyChunk(FillJob& job, uint64_t chunk, uint8_t* buf) {
+  const uint64_t begin = chunk * kChunkSize;
+  const size_t len = static_cast<size_t>(job.ChunkLen(chunk));
+  const uint64_t header = job.form.source_prefix_len;
+  uint8_t* dst = buf;
+  if (begin >= header) {
+    const uint64_t at = job.CopyOffset(begin);
+    const bool aligned_enough = io_ == SourceReader::Io::kBuffered || at % SourceReader::kDirectAlignment == 0;
+    if (uint8_t* in_place = job.copy->WritableAt(at, len); in_place != nullptr && aligned_enough) dst = in_place;
+  }
+  if (Status s = ReadSourceChunk(ctx_, *job.file, chunk, dst, len, io_); !s.ok()) return s;
+  if (job.prove) job.chunk_sha[chunk] = Sha256Of(std::string_view(reinterpret_cast<const char*>(dst), len));
+  if (dst != buf) return Status::Ok();
+  const size_t skip = static_cast<size_t>(std::min<uint64_t>(len, header - std::min(begin, header)));
+  if (job.prove && skip > 0) std::memcpy(job.original_prefix.data() + begin, buf, skip);
+  return job.copy->Write(job.CopyOffset(begin + skip), buf + skip, len - skip);
 }
 
 namespace {
-constexpr size_t kMaxQueued = 4096;  // an open storm must not grow memory without bound
+
+// The file's source bytes of chunk `c` into the job's whole-file SHA-256:
+// what the copy holds of them, and the original header it replaced.
+void HashInOrder(FillJob& job, uint64_t c) {
+  const uint64_t begin = c * kChunkSize, end = begin + job.ChunkLen(c);
+  const uint64_t header = std::min(job.form.source_prefix_len, end);
+  if (begin < header) job.whole.Update(job.original_prefix.data() + begin, static_cast<size_t>(header - begin));
+  const uint64_t from = std::max(begin, header);
+  if (from < end) job.whole.Update(job.copy->ReadableAt(job.CopyOffset(from), end - from), end - from);
+}
+
 }  // namespace
 
-void FileFiller::Enqueue(const View::NodePtr& file, const FileKey& key) {
+void FileFiller::ChunkDone(const std::shared_ptr<FillJob>& job, uint64_t chunk, const Status& s) {
+  bool complete = false;
   {
-    std::lock_guard lock(mu_);
-    if (stopping_ || queued_.count(key) || queue_.size() >= kMaxQueued) return;
-    queued_.insert(key);
-    queue_.emplace_back(file, key);
+    std::lock_guard lock(jobs_mu_);
+    if (job->finishing) return;
+    if (s.ok()) {
+      job->state[chunk] = kDone;
+      job->done_bytes += job->ChunkLen(chunk);
+      complete = ++job->done == job->chunks;
+    }
+    job->changed.notify_all();
   }
-  wake_.notify_one();
+  if (!s.ok()) {
+    Finish(job, s);
+    return;
+  }
+  if (!job->prove) {
+    if (complete) Finish(job, Status::Ok());
+    return;
+  }
+  // verify=sha256: hash the chunks done in order as far as they go. One
+  // thread at a time; one that finds the lock taken leaves its chunk to the
+  // holder, which looks again before it lets go.
+  auto next_done = [&] {
+    std::lock_guard lock(jobs_mu_);
+    const uint64_t h = job->hashed.load();
+    return h < job->chunks && job->state[h] == kDone;
+  };
+  while (next_done()) {
+    std::unique_lock hashing(job->hash_mu, std::try_to_lock);
+    if (!hashing) return;
+    while (next_done()) {
+      HashInOrder(*job, job->hashed.load());
+      ++job->hashed;
+    }
+    if (job->hashed.load() == job->chunks && !job->hash_complete.exchange(true)) {
+      hashing.unlock();
+      Finish(job, Status::Ok());
+      return;
+    }
+  }
 }
 
-void FileFiller::EnqueueSiblings(const View::NodePtr& file) {
+// Ends a fill once: a copy that passed is sealed and published (under
+// verify=sha256 only if its SHA-256 is the index's, and then its chunk table
+// is kept for the chunk path); any other is dropped with its reservation.
+void FileFiller::Finish(const std::shared_ptr<FillJob>& job, Status s, bool cancelled) {
   {
-    std::lock_guard lock(mu_);
-    if (stopping_ || sibling_requests_.size() >= kMaxQueued) return;
-    sibling_requests_.push_back(file);
+    std::lock_guard lock(jobs_mu_);
+    if (job->finishing) return;
+    job->finishing = true;
   }
-  wake_.notify_one();
+  if (s.ok() && job->prove) {
+    if (job->whole.Finish() != job->file->sha256) {
+      s = NotTheIndexedBytes(*job->file);
+      if (const SourceCopy* c = FirstReadCopy(ctx_, *job->file)) ReportSourceFailure(ctx_, *job->file, *c, s, false);
+    } else if (ctx_.proven != nullptr) {
+      ctx_.proven->Put(job->file->sha256, std::make_shared<const std::vector<Sha256Digest>>(std::move(job->chunk_sha)));
+    }
+  }
+  if (s.ok()) s = job->copy->Seal();
+  FileCache::CopyPtr published;
+  if (s.ok()) {
+    published = ctx_.files->Publish(std::move(job->reservation), job->copy);
+  } else {
+    job->reservation.reset();
+  }
+  {
+    std::lock_guard lock(jobs_mu_);
+    job->end = s.ok() ? FillJob::End::kPublished : FillJob::End::kFailed;
+    job->error = s;
+    job->published = published;
+    if (auto it = jobs_.find(job->form.key); it != jobs_.end() && it->second == job) jobs_.erase(it);
+    std::erase(turns_, job);
+    job->changed.notify_all();
+  }
+  if (!s.ok() && s.code() != Status::Code::kFull && !cancelled) {
+    ++failed_;
+    // A changed or damaged source was reported where it was found
+    // (ReadSourceChunk, or above): once is enough.
+    const bool reported = s.code() == Status::Code::kChanged || s.code() == Status::Code::kCorrupt;
+    spdlog::warn("{}: the copy of {} for the host tier was abandoned{}{}; nothing of it is served", job->file->digest,
+                 job->file->source_path, reported ? "" : ": ", reported ? "" : s.message());
+  }
 }
 
-void FileFiller::QueueSiblingsOf(const View::NodePtr& file) {
-  const std::string_view path = file->source_path;
-  const size_t slash = path.rfind('/');
-  const size_t dot = path.rfind('.');
-  if (!IsWeightFileName(path.substr(slash + 1)) || dot == std::string_view::npos) return;
-  const std::string_view dir = path.substr(0, slash + 1), suffix = path.substr(dot);
-  const auto root = ctx_.view->Get(kRootInode);
-  const auto digest_dir = root ? root->children.find(file->digest) : std::map<std::string, InodeId>::const_iterator{};
-  if (!root || digest_dir == root->children.end()) return;
-  std::vector<View::NodePtr> siblings;
-  for (auto& f : ctx_.view->FilesUnder(ctx_.view->Get(digest_dir->second))) {
-    const std::string_view p = f->source_path;
-    if (f->sha256 != file->sha256 && p.size() > dir.size() + suffix.size() && p.substr(0, dir.size()) == dir &&
-        p.find('/', dir.size()) == std::string_view::npos && p.substr(p.size() - suffix.size()) == suffix) {
-      siblings.push_back(std::move(f));
+std::optional<FileFiller::Streamed> FileFiller::Stream(const FileKey& key, uint64_t offset, size_t len) {
+  auto job = InFlight(key);
+  if (!job) return std::nullopt;
+  const uint64_t end = std::min<uint64_t>(job->form.size, offset + len);
+  if (offset >= end) return Streamed{job->copy, nullptr, 0};
+  // The source chunks under [offset, end) of the served form.
+  const uint64_t prefix = job->form.prefix ? job->form.prefix->size() : 0;
+  const uint64_t header = job->form.source_prefix_len;
+  const bool none = end <= prefix;
+  const uint64_t first = (std::max(offset, prefix) - prefix + header) / kChunkSize;
+  const uint64_t last = none ? first : (end - 1 - prefix + header) / kChunkSize;
+  std::unique_lock lock(jobs_mu_);
+  auto ready = [&] {
+    if (job->end != FillJob::End::kRunning || readers_stopping_) return true;
+    if (!job->prove && none) return true;
+    if (job->prove) return false;  // served only once the whole copy passed
+    for (uint64_t c = first; c <= last; ++c) {
+      if (job->state[c] != kDone) return false;
     }
+    return true;
+  };
+  if (!job->prove && !none) {
+    for (uint64_t c = first; c <= last; ++c) {
+      if (job->state[c] == kPending) job->wanted.push_back(c);
+    }
+    work_.notify_all();
   }
-  std::sort(siblings.begin(), siblings.end(), [](const auto& a, const auto& b) { return a->source_path < b->source_path; });
-  const FileCache::Stats tier = ctx_.files->GetStats();
-  uint64_t room = tier.capacity - std::min(tier.capacity, tier.used + tier.filling);
-  for (const auto& f : siblings) {
-    auto form = ServedFormOf(ctx_, f);
-    if (!form.ok() || ctx_.files->Find(form->key, /*use=*/false)) continue;
-    if (PageBytes(form->size) > room) break;
-    room -= PageBytes(form->size);
-    Enqueue(f, form->key);
+  job->changed.wait(lock, ready);
+  if (job->end == FillJob::End::kFailed || readers_stopping_ || (job->prove && job->end != FillJob::End::kPublished)) {
+    return std::nullopt;
   }
+  ++streamed_;
+  return Streamed{job->copy, job->copy->ReadableAt(offset, end - offset), static_cast<size_t>(end - offset)};
 }
 
-void FileFiller::RunQueue() {
-  for (;;) {
-    std::pair<View::NodePtr, FileKey> job;
-    View::NodePtr siblings_of;
-    {
-      std::unique_lock lock(mu_);
-      wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || !sibling_requests_.empty(); });
-      if (stopping_) return;
-      // Sibling requests first: they only queue fills, behind any queued before.
-      if (!sibling_requests_.empty()) {
-        siblings_of = std::move(sibling_requests_.front());
-        sibling_requests_.pop_front();
-      } else {
-        job = std::move(queue_.front());
-        queue_.pop_front();
-      }
-    }
-    if (siblings_of) {
-      QueueSiblingsOf(siblings_of);
-      continue;
-    }
-    if (!ctx_.files->Find(job.second, /*use=*/false)) {
-      auto filled = Fill(job.first, /*pin=*/false);
-      if (!filled.ok() && filled.status().code() == Status::Code::kFull) {
-        ++skipped_;
-        spdlog::debug("{}: not copied into the host tier: {}", job.first->source_path, filled.status().message());
-      }
-    }
-    std::lock_guard lock(mu_);
-    queued_.erase(job.second);
+Result<ProvenChunkTables::Table> FileFiller::Prove(const View::NodePtr& file) {
+  if (ctx_.proven == nullptr) return Status::Error("no proven chunk tables on this mount");
+  if (auto table = ctx_.proven->Find(file->sha256)) return table;
+  {
+    std::unique_lock lock(prove_mu_);
+    proved_.wait(lock, [&] { return !proving_.count(file->sha256); });
+    if (auto table = ctx_.proven->Find(file->sha256)) return table;
+    proving_.insert(file->sha256);
   }
+  auto table = ProveByReading(file);
+  {
+    std::lock_guard lock(prove_mu_);
+    proving_.erase(file->sha256);
+  }
+  proved_.notify_all();
+  return table;
+}
+
+// One pass over the whole file from its source copies, keeping nothing but
+// the SHA-256 of each chunk, which counts only if the whole file's SHA-256
+// is the index's.
+Result<ProvenChunkTables::Table> FileFiller::ProveByReading(const View::NodePtr& file) {
+  AlignedBuffer buf = ChunkBuffer();
+  if (!buf) return Status::FromErrno("no memory for a buffer to prove " + file->source_path, ENOMEM);
+  Sha256 whole;
+  auto table = std::make_shared<std::vector<Sha256Digest>>(ChunkCount(file->size));
+  for (uint64_t c = 0; c < table->size(); ++c) {
+    if (cancel_) return Status::Error(file->source_path + ": proving cancelled (stopping)");
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunkSize, file->size - c * kChunkSize));
+    if (Status s = ReadSourceChunk(ctx_, *file, c, buf.get(), len, io_); !s.ok()) return s;
+    (*table)[c] = Sha256Of(std::string_view(reinterpret_cast<const char*>(buf.get()), len));
+    whole.Update(buf.get(), len);
+  }
+  if (whole.Finish() != file->sha256) {
+    Status s = NotTheIndexedBytes(*file);
+    if (const SourceCopy* c = FirstReadCopy(ctx_, *file)) ReportSourceFailure(ctx_, *file, *c, s, false);
+    return s;
+  }
+  ctx_.proven->Put(file->sha256, table);
+  return ProvenChunkTables::Table(std::move(table));
 }
 
 }  // namespace ckptfs::daemon

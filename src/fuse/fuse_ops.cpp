@@ -269,6 +269,16 @@ void ReleaseDir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   fuse_reply_err(req, 0);
 }
 
+// An open whose reads may be served from the copy while it is made, rather
+// than wait for all of it: one with O_DIRECT, which a page cache could not
+// serve anyway (a buffered or mmap reader runs faster on the passthrough it
+// gets by waiting; README, measured performance), and only while chunks
+// are served as they are verified (not under verify=sha256, where a copy is
+// served only once its whole SHA-256 passed).
+bool StreamsWhileFilling(const FsContext& ctx, int open_flags) {
+  return (open_flags & O_DIRECT) != 0 && ctx.verify == Verify::kXxh3;
+}
+
 // The first open of an inode chooses: passthrough when the file is resident
 // and the kernel gives backing files, else the chunk path (see OpenModes).
 OpenModes::Choice ChooseMode(FsContext& ctx, fuse_req_t req, const FileKey& key) {
@@ -282,10 +292,14 @@ OpenModes::Choice ChooseMode(FsContext& ctx, fuse_req_t req, const FileKey& key)
     c.why = "passthrough off";
     return c;
   }
+  if (c.copy->in_memory()) {  // a small file: served by the daemon from its memory
+    c.why = "held in memory";
+    return c;
+  }
   // One backing id per copy, kept while the copy lives: every inode that
   // holds the file shares it.
-  c.backing = c.copy->Attachment([&]() -> std::shared_ptr<CopyAttachment> {
-    auto b = ctx.passthrough->OpenBacking(req, c.copy->fd());
+  c.backing = c.copy->Attachment([&](int fd) -> std::shared_ptr<CopyAttachment> {
+    auto b = ctx.passthrough->OpenBacking(req, fd);
     if (!b.ok()) spdlog::warn("{}: {}", c.copy->name(), b.status().message());
     return b.ok() ? *b : nullptr;
   });
@@ -329,8 +343,14 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   // made now could not be used by this open.
   if (ctx.fill == FillPolicy::kWait && ctx.filler != nullptr && !ctx.open_modes.IsOpen(ino) &&
       !ctx.files->Find(form->key, /*use=*/false)) {
-    // Failing that (no room, a bad source), the chunk path serves it below.
-    if (auto filled = ctx.filler->Fill(n, /*pin=*/false); !filled.ok()) {
+    if (StreamsWhileFilling(ctx, fi->flags)) {
+      // A parallel loader (O_DIRECT, many threads, every shard at once)
+      // gains nothing from waiting for the whole copy: its reads are served
+      // from the copy as each chunk is verified, the chunks it asks for
+      // first, and its next open passes through.
+      ctx.filler->Start(n);
+    } else if (auto filled = ctx.filler->Fill(n, /*pin=*/false); !filled.ok()) {
+      // Failing that (no room, a bad source), the chunk path serves it below.
       spdlog::debug("{}: not copied at open: {}", n->source_path, filled.status().message());
     }
     // After this file's copy, not beside it: the next shard then fills while
@@ -480,6 +500,16 @@ void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info
     ReadFromCopy(ctx, req, *copy, size, off);
     return;
   }
+  // And one being made serves what it has verified, rather than the source
+  // being read twice.
+  if (ctx.filler != nullptr && off >= 0) {
+    if (auto streamed = ctx.filler->Stream(f->key, static_cast<uint64_t>(off), size)) {
+      ++ctx.reads;
+      ctx.bytes_read += streamed->len;
+      fuse_reply_buf(req, reinterpret_cast<const char*>(streamed->data), streamed->len);
+      return;
+    }
+  }
   // With stamp_headers a safetensors file is served as the stamped header
   // followed by the source's tensor bytes, shifted by the header's growth.
   std::optional<StampedFile> stamped;
@@ -619,36 +649,17 @@ void RoWrite(fuse_req_t req, fuse_ino_t, const char*, size_t, off_t, fuse_file_i
 
 }  // namespace
 
-void ReportSourceFailure(FsContext& ctx, const View::Node& file, const Status& s) {
-  const bool changed = s.code() == Status::Code::kChanged, corrupt = s.code() == Status::Code::kCorrupt;
-  if (!changed && !corrupt) {
-    spdlog::error("{}: {}", file.digest, s.message());
-    return;
-  }
-  if (corrupt) ctx.cache->CountVerificationFailure();
-  if (!ctx.refused.Add(file.sha256, file.stamp, file.chunks)) return;  // already reported
-  if (corrupt) {
-    spdlog::error("{}: {}; the digest is withdrawn and the file will be hashed again", file.digest, s.message());
-    if (ctx.on_corrupt_chunk) ctx.on_corrupt_chunk(file, s);
-  } else {
-    spdlog::warn("{}: {}; its bytes are no longer served under this digest", file.digest, s.message());
-    if (ctx.on_source_changed) ctx.on_source_changed();
-  }
-}
-
 Result<ChunkCache::Ref> FetchChunk(FsContext& ctx, const View::NodePtr& file, uint64_t index, bool readahead) {
-  if (ctx.refused.Contains(file->sha256, file->stamp, file->chunks.get())) {
-    return Status::Changed(file->source_path + ": no longer holds the bytes indexed for " + file->digest);
+  if (AllCopiesRefused(ctx, *file)) {
+    return Status::Changed(file->source_path + ": no source copy still holds the bytes indexed for " + file->digest);
   }
   const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunkSize, file->size - index * kChunkSize));
   ChunkKey key{file->sha256, static_cast<uint32_t>(index)};
   auto ref = ctx.cache->Get(
       key, len,
-      [&](uint8_t* dst, size_t n) {
-        return ctx.reader->ReadChunk(file->source_path, file->stamp, *file->chunks, index, dst, n);
-      },
+      [&](uint8_t* dst, size_t n) { return ReadVerifiedChunk(ctx, file, index, dst, n, readahead); },
       readahead);
-  if (!ref.ok()) ReportSourceFailure(ctx, *file, ref.status());
+  if (!ref.ok() && ref.status().code() == Status::Code::kFull) spdlog::error("{}: {}", file->digest, ref.status().message());
   return ref;
 }
 

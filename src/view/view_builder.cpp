@@ -235,6 +235,32 @@ std::shared_ptr<View::Node> ViewBuilder::DigestSubdir(const std::string& name, c
   return n;
 }
 
+// Every copy of file `index` among the digest's copies, most trusted first:
+// by the least trusted owner among the file and the directories from SRC
+// down to it (whoever owns any of them can replace what the path leads
+// to), root before the mount's owner before anyone else; path order within
+// each, as the copies come.
+std::vector<SourceCopy> ViewBuilder::CopiesByTrust(size_t index,
+                                                   const std::vector<const ExposedCheckpoint*>& copies) const {
+  const auto rank = [&](uid_t uid) { return uid == 0 ? 0 : uid == in_.mount_owner ? 1 : 2; };
+  const std::string& rel = copies.front()->files[index].rel_path;
+  std::vector<std::pair<int, SourceCopy>> ranked;
+  for (const auto* c : copies) {
+    if (index >= c->files.size() || c->files[index].rel_path != rel) continue;
+    const auto& f = c->files[index];
+    int worst = std::max(rank(f.owner.uid), rank(f.access.self.uid));
+    if (f.access.dirs) {
+      for (const Ownership& d : *f.access.dirs) worst = std::max(worst, rank(d.uid));
+    }
+    ranked.push_back({worst, SourceCopy{f.source_path, f.stamp, f.chunks}});
+  }
+  std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<SourceCopy> out;
+  out.reserve(ranked.size());
+  for (auto& [r, copy] : ranked) out.push_back(std::move(copy));
+  return out;
+}
+
 void ViewBuilder::AddDigestFile(const std::string& name, size_t index,
                                 const std::vector<const ExposedCheckpoint*>& copies) {
   const auto& f = copies.front()->files[index];
@@ -247,10 +273,11 @@ void ViewBuilder::AddDigestFile(const std::string& name, size_t index,
   n->digest = name;
   n->size = f.stamp.size;
   n->mtime = FromNanos(f.stamp.mtime_ns);
-  n->source_path = f.source_path;
-  n->stamp = f.stamp;
+  n->copies = CopiesByTrust(index, copies);
+  n->source_path = n->copies.front().path;
+  n->stamp = n->copies.front().stamp;
   n->sha256 = f.sha256;
-  n->chunks = f.chunks;
+  n->chunks = n->copies.front().chunks;
   n->safetensors = f.rel_path.size() > 12 && f.rel_path.compare(f.rel_path.size() - 12, 12, ".safetensors") == 0;
   if (n->safetensors) n->stamped_size = f.stamped_size;
   n->xattrs = {{"user.ckptfs.sha256", ToHex(f.sha256)}};

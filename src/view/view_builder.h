@@ -15,6 +15,7 @@
 #pragma once
 
 #include <time.h>
+#include <unistd.h>
 
 #include <map>
 #include <memory>
@@ -44,6 +45,9 @@ class ViewBuilder {
     // The snapshot this one replaces: digest directories built from the
     // same inputs are taken from it as they are (their nodes are immutable).
     const View::Snapshot* previous = nullptr;
+    // The mount's owner (the uid the daemon runs as): its copies of a file
+    // are trusted after root's and before everyone else's.
+    uid_t mount_owner = ::geteuid();
   };
 
   ViewBuilder(const Inputs& in, const std::vector<ExposedCheckpoint>& checkpoints,
@@ -69,6 +73,7 @@ class ViewBuilder {
   std::shared_ptr<Node> DigestSubdir(const std::string& name, const std::string& rel,
                                      const std::vector<const ExposedCheckpoint*>& copies);
   void AddDigestFile(const std::string& name, size_t index, const std::vector<const ExposedCheckpoint*>& copies);
+  std::vector<SourceCopy> CopiesByTrust(size_t index, const std::vector<const ExposedCheckpoint*>& copies) const;
   InodeId BuildByNameDir(const std::string& p, const std::string& digest, const std::string& offset, bool has_digest);
   InodeId RefFile(const std::string& by_name_path, const HubRef& ref);
   InodeId Link(const std::string& by_name_path, const std::string& target, const AccessPath& access);

@@ -8,6 +8,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "ckptfs/file_stamp.h"
+#include "ckptfs/hashes.h"
+#include "ckptfs/index.h"
 #include "security_fixture.h"
 
 namespace ckptfs::testing {
@@ -205,6 +208,103 @@ TEST_F(AttackTest, AnEditedIndexRowDoesNotRenameACheckpoint) {
   auto m = Mount();
   ASSERT_TRUE(WaitFor([&] { return !DigestOf("m").empty(); })) << m->Log();
   EXPECT_EQ(DigestOf("m"), expected);
+}
+
+
+// Issue 21 item 7: a user's own copy of a public model (same digest), which
+// the user then truncates, costs no other reader an EIO. The copy is a hard
+// link to a file of the attacker's outside SRC, truncated through that
+// path: inotify sees nothing, so no rescan takes the copy away before the
+// victim reads, and the first read after the truncation is the one that
+// used to fail. With the public copy owned by root the daemon reads it
+// first and never touches the attacker's; with both copies owned by
+// ordinary users it reads the attacker's first (path order), finds it
+// changed, and serves the read from the other copy.
+TEST_F(AttackTest, ATruncatedCopyOfASharedModelGivesOtherReadersNoEio) {
+  const std::string weights = RandomBytes(9 * 1024 * 1024 + 17, 21);  // three chunks
+  for (const bool public_is_roots : {true, false}) {
+    SCOPED_TRACE(public_is_roots ? "public copy owned by root" : "public copy owned by another user");
+    TempDir home{"ckptfs-sec-mallory"};
+    ::chmod(home.path().c_str(), 0755);
+    WriteFile(src_ + "/zzz-public/m/model.bin", weights);
+    WriteFile(src_ + "/zzz-public/m/config.json", "{}");
+    if (!public_is_roots) {
+      ASSERT_EQ(RunCommand("chown -R 2001:3001 " + src_ + "/zzz-public").exit_code, 0);
+    }
+    const std::string own = home / "model.bin";
+    WriteFile(own, weights);
+    WriteFile(src_ + "/aaa/m/config.json", "{}");
+    ASSERT_EQ(RunCommand("chown -R 2003:2003 " + home.path() + " " + src_ + "/aaa").exit_code, 0);
+    AsResult link = RunAs(kOther, "ln " + ShellQuote(own) + " " + ShellQuote(src_ + "/aaa/m/model.bin"));
+    ASSERT_EQ(link.exit_code, 0) << link.out;
+
+    auto m = Mount("allow_other,fill=off");  // every read goes to the source
+    ASSERT_TRUE(WaitFor([&] { return !DigestOf("aaa/m").empty(); })) << m->Log();
+    ASSERT_EQ(DigestOf("aaa/m"), DigestOf("zzz-public/m"));
+    const std::string file = mnt_ + "/" + DigestOf("aaa/m") + "/model.bin";
+    AsResult cut = RunAs(kOther, "truncate -s 0 " + ShellQuote(own));
+    ASSERT_EQ(cut.exit_code, 0) << cut.out;
+
+    AsResult read = RunAs(kMember, "sha256sum < " + ShellQuote(file));
+    EXPECT_EQ(read.exit_code, 0) << read.out << m->Log();
+    EXPECT_EQ(read.out.substr(0, 64), ToHex(Sha256Of(weights))) << read.out;
+    if (public_is_roots) {
+      EXPECT_EQ(m->Log().find(src_ + "/aaa/m/model.bin"), std::string::npos)
+          << "the attacker's copy was read although root's came first:\n" << m->Log();
+    }
+    m.reset();
+    RemoveTree(src_ + "/aaa");
+    RemoveTree(src_ + "/zzz-public");
+  }
+}
+
+
+// Issue 21, storage you do not trust: bytes changed behind a file's back so
+// that every chunk still passes its XXH3-128 check. A storage that holds the
+// bytes can craft such chunks; here the index is made to vouch for the
+// forged chunk table under the file's real SHA-256, which is what such a
+// forgery achieves. Under verify=xxh3 the forged bytes are served (the
+// check this test must see fooled, or it proves nothing); under
+// verify=sha256 they never are: not from a sealed copy (fill=wait, whose
+// SHA-256 is checked before sealing) nor from the chunk path (fill=off,
+// whose chunks are checked against SHA-256s proven by the whole file).
+TEST_F(AttackTest, BytesForgedToPassTheirChunkChecksAreNeverServedUnderVerifySha256) {
+  const std::string real = RandomBytes(2 * kChunkSize + 3, 31);
+  std::string forged = real;
+  for (size_t i = kChunkSize; i < kChunkSize + 64; ++i) forged[i] = static_cast<char>(~forged[i]);
+  const std::string path = src_ + "/m/model.bin";
+  WriteFile(path, real);
+  WriteFile(src_ + "/m/config.json", "{}");
+  std::string digest;
+  {
+    auto m = Mount();
+    ASSERT_TRUE(WaitFor([&] { return !DigestOf("m").empty(); })) << m->Log();
+    digest = DigestOf("m");
+  }
+  WriteFile(path, forged);
+  struct stat st;
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  FileHashes vouched{static_cast<uint64_t>(st.st_size), Sha256Of(real), {}};
+  for (uint64_t at = 0; at < forged.size(); at += kChunkSize) {
+    vouched.chunks.push_back(HashChunk(forged.data() + at, std::min<uint64_t>(kChunkSize, forged.size() - at)));
+  }
+  for (const char* options : {"verify=xxh3,fill=off", "verify=sha256,fill=wait", "verify=sha256,fill=off"}) {
+    SCOPED_TRACE(options);
+    {  // again each time: a mount that caught the forgery had the file hashed again
+      auto index = Index::Open(state_, nullptr);
+      ASSERT_TRUE(index.ok());
+      ASSERT_TRUE((*index)->PutFile(FileStamp::FromStat(st), path, vouched).ok());
+    }
+    auto m = Mount(std::string("allow_other,") + options);
+    ASSERT_TRUE(WaitFor([&] { return DigestOf("m") == digest; })) << m->Log();
+    AsResult read = RunAs(kMember, "sha256sum < " + ShellQuote(mnt_ + "/" + digest + "/model.bin"));
+    if (std::string(options).find("xxh3") != std::string::npos) {
+      ASSERT_EQ(read.out.substr(0, 64), ToHex(Sha256Of(forged))) << "the forgery did not pass XXH3: " << read.out;
+      continue;
+    }
+    EXPECT_NE(read.exit_code, 0) << read.out;
+    EXPECT_EQ(read.out.find(ToHex(Sha256Of(forged))), std::string::npos) << read.out << m->Log();
+  }
 }
 
 }  // namespace

@@ -349,7 +349,9 @@ TEST(ChunkTiersTest, GpuTierFillsFromTheResidentHostCopy) {
 TEST(ChunkTiersTest, PinnedCopiesAreRegisteredWithTheDevice) {
   TestDevice device;
   FileCache files(64 << 20, &device);
-  const std::vector<uint8_t> bytes = Pattern(3 * 4096 + 7);
+  // Larger than SealedCopy::kMemoryCopyMax: a memfd copy (small files held
+  // in the daemon's memory are locked with mlock, never registered).
+  const std::vector<uint8_t> bytes = Pattern(SealedCopy::kMemoryCopyMax + 3 * 4096 + 7);
   const FileKey key{Key(7, 0).file, ""};
   auto copy = Resident(files, key, bytes, /*pin=*/true);
   auto reg = device.registered();

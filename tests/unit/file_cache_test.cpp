@@ -36,7 +36,7 @@ FileCache::CopyPtr Fill(FileCache& cache, const FileKey& key, uint64_t size, boo
   auto claim = cache.Claim(key, size, pin, /*wait=*/true);
   if (!claim.ok()) return nullptr;
   if (claim->resident) return claim->resident;
-  return cache.Publish(std::move(claim->fill), SealedOf(size, 'x'));
+  return cache.Publish(std::move(claim->fill), SealedOf(size, 'x', SealedCopy::PreferredWriteFor(size)));
 }
 
 TEST(SealedCopyTest, NobodyCanChangeASealedCopy) {
@@ -150,6 +150,77 @@ TEST(FileCacheTest, OneFillAtATimePerKeyAndAnAbandonedFillLeavesNothing) {
   EXPECT_EQ(s.filling, 0u);
   EXPECT_EQ(s.fills_abandoned, 1u);
   EXPECT_FALSE(cache.Find(Key(2)));
+}
+
+
+// Small files are held in the daemon's memory, with no memfd: a user who
+// reads thousands of configs takes none of the daemon's descriptors.
+TEST(SealedCopyTest, SmallFilesAreHeldInMemoryWithoutADescriptor) {
+  EXPECT_EQ(SealedCopy::PreferredWriteFor(SealedCopy::kMemoryCopyMax), SealedCopy::WriteBy::kMemory);
+  EXPECT_NE(SealedCopy::PreferredWriteFor(SealedCopy::kMemoryCopyMax + 1), SealedCopy::WriteBy::kMemory);
+  auto copy = SealedCopy::Create("ckptfs:test", 100);
+  ASSERT_TRUE(copy.ok()) << copy.status().message();
+  EXPECT_TRUE((*copy)->in_memory());
+  EXPECT_FALSE((*copy)->holds_descriptor());
+  ASSERT_TRUE((*copy)->Write(0, reinterpret_cast<const uint8_t*>(std::string(100, 'm').data()), 100).ok());
+  ASSERT_TRUE((*copy)->Seal().ok());
+  EXPECT_EQ((*copy)->data()[99], 'm');
+  EXPECT_FALSE((*copy)->Write(0, reinterpret_cast<const uint8_t*>("x"), 1).ok());  // frozen once sealed
+}
+
+// What was written can be read back before sealing, at an address that stays
+// valid, with the same bytes, through Seal (a reader streaming from a copy in
+// progress must never find its pages unmapped).
+TEST(SealedCopyTest, WrittenBytesAreReadableBeforeAndAcrossSealing) {
+  for (auto how : {SealedCopy::WriteBy::kPwrite, SealedCopy::WriteBy::kHugePageMapping, SealedCopy::WriteBy::kMemory}) {
+    auto copy = SealedCopy::Create("ckptfs:test", 3 * kMiB, how);
+    ASSERT_TRUE(copy.ok()) << copy.status().message();
+    std::string bytes(3 * kMiB, 'r');
+    ASSERT_TRUE((*copy)->Write(kMiB, reinterpret_cast<const uint8_t*>(bytes.data()), kMiB).ok());
+    const uint8_t* at = (*copy)->ReadableAt(kMiB, kMiB);
+    ASSERT_NE(at, nullptr);
+    EXPECT_EQ(at[0], 'r');
+    EXPECT_EQ((*copy)->ReadableAt(3 * kMiB, 1), nullptr);  // past the end
+    ASSERT_TRUE((*copy)->Seal().ok());
+    EXPECT_EQ((*copy)->ReadableAt(kMiB, kMiB), at);
+    EXPECT_EQ(at[kMiB - 1], 'r');
+    if (how != SealedCopy::WriteBy::kMemory) {
+      EXPECT_EQ(::fcntl((*copy)->fd(), F_GET_SEALS), F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+    }
+  }
+}
+
+// The tier bounds its memfds as it bounds its bytes: a fill that needs a
+// descriptor evicts the least recently used copy holding one, or is
+// refused; files held in memory need none; a copy let go of closes its
+// descriptor at once, though a reader keeps its bytes.
+TEST(FileCacheTest, DescriptorsAreBudgetedLikeBytes) {
+  FileCache cache(64 * kMiB, nullptr, /*descriptor_budget=*/2);
+  FileCache::CopyPtr reader = Fill(cache, Key(1), kMiB);
+  ASSERT_TRUE(reader);
+  ASSERT_TRUE(Fill(cache, Key(2), kMiB));
+  for (int i = 10; i < 40; ++i) ASSERT_TRUE(Fill(cache, Key(i), 10));  // configs: no descriptor
+  EXPECT_EQ(cache.GetStats().descriptors, 2u);
+  EXPECT_EQ(cache.GetStats().in_memory, 30u);
+  ASSERT_TRUE(Fill(cache, Key(3), kMiB));  // evicts 1, the oldest holding a descriptor
+  auto s = cache.GetStats();
+  EXPECT_EQ(s.descriptors, 2u);
+  EXPECT_EQ(s.files, 32u);
+  EXPECT_FALSE(cache.Find(Key(1)));
+  EXPECT_TRUE(cache.Find(Key(10)));
+  EXPECT_FALSE(reader->holds_descriptor());  // closed though a reader holds the copy
+  EXPECT_EQ(reader->data()[kMiB - 1], 'x');   // whose bytes it keeps
+  // Pinned copies are never evicted for a descriptor: then the fill is refused.
+  ASSERT_TRUE(cache.Pin(Key(2)).ok());
+  ASSERT_TRUE(cache.Pin(Key(3)).ok());
+  auto refused = cache.Claim(Key(4), kMiB, false, true);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Status::Code::kFull);
+  EXPECT_NE(refused.status().message().find("descriptor"), std::string::npos) << refused.status().message();
+  EXPECT_TRUE(Fill(cache, Key(41), 10));  // a config still fits
+  cache.Unpin(Key(3).sha256);
+  EXPECT_EQ(cache.ShedDescriptors(8), 1u);  // the unpinned one
+  EXPECT_EQ(cache.GetStats().descriptors, 1u);
 }
 
 }  // namespace

@@ -89,6 +89,18 @@ TEST(MountOptionsTest, EveryEnumeratedValueIsAccepted) {
   EXPECT_EQ(ParseOk("gpu_cache_size=16M").gpu_cache_size, 16ull << 20);
 }
 
+// Storage shared with other nodes (manifests=) is checked against forgery by
+// default; a mount of its own storage is checked against corruption.
+TEST(MountOptionsTest, VerifyIsSha256WhereStorageIsSharedUnlessSaidOtherwise) {
+  EXPECT_EQ(ParseOk("settle=1").verify, "xxh3");
+  EXPECT_EQ(ParseOk("verify=sha256").verify, "sha256");
+  EXPECT_EQ(ParseOk("manifests=/srv/m,manifest_keys=/etc/k.pem").verify, "sha256");
+  EXPECT_EQ(ParseOk("manifests=/srv/m,manifest_keys=/etc/k.pem,verify=xxh3").verify, "xxh3");
+  auto bad = Parse({"/srv/src", "/models", "-o", "verify=md5"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("verify=md5"), std::string::npos) << bad.status().message();
+}
+
 TEST(MountOptionsTest, FuseOptionsPassOnAndBookkeepingIsIgnored) {
   const MountOptions o = ParseOk(
       "ro,default_permissions,nodev,nosuid,noatime,auto_unmount,subtype=x,max_read=131072,defaults,nofail,_netdev,"

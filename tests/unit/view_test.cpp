@@ -3,6 +3,8 @@
 // changes a publish reports, and lookups that never wait for a publish.
 #include "ckptfs/view.h"
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -12,6 +14,8 @@
 #include <map>
 #include <set>
 #include <thread>
+
+#include "view_builder.h"
 
 namespace ckptfs {
 namespace {
@@ -198,6 +202,44 @@ TEST(ViewTest, LookupsGoOnWhileAPublishBuildsItsSnapshot) {
   view.Publish(big, {}, {});
   reader.join();
   EXPECT_GT(answered_from_old, 0) << "lookups waited for the publish";
+}
+
+
+// A file node carries every copy of its digest's file, most trusted first:
+// copies whose file and directories root owns, then the mount's owner's,
+// then anyone else's (path order within each), so that reads never try a
+// copy its owner could truncate before one nobody but root can change.
+TEST(ViewTest, AFileNodeCarriesEveryCopyMostTrustedFirst) {
+  const uid_t mount_owner = ::geteuid() == 0 ? 4242 : ::geteuid();  // never root's rank for the test
+  auto owned = [](ExposedCheckpoint cp, uid_t file_uid, uid_t dir_uid) {
+    auto dirs = ExtendChain(nullptr, {dir_uid, dir_uid, 0755});
+    for (auto& f : cp.files) {
+      f.owner.uid = file_uid;
+      f.access = {dirs, f.owner};
+      f.stamp.ino = file_uid * 1000 + dir_uid;  // tells the copies apart
+    }
+    return cp;
+  };
+  const std::vector<ExposedCheckpoint> copies = {
+      owned(MakeCheckpoint("a-user", Digest('d'), {"model.bin"}), 2003, 2003),
+      owned(MakeCheckpoint("b-root-file-user-dir", Digest('d'), {"model.bin"}), 0, 2003),
+      owned(MakeCheckpoint("c-owner", Digest('d'), {"model.bin"}), mount_owner, 0),
+      owned(MakeCheckpoint("d-root", Digest('d'), {"model.bin"}), 0, 0),
+  };
+  ViewBuilder::Inputs in{"/src", kOwner, {}, {}, nullptr};
+  in.mount_owner = mount_owner;
+  auto snap = ViewBuilder(in, copies, {}, {}).Build();
+  View::NodePtr file;
+  for (const auto& [ino, n] : snap->nodes) {
+    if (n->kind == View::Kind::kFile && n->digest == Digest('d')) file = n;
+  }
+  ASSERT_TRUE(file);
+  std::vector<std::string> order;
+  for (const auto& c : file->copies) order.push_back(c.path);
+  EXPECT_EQ(order, (std::vector<std::string>{"/src/d-root/model.bin", "/src/c-owner/model.bin",
+                                             "/src/a-user/model.bin", "/src/b-root-file-user-dir/model.bin"}));
+  EXPECT_EQ(file->source_path, "/src/d-root/model.bin");
+  EXPECT_EQ(file->stamp, file->copies.front().stamp);
 }
 
 }  // namespace
