@@ -9,12 +9,15 @@
 // queries are open to everyone who can reach the socket; changes are for root
 // and the user who mounted.
 //
-// Any local user can connect, so serving is bounded (issue 11): open
+// Any local user can connect, so serving is bounded (issues 11 and 21): open
 // connections per uid and in all, the size of a request and the time to send
-// it, the time a reply may wait for a client that does not read, and the
-// threads: one accepts and reads requests for all connections, a small pool
-// answers queries, and a separate pool runs long commands (preload), so a
-// long preload never holds up `status`. The server never holds more than
+// it, the time a whole reply may take to reach a client that reads slowly,
+// and the threads: one accepts and reads requests for all connections, a
+// small pool answers queries, of whose threads no uid holds more than
+// per_uid_threads at once, a thread of its own answers root and the mount's
+// owner (readiness probes, `status`, `ckptfsctl restart`), and a separate
+// pool runs long commands (preload), so a long preload never holds up
+// `status`. The server never holds more than
 // total + 2 * per_uid + 5 descriptors (the connections, the listening socket,
 // an eventfd, epoll, a reserve, one client being refused), however many
 // clients come; out of descriptors, it refuses with a line and does not spin. No
@@ -42,6 +45,7 @@
 
 namespace ckptfs {
 
+class FairPool;
 class ThreadPool;
 
 // Where the control socket of `mountpoint` lives: /run/ckptfs for root,
@@ -67,9 +71,18 @@ struct ControlLimits {
   size_t max_request = 64 * 1024;
   // From accept to a whole request line; ckptfsctl sends at once.
   std::chrono::milliseconds request_timeout{5000};
-  // How long one write of a reply may wait for a client that does not read.
-  std::chrono::milliseconds send_timeout{10000};
+  // How long a whole reply may take to be written to a client that reads
+  // slowly (each progress line of long work gets as long): past it the
+  // connection is closed. A deadline per write would let a client that
+  // reads a little now and then hold a thread for as long as it likes.
+  std::chrono::milliseconds reply_timeout{10000};
   unsigned query_threads = 4;
+  // At most this many of the query threads answer one uid at once; its
+  // other requests wait for them (never for other uids' requests).
+  unsigned per_uid_threads = 2;
+  // Threads that answer only root and the mount's owner, so that no other
+  // uid can keep them waiting.
+  unsigned privileged_threads = 1;
   unsigned long_threads = 2;  // at most this many long commands run at once; more wait their turn
   std::vector<std::string> long_commands{std::string(protocol::kPreload)};
 };
@@ -93,7 +106,11 @@ class ControlServer {
   ControlServer(const ControlServer&) = delete;
   ControlServer& operator=(const ControlServer&) = delete;
 
-  Status Start();
+  // `take_over`: this daemon takes the mount over from one still serving
+  // it (a hand-over), and replaces the socket that one listens on. Without
+  // it a socket that a live server still answers on is left alone and
+  // Start fails: it belongs to another mount of the same mount point.
+  Status Start(bool take_over = false);
   void Stop();
   const std::string& path() const { return path_; }
 
@@ -128,7 +145,8 @@ class ControlServer {
   UniqueFd reserve_;  // closed to accept-and-refuse a client when descriptors run out
   std::atomic<bool> stop_{false};
   std::unique_ptr<Admissions> admissions_;
-  std::unique_ptr<ThreadPool> query_pool_;
+  std::unique_ptr<FairPool> query_pool_;
+  std::unique_ptr<ThreadPool> privileged_pool_;
   std::unique_ptr<ThreadPool> long_pool_;
   std::thread thread_;
   // Owned by the accepting thread: connections still sending their request.
@@ -141,8 +159,21 @@ class ControlServer {
 // Client side: sends `request` to the socket and returns the final reply,
 // handing progress lines to `on_progress` if given. Non-UTF-8 strings in the
 // request are encoded; the reply comes back as sent (encoded): apply
-// DecodeJsonPaths before using its paths as bytes.
+// DecodeJsonPaths before using its paths as bytes. `silence` is the longest
+// wait for a line (long work sends progress every few seconds).
 Result<nlohmann::json> ControlCall(const std::string& socket_path, const nlohmann::json& request,
-                                   const std::function<void(const nlohmann::json&)>& on_progress = nullptr);
+                                   const std::function<void(const nlohmann::json&)>& on_progress = nullptr,
+                                   std::chrono::milliseconds silence = std::chrono::minutes(10));
+
+// Connects to a control socket (blocking, close-on-exec); the error names it.
+Result<UniqueFd> ConnectControlSocket(const std::string& socket_path);
+// ControlCall on a connection made already (whose peer the caller may have
+// checked first): `encoded` is the request with its paths encoded.
+Result<nlohmann::json> ControlExchange(int fd, const std::string& socket_path, const nlohmann::json& encoded,
+                                       const std::function<void(const nlohmann::json&)>& on_progress,
+                                       std::chrono::milliseconds silence);
+// Whether a server listens on `socket_path` now (a connection is accepted
+// into its backlog), as opposed to a socket file left by a dead one.
+bool ControlSocketAnswers(const std::string& socket_path);
 
 }  // namespace ckptfs

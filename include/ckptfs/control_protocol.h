@@ -107,6 +107,7 @@ inline constexpr char kOptionFill[] = "fill";
 inline constexpr char kOptionFillDepth[] = "fill_depth";
 inline constexpr char kOptionLog[] = "log";
 inline constexpr char kOptionLogFile[] = "log_file";
+inline constexpr char kOptionHandoverTimeout[] = "handover_timeout";
 // "cache": the capacities of the tiers (kTierHost, kTierChunks, kTierGpu).
 inline constexpr char kCache[] = "cache";
 inline constexpr char kPinnedMemory[] = "pinned_memory";
@@ -120,6 +121,9 @@ inline constexpr char kSupervised[] = "supervised";
 inline constexpr char kSupervisorPid[] = "supervisor_pid";
 inline constexpr char kHandoverFailures[] = "handover_failures";  // restarts whose successor did not take over
 inline constexpr char kLastHandoverError[] = "last_handover_error";
+inline constexpr char kStartedAs[] = "started_as";          // first, successor or replacement (handover_protocol.h)
+inline constexpr char kPredecessorPid[] = "predecessor_pid";  // a successor's: the daemon it took over from
+inline constexpr char kHandoverTimeout[] = "handover_timeout";  // seconds a successor has to report ready
 // "source_filesystem": how changes in SRC are found.
 inline constexpr char kSourceFilesystem[] = "source_filesystem";
 inline constexpr char kFsType[] = "type";

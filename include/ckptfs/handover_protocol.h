@@ -43,6 +43,15 @@ inline constexpr const char* kEnvRestarts = "CKPTFS_RESTARTS";             // da
 inline constexpr const char* kEnvLastExit = "CKPTFS_LAST_EXIT";            // how the previous one ended
 inline constexpr const char* kEnvMountedAt = "CKPTFS_MOUNTED_AT";          // seconds since the epoch
 inline constexpr const char* kEnvSupervisorPid = "CKPTFS_SUPERVISOR_PID";
+inline constexpr const char* kEnvStartedAs = "CKPTFS_STARTED_AS";          // one of the roles below
+inline constexpr const char* kEnvPredecessorPid = "CKPTFS_PREDECESSOR_PID";  // a successor's: the daemon it takes over from
+
+// A daemon's role, as the supervisor started it (and `status` reports it):
+// the first of the mount, the successor a `ckptfsctl restart` asked for, or
+// a replacement started because none served.
+inline constexpr const char* kStartedFirst = "first";
+inline constexpr const char* kStartedSuccessor = "successor";
+inline constexpr const char* kStartedReplacement = "replacement";
 
 // The largest message either side sends (an INIT request in hex is ~250 bytes).
 inline constexpr size_t kMaxMessage = 64 * 1024;

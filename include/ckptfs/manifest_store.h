@@ -15,6 +15,13 @@
 // concurrently write byte-identical files and the last rename changes
 // nothing. Only records signed by a key of the keyring are trusted; every
 // other file at a record's name is ignored and the lookup says why.
+//
+// Whoever may write the store is not trusted with anything else: every path
+// below DIR is resolved beneath DIR's descriptor with no symlink followed
+// (open_beneath.h), for reads and writes alike, so that a link swapped in
+// for v1/ or v1/<xx>/ cannot make a signing node (often root) create or
+// read files elsewhere; a record is read only when it is a regular file of
+// a size its file can have, and parsed strictly (manifest_record.h).
 #pragma once
 
 #include <atomic>
@@ -31,6 +38,7 @@
 #include "ckptfs/manifest_keys.h"
 #include "ckptfs/manifest_record.h"
 #include "ckptfs/status.h"
+#include "ckptfs/unique_fd.h"
 
 namespace ckptfs {
 
@@ -75,12 +83,14 @@ class ManifestStore {
   Stats GetStats() const;
 
  private:
-  ManifestStore(std::string dir, Keyring trusted, std::optional<SigningKey> signer)
-      : dir_(std::move(dir)), keyring_(std::move(trusted)), signer_(std::move(signer)) {}
-  // Reads and checks the record file at `path` against the keyring.
-  Result<ManifestRecord> ReadTrusted(const std::string& path, uint64_t size_hint) const;
+  ManifestStore(std::string dir, UniqueFd root, Keyring trusted, std::optional<SigningKey> signer)
+      : dir_(std::move(dir)), root_(std::move(root)), keyring_(std::move(trusted)), signer_(std::move(signer)) {}
+  // Reads and checks the record file at `rel` below the root (`path` in
+  // messages) against the keyring.
+  Result<ManifestRecord> ReadTrusted(const std::string& rel, const std::string& path, uint64_t max_bytes) const;
 
   const std::string dir_;
+  const UniqueFd root_;  // the store's directory; every record is opened beneath it
   Keyring keyring_;
   const std::optional<SigningKey> signer_;
 

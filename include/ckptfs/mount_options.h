@@ -59,6 +59,10 @@ struct MountOptions {
   // supervise=on|off: a supervisor process holds the mount and restarts the
   // serving daemon when it dies (README, "Restart and upgrade").
   bool supervise = true;
+  // handover_timeout=SECONDS: how long the successor a `ckptfsctl restart`
+  // starts may take to report ready before it is stopped and the restart
+  // fails (the serving daemon goes on).
+  unsigned handover_timeout_s = 120;
   bool stamp_headers = false;  // stamp_headers: see HeaderStamper
   std::string fsname;         // fsname=, default: SRC
   // The shared manifest store (issue 15): manifests=DIR, the trusted public
@@ -74,6 +78,8 @@ struct MountOptions {
 // The periodic rescan when the source's filesystem does not report changes
 // made by other clients (NFS, FUSE, ...) and rescan= was not given.
 inline constexpr double kRemoteRescanS = 60;
+// The shortest periodic rescan (rescan= other than 0): each walks all of SRC.
+inline constexpr double kMinRescanS = 1;
 
 // Parses argv (argv[0] is the program). Fails with a message naming the
 // offending argument.

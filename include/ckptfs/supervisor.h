@@ -16,6 +16,16 @@
 // on_hand_back gets the open-file record for the next supervisor. SIGHUP is passed on to the serving daemon (rescan).
 // The mount unmounted by someone else: the daemon's loop ends with status 0,
 // the descriptor reports POLLERR, and the supervisor exits 0 too.
+//
+// Each child has a role, and is told apart by its pid and role, never by
+// its place in the list (issue 21 item 8): the first daemon; a successor
+// that a `ckptfsctl restart` started beside the serving daemon; a
+// replacement started because none serves. A successor has
+// handover_timeout to report ready, or it is killed and the serving daemon
+// is told the restart failed. Whenever the serving daemon dies, a pending
+// successor is killed too (it was to take over from a live daemon) and a
+// replacement is started, so a crash during a hand-over never leaves the
+// mount without a server.
 #pragma once
 
 #include <sys/types.h>
@@ -59,6 +69,8 @@ struct SupervisorConfig {
   // Called once, after a SIGTERM that kept the mount, with the open-file record.
   std::function<void(const nlohmann::json&)> on_hand_back;
   RestartPolicy::Limits limits;
+  // How long a successor started by `ckptfsctl restart` may take to report ready.
+  std::chrono::milliseconds handover_timeout = std::chrono::seconds(120);
 };
 
 class Supervisor {
@@ -68,19 +80,29 @@ class Supervisor {
   int Run();
 
  private:
+  enum class Role { kFirst, kSuccessor, kReplacement };
   struct Child {
     pid_t pid = -1;
     UniqueFd link;  // SOCK_SEQPACKET to it
     std::string binary;
+    Role role = Role::kFirst;
     std::chrono::steady_clock::time_point started;
+    std::chrono::steady_clock::time_point ready_by;  // a successor's deadline
     bool ready = false;
     bool draining = false;
+    // Killed by the supervisor, and why; its messages are ignored from then on.
+    std::string abandoned;
     // Its inodes with open files: ino -> (opens, backing id), as it reports them.
     std::map<uint64_t, std::pair<uint64_t, int>> open_inodes;
   };
   using ChildIt = std::list<Child>::iterator;
+  static const char* RoleName(Role role);  // as handover_protocol.h spells it
 
-  bool Spawn(const std::string& binary, const std::string& why);
+  bool Spawn(const std::string& binary, const std::string& why, Role role, pid_t predecessor = 0);
+  void OnRestartAsked(ChildIt child, const nlohmann::json& message);
+  void OnSuccessorGone(const Child& dead, const std::string& cause);
+  void Abandon(Child& child, const std::string& why);
+  void AbandonLateSuccessors();
   void OnMessage(ChildIt child, const nlohmann::json& message);
   void OnReady(ChildIt child);
   void ReapChildren();
@@ -90,7 +112,9 @@ class Supervisor {
   void OnSignal(int signo);
   void ReportStart(uint8_t status);
   void Send(Child& child, const nlohmann::json& message);
-  ChildIt Serving();  // the newest child not draining, or end()
+  ChildIt Serving();           // the child that reported ready and serves, or end()
+  ChildIt PendingSuccessor();  // a successor not ready yet (and not abandoned), or end()
+  bool ServerPresentOrComing() const;
   bool MountGone() const;
   int PollTimeoutMs() const;
   void PollOnce();

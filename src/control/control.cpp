@@ -22,6 +22,7 @@
 #include "ckptfs/hashes.h"
 #include "ckptfs/json_path.h"
 #include "ckptfs/thread_pool.h"
+#include "fair_pool.h"
 
 namespace ckptfs {
 
@@ -36,6 +37,32 @@ constexpr auto kAcceptPause = std::chrono::milliseconds(100);
 // One line in this long about refused clients, with the count since the last.
 constexpr auto kRefusalLogEvery = std::chrono::seconds(10);
 
+// Writes all of `data` to a non-blocking socket by `deadline`, waiting for
+// room in between; a client that has not taken it all by then is given up.
+Status WriteAllBy(int fd, const std::string& data, Clock::time_point deadline) {
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n >= 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return Status::FromErrno("control socket write", errno);
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      return Status::Error("the client took no more than " + std::to_string(done) + " of " +
+                           std::to_string(data.size()) + " bytes of its reply in time; closing");
+    }
+    pollfd p{fd, POLLOUT, 0};
+    if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 60000))) < 0 && errno != EINTR) {
+      return Status::FromErrno("control socket poll", errno);
+    }
+  }
+  return Status::Ok();
+}
+
+// A blocking client's write (ckptfsctl's request).
 Status WriteAll(int fd, const std::string& data) {
   size_t done = 0;
   while (done < data.size()) {
@@ -127,6 +154,10 @@ void SendNow(int fd, const std::string& why) {
 }
 
 std::string Millis(std::chrono::milliseconds ms) { return std::to_string(ms.count()) + " ms"; }
+
+// Root and the user who mounted: they may change the mount, and have
+// threads of their own.
+bool IsPrivileged(uid_t uid) { return uid == 0 || uid == ::geteuid(); }
 
 }  // namespace
 
@@ -228,7 +259,7 @@ ControlServer::ControlServer(std::string path, Handler handler, ControlLimits li
 
 ControlServer::~ControlServer() { Stop(); }
 
-Status ControlServer::Start() {
+Status ControlServer::Start(bool take_over) {
   if (path_.size() >= sizeof(sockaddr_un::sun_path)) {
     return Status::Error("control socket path too long: " + path_);
   }
@@ -238,7 +269,15 @@ Status ControlServer::Start() {
   }
   listen_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!listen_.valid()) return Status::FromErrno("socket", errno);
-  ::unlink(path_.c_str());  // a stale socket of a killed daemon for the same mount point
+  // A socket left by a killed daemon of this mount point is replaced; one
+  // that a live server answers on is another mount's (or, when taking
+  // over, the predecessor's, which stops listening once it drains).
+  if (!take_over && ControlSocketAnswers(path_)) {
+    listen_.reset();
+    return Status::Error("control socket " + path_ + " is in use by another live daemon (another mount of the same "
+                         "mount point?); leaving it alone");
+  }
+  ::unlink(path_.c_str());
   sockaddr_un addr = Address(path_);
   if (::bind(listen_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     return Status::FromErrno("cannot bind control socket " + path_, errno);
@@ -258,7 +297,11 @@ Status ControlServer::Start() {
     epoll_event ev{EPOLLIN, {.fd = fd}};
     if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) return Status::FromErrno("epoll_ctl " + path_, errno);
   }
-  query_pool_ = std::make_unique<ThreadPool>(std::max(1u, limits_.query_threads));
+  const unsigned query_threads = std::max(1u, limits_.query_threads);
+  // Never every query thread for one uid, when there is more than one.
+  const unsigned per_uid = std::clamp(limits_.per_uid_threads, 1u, std::max(1u, query_threads - 1));
+  query_pool_ = std::make_unique<FairPool>(query_threads, per_uid);
+  privileged_pool_ = std::make_unique<ThreadPool>(std::max(1u, limits_.privileged_threads));
   long_pool_ = std::make_unique<ThreadPool>(std::max(1u, limits_.long_threads));
   thread_ = std::thread([this] { Run(); });
   return Status::Ok();
@@ -273,6 +316,7 @@ void ControlServer::Stop() {
   thread_.join();  // closes the connections still sending requests
   // Queued requests are answered "stopping"; running handlers watch stop_.
   query_pool_.reset();
+  privileged_pool_.reset();
   long_pool_.reset();
   // A daemon that handed the mount over leaves the successor's socket alone.
   struct stat now {};
@@ -390,8 +434,7 @@ void ControlServer::Admit(UniqueFd fd) {
   ucred peer{};
   socklen_t len = sizeof peer;
   if (::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) return;
-  const bool privileged = peer.uid == 0 || peer.uid == ::geteuid();
-  auto ticket = admissions_->Admit(peer.uid, privileged);
+  auto ticket = admissions_->Admit(peer.uid, IsPrivileged(peer.uid));
   if (!ticket.ok()) {
     SendNow(fd.get(), ticket.status().message());
     LogRefusal(ticket.status().message());
@@ -454,7 +497,9 @@ void ControlServer::ExpireIdle() {
 }
 
 // Hands a whole request to a pool: long commands to their own, so that they
-// cannot take every thread that answers queries.
+// cannot take every thread that answers queries; root's and the owner's
+// queries to theirs, so that nobody else's can delay them; everyone else's
+// to the shared pool, no uid holding more than its share of it.
 void ControlServer::Dispatch(int fd, std::string line) {
   ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
   ConnectionPtr c = std::move(reading_.at(fd));
@@ -463,23 +508,25 @@ void ControlServer::Dispatch(int fd, std::string line) {
   const bool is_long = body.is_object() && body.contains("cmd") && body["cmd"].is_string() &&
                        std::ranges::find(limits_.long_commands, body["cmd"].get<std::string>()) !=
                            limits_.long_commands.end();
-  (is_long ? long_pool_ : query_pool_)->Submit([this, c, body = std::move(body)]() mutable {
-    Serve(*c, std::move(body));
-  });
+  auto serve = [this, c, body = std::move(body)]() mutable { Serve(*c, std::move(body)); };
+  // Long commands change the mount: only root's and the owner's can run
+  // long; anyone else's are refused at once, from the shared pool.
+  const bool privileged = IsPrivileged(c->peer.uid);
+  if (is_long && privileged) {
+    long_pool_->Submit(std::move(serve));
+  } else if (privileged) {
+    privileged_pool_->Submit(std::move(serve));
+  } else {
+    query_pool_->Submit(c->peer.uid, std::move(serve));
+  }
 }
 
 void ControlServer::Serve(Connection& c, nlohmann::json body) {
   try {
-    // Replies are written blocking, each write bounded by send_timeout, so a
-    // client that stops reading loses its connection, not a thread for good.
-    const int fd = c.fd.get();
-    const int flags = ::fcntl(fd, F_GETFL);
-    ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
-    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(limits_.send_timeout).count();
-    timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
-    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    // The whole reply has reply_timeout to reach the client, however it
+    // reads, so a thread is never held longer than that by one client.
     nlohmann::json reply = Answer(c, std::move(body));
-    if (Status s = WriteAll(fd, DumpLine(std::move(reply))); !s.ok()) {
+    if (Status s = WriteAllBy(c.fd.get(), DumpLine(std::move(reply)), Clock::now() + limits_.reply_timeout); !s.ok()) {
       spdlog::debug("control: uid {}: {}", c.peer.uid, s.message());
     }
   } catch (const std::exception& e) {
@@ -501,10 +548,11 @@ nlohmann::json ControlServer::Answer(Connection& c, nlohmann::json body) {
   req.peer_uid = c.peer.uid;
   req.peer_gid = c.peer.gid;
   req.peer_groups = c.groups;
-  req.privileged = c.peer.uid == 0 || c.peer.uid == ::geteuid();
+  req.privileged = IsPrivileged(c.peer.uid);
   req.stopping = &stop_;
   const int fd = c.fd.get();
-  req.progress = [fd](const nlohmann::json& p) { return WriteAll(fd, DumpLine(p)).ok(); };
+  const auto timeout = limits_.reply_timeout;
+  req.progress = [fd, timeout](const nlohmann::json& p) { return WriteAllBy(fd, DumpLine(p), Clock::now() + timeout).ok(); };
   try {
     return handler_(req);
   } catch (const std::exception& e) {
@@ -516,26 +564,49 @@ nlohmann::json ControlServer::Answer(Connection& c, nlohmann::json body) {
   }
 }
 
-Result<nlohmann::json> ControlCall(const std::string& socket_path, const nlohmann::json& request,
-                                   const std::function<void(const nlohmann::json&)>& on_progress) {
-  nlohmann::json encoded = request;
-  if (Status s = EncodeJsonPaths(encoded); !s.ok()) return Status::Error("cannot encode the request: " + s.message());
+Result<UniqueFd> ConnectControlSocket(const std::string& socket_path) {
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return Status::FromErrno("socket", errno);
   sockaddr_un addr = Address(socket_path);
   if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     return Status::FromErrno("cannot connect to the control socket " + socket_path, errno);
   }
+  return fd;
+}
+
+bool ControlSocketAnswers(const std::string& socket_path) {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) return false;
+  sockaddr_un addr = Address(socket_path);
+  // Non-blocking: a live server with a full backlog answers EAGAIN, which
+  // is as alive as an accepted connection; a dead one's file ECONNREFUSED.
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return true;
+  return errno == EAGAIN || errno == EINPROGRESS;
+}
+
+Result<nlohmann::json> ControlCall(const std::string& socket_path, const nlohmann::json& request,
+                                   const std::function<void(const nlohmann::json&)>& on_progress,
+                                   std::chrono::milliseconds silence) {
+  nlohmann::json encoded = request;
+  if (Status s = EncodeJsonPaths(encoded); !s.ok()) return Status::Error("cannot encode the request: " + s.message());
+  auto fd = ConnectControlSocket(socket_path);
+  if (!fd.ok()) return fd.status();
+  return ControlExchange(fd->get(), socket_path, encoded, on_progress, silence);
+}
+
+Result<nlohmann::json> ControlExchange(int fd, const std::string& socket_path, const nlohmann::json& encoded,
+                                       const std::function<void(const nlohmann::json&)>& on_progress,
+                                       std::chrono::milliseconds silence) {
   // A server that refuses the connection (too many from this uid) says why
   // and closes, perhaps before the request is written: read its line anyway.
-  const Status sent = WriteAll(fd.get(), encoded.dump() + "\n");
+  const Status sent = WriteAll(fd, encoded.dump() + "\n");
   std::string pending;
+  const int wait_ms = static_cast<int>(std::clamp<int64_t>(silence.count(), 1, INT32_MAX));
   for (;;) {
-    // Long work sends progress at least every few seconds; silence this long means trouble.
-    auto line = ReadLine(fd.get(), 64 << 20, sent.ok() ? 600000 : 1000, pending);
+    auto line = ReadLine(fd, 64 << 20, sent.ok() ? wait_ms : 1000, pending);
     if (!line.ok()) return sent.ok() ? line.status() : sent;
     auto reply = nlohmann::json::parse(*line, nullptr, false);
-    if (reply.is_discarded()) return Status::Error("malformed reply from " + socket_path);
+    if (reply.is_discarded() || !reply.is_object()) return Status::Error("malformed reply from " + socket_path);
     if (reply.contains("progress")) {
       if (on_progress) on_progress(reply);
       continue;

@@ -2,6 +2,9 @@
 // pipeline with its progress bar.
 #pragma once
 
+#include <sys/types.h>
+
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -73,8 +76,31 @@ Result<std::pair<std::string, std::string>> LocateInMount(const std::string& pat
 Result<std::string> ReadXattr(const std::string& path, const char* name);
 int RunResolve(const std::string& path);
 
-// Sends a request to the daemon serving `mountpoint`; fails unless it says
-// ok. Progress lines of long work go to `on_progress`. The error is the
+// A mount's control socket, found once: its path (user.ckptfs.control of
+// the mount point) and the uid its daemon must run as (the mount's owner).
+struct MountControl {
+  std::string mountpoint;
+  std::string socket;
+  uid_t owner_uid = 0;
+};
+// For `mountpoint` as LocateInMount found it (a real ckptfs mount).
+Result<MountControl> OpenMountControl(const std::string& mountpoint);
+// Sends a request on `m`'s socket once its peer proved to be the mount's
+// daemon (SO_PEERCRED); fails unless the reply says ok. Every string of the
+// reply, and the error, is Printable. Waits at most `silence` for a line.
+Result<nlohmann::json> CallControl(const MountControl& m, const nlohmann::json& request,
+                                   const std::function<void(const nlohmann::json&)>& on_progress = nullptr,
+                                   std::chrono::milliseconds silence = std::chrono::minutes(10));
+
+// `text` with control characters (C0, DEL, C1 in UTF-8 or as single bytes)
+// written as \xNN; other bytes, UTF-8 or not, as they are.
+std::string Printable(std::string_view text);
+// Printable applied to every string and key of `j` (paths decoded; its
+// depth already bounded by DecodeJsonPaths).
+void MakePrintable(nlohmann::json& j);
+
+// Sends a request to the daemon serving `mountpoint` (OpenMountControl,
+// then CallControl); fails unless it says ok. Progress lines of long work go to `on_progress`. The error is the
 // daemon's reason or what failed on the way, without the path the user gave
 // (the caller prefixes it).
 Result<nlohmann::json> CallMount(const std::string& mountpoint, const nlohmann::json& request,

@@ -214,7 +214,15 @@ int main(int argc, char** argv) {
     return rc == 0 ? kExitOk : kExitUsage;
   }
   for (const auto& c : commands) {
-    if (*c.app) return c.run();
+    if (!*c.app) continue;
+    // A reply whose members have the wrong types (a broken or fake server)
+    // is reported, not an abort.
+    try {
+      return c.run();
+    } catch (const nlohmann::json::exception& e) {
+      PrintError(std::string("malformed reply from the daemon: ") + Printable(e.what()));
+      return kExitFatal;
+    }
   }
   return kExitUsage;
 }

@@ -1,4 +1,7 @@
 // Finding a mount's control socket and talking to it.
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/xattr.h>
 
 #include <cerrno>
@@ -10,6 +13,7 @@
 #include "ckptfs/control.h"
 #include "ckptfs/control_protocol.h"
 #include "ckptfs/json_path.h"
+#include "ckptfs/mount_table.h"
 #include "ctl.h"
 
 namespace ckptfs::ctl {
@@ -25,34 +29,85 @@ Result<std::string> ReadXattr(const std::string& path, const char* name) {
 }
 
 // Resolves PATH (a digest directory, a by-name link, or a file under a
-// mount) to its mount point and its path below it.
+// mount) to its mount point and its path below it. Only a real ckptfs mount
+// counts (issue 21 item 12): the mount that holds PATH must be of type
+// fuse.ckptfs in the mount table, PATH's device must be that mount's, and
+// statfs must say FUSE; anyone can set user.ckptfs.* on their own files.
 Result<std::pair<std::string, std::string>> LocateInMount(const std::string& path) {
   char buf[PATH_MAX];
   if (::realpath(path.c_str(), buf) == nullptr) return Status::FromErrno(path, errno);
   const std::string real = buf;
-  // realpath gives "/" or "/a/b": each shorter prefix ending before a slash
-  // is an ancestor, and "/" the last.
-  for (size_t end = real.size();;) {
-    const std::string dir = end == 0 ? std::string("/") : real.substr(0, end);
-    if (::getxattr(dir.c_str(), "user.ckptfs.control", nullptr, 0) > 0) {
-      std::string rel = real.size() > dir.size() ? real.substr(dir.size() + (dir == "/" ? 0 : 1)) : "";
-      return std::make_pair(dir, rel);
-    }
-    if (end == 0 || dir == "/") break;
-    end = real.rfind('/', end - 1);
+  struct stat st {};
+  if (::stat(real.c_str(), &st) != 0) return Status::FromErrno(path, errno);
+  const auto mount = MountHolding(real);
+  if (!mount || mount->fstype != kCkptfsMountType || mount->device != st.st_dev) {
+    std::string on = mount ? " (it is on the " + mount->fstype + " mount at " + mount->mount_point + ")" : "";
+    return Status::Error(path + " is not a ckptfs mount nor inside one" + on);
   }
-  return Status::Error(path + " is not a ckptfs mount nor inside one");
+  struct statfs sfs {};
+  if (::statfs(mount->mount_point.c_str(), &sfs) != 0 || sfs.f_type != kFuseSuperMagic) {
+    return Status::Error(path + " is not a ckptfs mount nor inside one (" + mount->mount_point +
+                         " is listed as one, but is not a FUSE filesystem)");
+  }
+  const std::string& dir = mount->mount_point;
+  std::string rel = real.size() > dir.size() ? real.substr(dir.size() + (dir == "/" ? 0 : 1)) : "";
+  return std::make_pair(dir, rel);
 }
 
-Result<nlohmann::json> CallMount(const std::string& mountpoint, const nlohmann::json& request,
-                                 const std::function<void(const nlohmann::json&)>& on_progress) {
+Result<MountControl> OpenMountControl(const std::string& mountpoint) {
+  const auto mount = MountAt(mountpoint);
+  if (!mount || mount->fstype != kCkptfsMountType) return Status::Error("not a ckptfs mount");
+  const auto owner = SuperOption(*mount, "user_id");
+  if (!owner) return Status::Error("the mount table names no owner (user_id=) of " + mountpoint);
   auto socket = ReadXattr(mountpoint, "user.ckptfs.control");
   if (!socket.ok()) {
     const int err = socket.status().error_number();
     if (err == ENODATA || err == ENOTSUP) return Status::Error("not a ckptfs mount (no user.ckptfs.control attribute)");
     return socket.status();
   }
-  auto reply = ControlCall(*socket, request, on_progress);
+  return MountControl{mountpoint, *socket, static_cast<uid_t>(*owner)};
+}
+
+namespace {
+
+// Whoever listens on the socket must be the mount's daemon, which runs as
+// the user who mounted (the mount table's user_id): a socket file that
+// someone else bound in its place (the daemon died, or the path is theirs)
+// is not believed.
+Status CheckPeerIsTheDaemon(int fd, const MountControl& m) {
+  ucred peer{};
+  socklen_t len = sizeof peer;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) {
+    return Status::FromErrno("cannot learn who serves the control socket " + m.socket, errno);
+  }
+  if (peer.uid == m.owner_uid) return Status::Ok();
+  return Status::Error("the control socket " + m.socket + " is served by uid " + std::to_string(peer.uid) +
+                       " (pid " + std::to_string(peer.pid) + "), not by the daemon of " + m.mountpoint +
+                       ", which runs as uid " + std::to_string(m.owner_uid) + "; not believed");
+}
+
+// The reply with every string made printable (paths decoded for it, then
+// encoded again, so that the caller sees the usual form).
+Result<nlohmann::json> PrintableReply(nlohmann::json reply, const std::string& socket) {
+  if (Status s = DecodeJsonPaths(reply); !s.ok()) return Status::Error("malformed reply from " + socket + ": " + s.message());
+  MakePrintable(reply);
+  if (Status s = EncodeJsonPaths(reply); !s.ok()) return Status::Error("malformed reply from " + socket + ": " + s.message());
+  return reply;
+}
+
+}  // namespace
+
+Result<nlohmann::json> CallControl(const MountControl& m, const nlohmann::json& request,
+                                   const std::function<void(const nlohmann::json&)>& on_progress,
+                                   std::chrono::milliseconds silence) {
+  nlohmann::json encoded = request;
+  if (Status s = EncodeJsonPaths(encoded); !s.ok()) return Status::Error("cannot encode the request: " + s.message());
+  auto fd = ConnectControlSocket(m.socket);
+  if (!fd.ok()) return fd.status();
+  if (Status s = CheckPeerIsTheDaemon(fd->get(), m); !s.ok()) return s;
+  auto raw = ControlExchange(fd->get(), m.socket, encoded, on_progress, silence);
+  if (!raw.ok()) return Status::Error(Printable(raw.status().message()));
+  auto reply = PrintableReply(std::move(*raw), m.socket);
   if (!reply.ok()) return reply.status();
   if (!reply->value(protocol::kOk, false)) {
     // The error may name a path: print its exact bytes (json_path.h).
@@ -64,6 +119,13 @@ Result<nlohmann::json> CallMount(const std::string& mountpoint, const nlohmann::
     return Status::Error(why);
   }
   return reply;
+}
+
+Result<nlohmann::json> CallMount(const std::string& mountpoint, const nlohmann::json& request,
+                                 const std::function<void(const nlohmann::json&)>& on_progress) {
+  auto control = OpenMountControl(mountpoint);
+  if (!control.ok()) return control.status();
+  return CallControl(*control, request, on_progress);
 }
 
 }  // namespace ckptfs::ctl
@@ -121,7 +183,8 @@ Status KeepRowsUnder(nlohmann::json& reply, const std::string& rel) {
   if (Status s = DecodeJsonPaths(wrapper); !s.ok()) return s;
   nlohmann::json kept = nlohmann::json::array();
   for (size_t i = 0; i < wrapper["rows"].size(); ++i) {
-    if (RowUnder(wrapper["rows"][i], rel)) kept.push_back(reply[protocol::kCheckpoints][i]);
+    // The rows' strings are Printable (CallControl); so must the path be.
+    if (RowUnder(wrapper["rows"][i], Printable(rel))) kept.push_back(reply[protocol::kCheckpoints][i]);
   }
   reply[protocol::kCheckpoints] = std::move(kept);
   return Status::Ok();
@@ -135,6 +198,20 @@ std::optional<int> QueryRowsUnder(const std::string& path, std::string_view cmd,
   }
   return std::nullopt;
 }
+
+namespace {
+
+// "sha256-" and 64 lowercase hex digits, as section 1 of DESIGN.md names a checkpoint.
+bool IsDigestName(const std::string& name) {
+  constexpr std::string_view kPrefix = "sha256-";
+  if (name.size() != kPrefix.size() + 64 || name.compare(0, kPrefix.size(), kPrefix) != 0) return false;
+  for (size_t i = kPrefix.size(); i < name.size(); ++i) {
+    if (!((name[i] >= '0' && name[i] <= '9') || (name[i] >= 'a' && name[i] <= 'f'))) return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 int RunResolve(const std::string& path) {
   auto where = LocateInMount(path);
@@ -153,6 +230,10 @@ int RunResolve(const std::string& path) {
   const std::string here = rel.empty() ? mountpoint : mountpoint + "/" + rel;
   auto digest = ReadXattr(here, "user.ckptfs.digest");
   if (digest.ok()) {
+    if (!IsDigestName(*digest)) {
+      PrintError(path + ": user.ckptfs.digest is not a digest name (sha256-<64 hex>): " + Printable(*digest));
+      return kExitFailure;
+    }
     std::printf("%s/%s\n", mountpoint.c_str(), digest->c_str());
     return kExitOk;
   }

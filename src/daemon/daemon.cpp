@@ -14,6 +14,7 @@
 #include "ckptfs/systemd_fdstore.h"
 #include "gpu_probe.h"
 #include "kernel_tuning.h"
+#include "mount_point_checks.h"
 #include "supervised_mount.h"
 #include "test_hooks.h"
 
@@ -82,6 +83,10 @@ Status Daemon::CheckPaths(struct stat* source_st) {
   const std::string real_source = RealPath(o.source);
   const std::string real_mountpoint = mounted_already ? o.mountpoint : RealPath(o.mountpoint);
   if (real_source == real_mountpoint) return Status::Error("mount point " + o.mountpoint + " is the source itself");
+  if (!mounted_already) {
+    if (Status s = CheckSourceOutsideMount(o.source, real_source, real_mountpoint); !s.ok()) return s;
+    if (Status s = CheckNoCkptfsMountAt(real_mountpoint); !s.ok()) return s;
+  }
   std::vector<std::string> warnings;
   auto manifests = OpenManifestStore(o, &warnings);
   for (const auto& w : warnings) spdlog::warn("{}", w);
@@ -250,15 +255,16 @@ void Daemon::StartControl() {
   // new mount starts with nothing pinned.
   pins_ = std::make_unique<PinList>(state_dir_, options_.mountpoint);
   const bool taking_over = handover_ && !handover_->adopted_init().empty();
-  if (!taking_over) pins_->Clear();
   if (taking_over) repin_ = std::thread([this] { RestorePins(ctx_, *pins_, stop_repin_); });
   commands_ = std::make_unique<CommandTable>(MakeCommands());
   control_ = std::make_unique<ControlServer>(ControlSocketPath(options_.mountpoint, state_dir_), commands_->AsHandler());
-  if (Status s = control_->Start(); !s.ok()) {
+  if (Status s = control_->Start(/*take_over=*/taking_over); !s.ok()) {
+    // The pin list is left alone too: it may be that other daemon's.
     spdlog::warn("{}; ckptfsctl cannot reach this mount", s.message());
-  } else {
-    view_->SetRootXattr("user.ckptfs.control", control_->path());
+    return;
   }
+  if (!taking_over) pins_->Clear();
+  view_->SetRootXattr("user.ckptfs.control", control_->path());
 }
 
 // A cloned descriptor is this process's own: at a crash the kernel fails the

@@ -34,6 +34,8 @@ std::unique_ptr<FdHandover> FdHandover::FromEnvironment() {
   const std::string init = TakeEnv(handover::kEnvInit), restarts = TakeEnv(handover::kEnvRestarts);
   const std::string last_exit = TakeEnv(handover::kEnvLastExit), mounted_at = TakeEnv(handover::kEnvMountedAt);
   const std::string supervisor = TakeEnv(handover::kEnvSupervisorPid);
+  const std::string started_as = TakeEnv(handover::kEnvStartedAs);
+  const std::string predecessor = TakeEnv(handover::kEnvPredecessorPid);
   if (fuse.empty() || link.empty()) return nullptr;
   std::unique_ptr<FdHandover> h(new FdHandover());
   h->fuse_fd_ = static_cast<int>(ToInt(fuse));
@@ -47,6 +49,8 @@ std::unique_ptr<FdHandover> FdHandover::FromEnvironment() {
   h->mounted_at_ = ToInt(mounted_at);
   h->started_at_ = static_cast<int64_t>(std::time(nullptr));
   h->supervisor_pid_ = static_cast<int>(ToInt(supervisor));
+  h->started_as_ = started_as.empty() ? handover::kStartedFirst : started_as;
+  h->predecessor_pid_ = static_cast<int>(ToInt(predecessor));
   return h;
 }
 
@@ -149,7 +153,9 @@ nlohmann::json FdHandover::StatusJson() const {
           {kRestarts, restarts_},
           {kLastExit, last_exit_},
           {kHandoverFailures, handover_failures_},
-          {kLastHandoverError, last_handover_error_}};
+          {kLastHandoverError, last_handover_error_},
+          {kStartedAs, started_as_},
+          {kPredecessorPid, predecessor_pid_}};
 }
 
 bool FailStartForTest() {
@@ -162,7 +168,8 @@ bool FailStartForTest() {
 nlohmann::json UnsupervisedStatusJson(int64_t started_at) {
   using namespace protocol;
   return {{kVersion, BuildDescription()}, {kSupervised, false}, {kStartedAt, started_at},
-          {"mounted_at", started_at},     {kRestarts, 0},       {kLastExit, "none"}};
+          {"mounted_at", started_at},     {kRestarts, 0},       {kLastExit, "none"},
+          {kStartedAs, handover::kStartedFirst}};
 }
 
 }  // namespace ckptfs::daemon

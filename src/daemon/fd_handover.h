@@ -64,6 +64,8 @@ class FdHandover {
   int64_t mounted_at_ = 0;
   int64_t started_at_ = 0;
   int supervisor_pid_ = 0;
+  std::string started_as_;  // handover::kStarted*
+  int predecessor_pid_ = 0;
   std::thread listener_;
   std::atomic<bool> drained_{false};
   std::atomic<bool> open_inodes_lost_{false};

@@ -1,7 +1,6 @@
 #include "kernel_tuning.h"
 
 #include <fcntl.h>
-#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -9,32 +8,25 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 #include <thread>
 #include <vector>
 
 #include <spdlog/spdlog.h>
 
+#include "ckptfs/mount_table.h"
 #include "ckptfs/sealed_copy.h"
 
 namespace ckptfs::daemon {
 
 std::string MountDevice(const std::string& mountpoint) {
-  std::ifstream info("/proc/self/mountinfo");
-  std::string line, devno;
-  while (std::getline(info, line)) {
-    std::istringstream ss(line);
-    std::string id, parent, dev, root, point;
-    ss >> id >> parent >> dev >> root >> point;
-    if (point == mountpoint) devno = dev;  // the last one is ours
-  }
-  return devno;
+  auto mount = MountAt(mountpoint);
+  return mount ? mount->device_text : "";
 }
 
 std::optional<dev_t> MountDeviceNumber(const std::string& mountpoint) {
-  unsigned major = 0, minor = 0;
-  if (std::sscanf(MountDevice(mountpoint).c_str(), "%u:%u", &major, &minor) != 2) return std::nullopt;
-  return makedev(major, minor);
+  auto mount = MountAt(mountpoint);
+  if (!mount) return std::nullopt;
+  return mount->device;
 }
 
 void SetBdiReadahead(const std::string& mountpoint, uint64_t bytes, const std::atomic<bool>& stop) {

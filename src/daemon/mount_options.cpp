@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
 #include <optional>
@@ -39,14 +40,23 @@ bool IsFuseOption(const std::string& opt) {
   return false;
 }
 
-Result<double> ParseSeconds(const std::string& key, const std::string& value) {
+// A duration from 0 to a year; with `min_nonzero`, one that is not 0 must
+// be at least that long.
+Result<double> ParseSeconds(const std::string& key, const std::string& value, double min_nonzero = 0) {
   char* end = nullptr;
   errno = 0;
   double v = std::strtod(value.c_str(), &end);
   // A year at most: durations become nanosecond counts in int64 (settle=9.3e9
   // would overflow into "no settle"), and nothing here needs longer.
   constexpr double kMaxSeconds = 365.0 * 24 * 3600;
-  if (value.empty() || *end != '\0' || errno != 0 || !std::isfinite(v) || v < 0 || v > kMaxSeconds) {
+  if (value.empty() || *end != '\0' || errno != 0 || !std::isfinite(v) || v < 0 || v > kMaxSeconds ||
+      (v > 0 && v < min_nonzero)) {
+    if (min_nonzero > 0) {
+      char min[32];
+      std::snprintf(min, sizeof min, "%g", min_nonzero);
+      return Status::Error("option " + key + "=" + value + ": expected a number of seconds from " + min +
+                           " to 31536000 (a year), or 0 for none");
+    }
     return Status::Error("option " + key + "=" + value + ": expected a number of seconds from 0 to 31536000 (a year)");
   }
   return v;
@@ -109,7 +119,9 @@ std::optional<Status> ApplyKeyedOption(const std::string& key, const std::string
     o.state_dir = value;
   } else if (key == "rescan" || key == "settle") {
     if (Status s = need_value(); !s.ok()) return s;
-    auto v = ParseSeconds(key, value);
+    // A full rescan walks all of SRC: more often than kMinRescanS
+    // would keep a core walking and never help (rescan=1e-9 used to be taken).
+    auto v = ParseSeconds(key, value, key == "rescan" ? kMinRescanS : 0);
     if (!v.ok()) return v.status();
     (key == "rescan" ? o.rescan_s : o.settle_s) = *v;
     if (key == "rescan") o.rescan_given = true;
@@ -171,6 +183,11 @@ std::optional<Status> ApplyKeyedOption(const std::string& key, const std::string
   } else if (key == "supervise") {
     if (Status s = OneOf(key, value, {"on", "off"}); !s.ok()) return s;
     o.supervise = value == "on";
+  } else if (key == "handover_timeout") {
+    if (Status s = need_value(); !s.ok()) return s;
+    auto n = ParseCount(key, value, 3600);
+    if (!n.ok()) return n.status();
+    o.handover_timeout_s = *n;
   } else if (key == "fsname") {
     if (Status s = need_value(); !s.ok()) return s;
     o.fsname = value;
@@ -326,12 +343,13 @@ appear as they are indexed.
 ckptfs options (-o):
   state=DIR            index and state directory (default /var/lib/ckptfs for
                        root, else $XDG_STATE_HOME/ckptfs)
-  rescan=SECONDS       periodic full rescan of SRC, for changes inotify misses;
-                       0 turns it off (default 600, or 60 when SRC is on a
-                       filesystem where other clients' changes raise no
-                       inotify event: NFS, SMB, Ceph, Lustre, FUSE, ...)
+  rescan=SECONDS       periodic full rescan of SRC, for changes inotify misses:
+                       1 to 31536000, or 0 to turn it off (default 600, or 60
+                       when SRC is on a filesystem where other clients'
+                       changes raise no inotify event: NFS, SMB, Ceph,
+                       Lustre, FUSE, ...)
   settle=SECONDS       index a checkpoint once none of its files changed for
-                       this long (default 5)
+                       this long: 0 to 31536000 (default 5)
   symlinks=POLICY      contained: follow links only when they resolve inside
                        SRC (default); follow: follow every link
   threads=N            FUSE and hashing threads (default: one per CPU)
@@ -406,6 +424,9 @@ ckptfs options (-o):
                        mount over (no "Transport endpoint is not connected"),
                        and `ckptfsctl restart` upgrades it in place; off: one
                        process, and the mount dies with it
+  handover_timeout=SECONDS  how long the new daemon of a `ckptfsctl restart`
+                       may take to serve, 1 to 3600 (default 120); then it
+                       is stopped and the old one serves on
   stamp_headers        serve each *.safetensors file with "ckptfs.checkpoint"
                        and "ckptfs.sha256" added to its header's __metadata__,
                        so caches keyed on raw headers tell checkpoints apart

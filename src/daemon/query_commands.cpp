@@ -43,7 +43,8 @@ nlohmann::json OptionsJson(const MountOptions& o, const std::string& log_destina
           {"fill_io", o.fill_io},
           {"shmem_huge", o.shmem_huge_advise ? "advise" : "keep"},
           {kOptionLog, o.log_level},
-          {kOptionLogFile, log_destination}};
+          {kOptionLogFile, log_destination},
+          {kOptionHandoverTimeout, o.handover_timeout_s}};
 }
 
 nlohmann::json LastScanJson(const CatalogWatcher::ScanStats& s) {

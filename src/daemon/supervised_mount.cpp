@@ -150,6 +150,7 @@ int RunSupervisor(fuse_session* se, const MountOptions& o, int argc, char** argv
   c.args = DaemonArgs(argc, argv, o);
   c.fuse_fd = fd;
   c.mountpoint = o.mountpoint;
+  c.handover_timeout = std::chrono::seconds(o.handover_timeout_s);
   c.unmount = [se, &stored, &o] {
     if (!stored) {
       fuse_session_unmount(se);

@@ -10,6 +10,8 @@ namespace {
 
 constexpr std::string_view kMagic = "ckptfs-record 1";
 constexpr int64_t kNanos = 1'000'000'000;
+// No file is larger (2^62 bytes); beyond it ChunkCount would overflow.
+constexpr uint64_t kMaxRecordFileSize = uint64_t{1} << 62;
 
 // The whole-seconds rule of the header comment.
 bool SameMtime(int64_t a, int64_t b) {
@@ -129,6 +131,12 @@ Result<ParsedRecord> ParseRecord(std::string_view text) {
   uint64_t count = 0;
   if (!TakeLine(text, &pos, "chunks ", &v) || !ParseNumber(v, &count) || count != ChunkCount(r.size)) {
     return Torn("bad chunks line (it must be the chunk count of the size)");
+  }
+  // Each chunk line is 33 bytes: a count the text cannot hold is refused
+  // before anything is allocated for it (a store's writer could otherwise
+  // claim an exabyte file in a 100-byte record).
+  if (r.size > kMaxRecordFileSize || count > (text.size() - pos) / 33) {
+    return Torn("chunks line claims " + std::to_string(count) + " chunks, more than the record holds");
   }
   r.hashes.size = r.size;
   r.hashes.chunks.resize(count);

@@ -7,6 +7,7 @@
 #include <cerrno>
 
 #include "atomic_file.h"
+#include "ckptfs/open_beneath.h"
 #include "ckptfs/unique_fd.h"
 
 namespace ckptfs {
@@ -21,23 +22,37 @@ uint64_t MaxRecordBytes(uint64_t file_size, const std::string& rel_path) {
   return 4096 + 3 * rel_path.size() + ChunkCount(file_size) * 33;
 }
 
-Result<std::string> ReadBounded(const std::string& path, uint64_t max_bytes) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
-  if (!fd.valid()) {
-    if (errno == ENOENT) return Status::NotFound(path + ": no record");
-    return Status::FromErrno("cannot open record " + path, errno);
+// Reads the record at `rel` beneath the store's root (`path` in messages)
+// without following a symlink anywhere on the way, and only when it is a
+// regular file of at most `max_bytes`: a FIFO, a device or a huge file put
+// there by a writer of the store is neither waited on nor read.
+Result<std::string> ReadBounded(int root, const std::string& rel, const std::string& path, uint64_t max_bytes) {
+  // First without opening it (O_PATH): a device node is not even opened.
+  auto probe = OpenBeneath(root, rel, O_PATH, "record " + path);
+  if (!probe.ok()) {
+    const int err = probe.status().error_number();
+    if (err == ENOENT) return Status::NotFound(path + ": no record");
+    return IsEscapeErrno(err) ? Status::Corrupt(probe.status().message()) : probe.status();
   }
+  struct stat first {};
+  if (::fstat(probe->get(), &first) != 0) return Status::FromErrno("cannot stat record " + path, errno);
+  if (!S_ISREG(first.st_mode)) return Status::Corrupt("record " + path + " is not a regular file; ignored");
+  auto fd = OpenBeneath(root, rel, O_RDONLY | O_NOCTTY | O_NONBLOCK, "record " + path);
+  if (!fd.ok()) return fd.status().error_number() == ENOENT ? Status::NotFound(path + ": no record") : fd.status();
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return Status::FromErrno("cannot stat record " + path, errno);
-  if (!S_ISREG(st.st_mode)) return Status::Corrupt("record " + path + " is not a regular file; ignored");
+  if (::fstat(fd->get(), &st) != 0) return Status::FromErrno("cannot stat record " + path, errno);
+  if (!S_ISREG(st.st_mode) || st.st_dev != first.st_dev || st.st_ino != first.st_ino) {
+    return Status::Corrupt("record " + path + " was replaced while it was opened; ignored");
+  }
   if (static_cast<uint64_t>(st.st_size) > max_bytes) {
     return Status::Corrupt("record " + path + " is " + std::to_string(st.st_size) +
                            " bytes, more than a record of this file can be; ignored");
   }
+  // Never more than fstat said, even if the file grows meanwhile.
   std::string bytes(static_cast<size_t>(st.st_size), '\0');
   size_t done = 0;
   while (done < bytes.size()) {
-    ssize_t n = ::read(fd.get(), bytes.data() + done, bytes.size() - done);
+    ssize_t n = ::read(fd->get(), bytes.data() + done, bytes.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return Status::FromErrno("cannot read record " + path, errno);
     if (n == 0) break;
@@ -47,22 +62,33 @@ Result<std::string> ReadBounded(const std::string& path, uint64_t max_bytes) {
   return bytes;
 }
 
+// "v1/<xx>" and "<K>.rec" of a record key K.
+struct RecordName {
+  std::string sub;
+  std::string file;
+  std::string rel() const { return sub + "/" + file; }
+};
+
 }  // namespace
 
 Result<std::unique_ptr<ManifestStore>> ManifestStore::Open(const std::string& dir, Keyring trusted,
                                                            std::optional<SigningKey> signer) {
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) return Status::FromErrno("manifest store " + dir, errno);
-  if (!S_ISDIR(st.st_mode)) return Status::Error("manifest store " + dir + ": Not a directory");
+  // The path to the store is the operator's; what lies below it is the
+  // writers'. The root is opened once, and everything below it beneath it.
+  UniqueFd root(::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));  // search permission is enough
+  if (!root.valid()) return Status::FromErrno("manifest store " + dir, errno);
   if (signer) trusted.Add(*signer);
   if (trusted.empty()) {
     return Status::Error("manifest store " + dir + ": no key to trust (give manifest_keys=FILE, or manifest_sign=KEY "
                          "whose public half is then trusted)");
   }
-  return std::unique_ptr<ManifestStore>(new ManifestStore(dir, std::move(trusted), std::move(signer)));
+  return std::unique_ptr<ManifestStore>(
+      new ManifestStore(dir, std::move(root), std::move(trusted), std::move(signer)));
 }
 
-std::string ManifestStore::RecordPath(const std::string& rel_path, const FileStamp& stamp) const {
+namespace {
+
+RecordName NameOf(const std::string& rel_path, const FileStamp& stamp) {
   std::string key = "ckptfs-record-key 1";
   key += '\0';
   key += rel_path;
@@ -71,11 +97,18 @@ std::string ManifestStore::RecordPath(const std::string& rel_path, const FileSta
   key += '\0';
   key += std::to_string(MtimeSeconds(stamp.mtime_ns));
   const std::string hex = ToHex(Sha256Of(key));
-  return dir_ + "/" + kLayout + "/" + hex.substr(0, 2) + "/" + hex + ".rec";
+  return {std::string(kLayout) + "/" + hex.substr(0, 2), hex + ".rec"};
 }
 
-Result<ManifestRecord> ManifestStore::ReadTrusted(const std::string& path, uint64_t max_bytes) const {
-  auto bytes = ReadBounded(path, max_bytes);
+}  // namespace
+
+std::string ManifestStore::RecordPath(const std::string& rel_path, const FileStamp& stamp) const {
+  return dir_ + "/" + NameOf(rel_path, stamp).rel();
+}
+
+Result<ManifestRecord> ManifestStore::ReadTrusted(const std::string& rel, const std::string& path,
+                                                  uint64_t max_bytes) const {
+  auto bytes = ReadBounded(root_.get(), rel, path, max_bytes);
   if (!bytes.ok()) return bytes.status();
   auto parsed = ParseRecord(*bytes);
   if (!parsed.ok()) return Status::Corrupt("record " + path + " ignored: " + parsed.status().message());
@@ -93,8 +126,9 @@ Result<FileHashes> ManifestStore::Lookup(const std::string& rel_path, const File
       return Status::NotFound(rel_path + ": its record did not match the file; not trusted again");
     }
   }
-  const std::string path = RecordPath(rel_path, stamp);
-  auto record = ReadTrusted(path, MaxRecordBytes(stamp.size, rel_path));
+  const RecordName name = NameOf(rel_path, stamp);
+  const std::string path = dir_ + "/" + name.rel();
+  auto record = ReadTrusted(name.rel(), path, MaxRecordBytes(stamp.size, rel_path));
   if (!record.ok()) {
     if (record.status().code() != Status::Code::kNotFound) ++ignored_;
     return record.status();
@@ -112,9 +146,9 @@ Result<FileHashes> ManifestStore::Lookup(const std::string& rel_path, const File
 
 Status ManifestStore::Publish(const std::string& rel_path, const FileStamp& stamp, const FileHashes& hashes) {
   if (!signer_) return Status::Error("cannot publish the record of " + rel_path + ": no signing key (manifest_sign=)");
-  const std::string path = RecordPath(rel_path, stamp);
+  const RecordName name = NameOf(rel_path, stamp);
   ManifestRecord record{rel_path, stamp.size, stamp.mtime_ns, hashes};
-  if (auto there = ReadTrusted(path, MaxRecordBytes(stamp.size, rel_path));
+  if (auto there = ReadTrusted(name.rel(), dir_ + "/" + name.rel(), MaxRecordBytes(stamp.size, rel_path));
       there.ok() && there->path == rel_path && there->size == stamp.size && there->mtime_ns == stamp.mtime_ns &&
       there->hashes.sha256 == hashes.sha256 && there->hashes.chunks == hashes.chunks) {
     ++already_;
@@ -122,11 +156,15 @@ Status ManifestStore::Publish(const std::string& rel_path, const FileStamp& stam
   }
   auto text = SignRecord(record, *signer_);
   if (!text.ok()) return text.status();
-  const std::string top = dir_ + "/" + kLayout;
-  const std::string sub = path.substr(0, path.rfind('/'));
-  if (Status s = MakeDirectory(top); !s.ok()) return s;
-  if (Status s = MakeDirectory(sub); !s.ok()) return s;
-  if (Status s = WriteFileAtomically(sub, path.substr(path.rfind('/') + 1), *text, 0644); !s.ok()) {
+  // Each level is opened beneath the one above, following no symlink: a
+  // writer of the store who turns v1/ or v1/<xx>/ into a link to /etc gets
+  // a refusal, not a root-owned file there.
+  auto top = MakeAndOpenDirectory(root_.get(), kLayout, dir_ + "/" + kLayout);
+  if (!top.ok()) return Status::Error("cannot publish the record of " + rel_path + ": " + top.status().message());
+  const std::string sub_name = name.sub.substr(name.sub.rfind('/') + 1);
+  auto sub = MakeAndOpenDirectory(top->get(), sub_name, dir_ + "/" + name.sub);
+  if (!sub.ok()) return Status::Error("cannot publish the record of " + rel_path + ": " + sub.status().message());
+  if (Status s = WriteFileAtomically(sub->get(), dir_ + "/" + name.sub, name.file, *text, 0644); !s.ok()) {
     return Status::Error("cannot publish the record of " + rel_path + ": " + s.message());
   }
   ++published_;

@@ -2,21 +2,15 @@
 
 #include <fcntl.h>
 #include <linux/openat2.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
 
+#include "ckptfs/open_beneath.h"
+
 namespace ckptfs {
 
 namespace {
-
-int OpenAt2(int dirfd, const std::string& path, uint64_t flags, uint64_t resolve) {
-  open_how how{};
-  how.flags = flags;
-  how.resolve = resolve;
-  return static_cast<int>(::syscall(SYS_openat2, dirfd, path.c_str(), &how, sizeof how));
-}
 
 bool Beneath(const std::string& root, const std::string& path) {
   return !root.empty() && root != "/" && path.size() > root.size() + 1 &&
@@ -45,7 +39,7 @@ Result<OpenedSource> OpenSourceFile(const std::string& root, const std::string& 
   if (fd < 0 && errno == EPERM) fd = OpenAt2(at, rel, flags, resolve);
   if (fd < 0) {
     const int err = errno;
-    if (err == ELOOP || err == EXDEV) {
+    if (IsEscapeErrno(err)) {
       return Status::Changed(path + ": a symlink now stands on its path (the tree changed since it was walked)");
     }
     return Status::FromErrno("cannot open " + path, err);

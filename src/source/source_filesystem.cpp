@@ -2,37 +2,12 @@
 
 #include <sys/stat.h>
 #include <sys/statfs.h>
-#include <sys/sysmacros.h>
 
 #include <cstdint>
-#include <fstream>
-#include <sstream>
+
+#include "ckptfs/mount_table.h"
 
 namespace ckptfs {
-
-namespace {
-
-// The "fstype" field of the mountinfo line of the mount whose device is
-// `dev` ("maj:min" matches st_dev; with several, the last mounted).
-std::string MountinfoType(dev_t dev) {
-  std::ifstream info("/proc/self/mountinfo");
-  const std::string want = std::to_string(major(dev)) + ":" + std::to_string(minor(dev));
-  std::string line, found;
-  while (std::getline(info, line)) {
-    std::istringstream ss(line);
-    std::string id, parent, devno, field;
-    ss >> id >> parent >> devno;
-    if (devno != want) continue;
-    // Optional fields end at " - ", then fstype.
-    const size_t dash = line.find(" - ");
-    if (dash == std::string::npos) continue;
-    std::istringstream rest(line.substr(dash + 3));
-    rest >> found;
-  }
-  return found;
-}
-
-}  // namespace
 
 std::string RemoteFilesystemName(long f_type) {
   // Magic numbers from linux/magic.h and the filesystems' own headers.
@@ -60,7 +35,9 @@ SourceFilesystem DetectSourceFilesystem(const std::string& path) {
   const bool have_statfs = ::statfs(path.c_str(), &sfs) == 0;
   const std::string remote = have_statfs ? RemoteFilesystemName(static_cast<long>(sfs.f_type)) : "";
   out.inotify_complete = remote.empty();
-  out.type = ::stat(path.c_str(), &st) == 0 ? MountinfoType(st.st_dev) : "";
+  if (::stat(path.c_str(), &st) == 0) {
+    if (auto mount = MountOfDevice(st.st_dev)) out.type = mount->fstype;
+  }
   if (out.type.empty()) out.type = remote.empty() ? "unknown" : remote;
   return out;
 }

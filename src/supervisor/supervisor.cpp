@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <optional>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -74,7 +75,19 @@ Supervisor::Supervisor(SupervisorConfig config)
   signals_.reset(::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK));
 }
 
-bool Supervisor::Spawn(const std::string& binary, const std::string& why) {
+const char* Supervisor::RoleName(Role role) {
+  switch (role) {
+    case Role::kSuccessor:
+      return handover::kStartedSuccessor;
+    case Role::kReplacement:
+      return handover::kStartedReplacement;
+    case Role::kFirst:
+      break;
+  }
+  return handover::kStartedFirst;
+}
+
+bool Supervisor::Spawn(const std::string& binary, const std::string& why, Role role, pid_t predecessor) {
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
     spdlog::error("supervisor: cannot start the serving daemon ({}): socketpair: {}", why, std::strerror(errno));
@@ -85,7 +98,9 @@ bool Supervisor::Spawn(const std::string& binary, const std::string& why) {
       {handover::kEnvRestarts, std::to_string(restarts_)},
       {handover::kEnvLastExit, last_exit_},
       {handover::kEnvMountedAt, std::to_string(mounted_at_)},
-      {handover::kEnvSupervisorPid, std::to_string(::getpid())}};
+      {handover::kEnvSupervisorPid, std::to_string(::getpid())},
+      {handover::kEnvStartedAs, RoleName(role)},
+      {handover::kEnvPredecessorPid, std::to_string(predecessor)}};
   if ((started_ || !config_.adopted_init.empty()) && !init_request_.empty()) env.emplace_back(handover::kEnvInit, handover::ToHex(init_request_));
   const pid_t pid = ::fork();
   if (pid < 0) {
@@ -93,8 +108,15 @@ bool Supervisor::Spawn(const std::string& binary, const std::string& why) {
     return false;
   }
   if (pid == 0) ExecDaemon(binary, config_.args, config_.fuse_fd, theirs.get(), env);
-  children_.push_back(Child{pid, std::move(ours), binary, Clock::now(), false, false, {}});
-  spdlog::info("supervisor: started serving daemon pid {} ({}; {})", pid, binary, why);
+  Child child;
+  child.pid = pid;
+  child.link = std::move(ours);
+  child.binary = binary;
+  child.role = role;
+  child.started = Clock::now();
+  child.ready_by = child.started + config_.handover_timeout;
+  children_.push_back(std::move(child));
+  spdlog::info("supervisor: started {} daemon pid {} ({}; {})", RoleName(role), pid, binary, why);
   return true;
 }
 
@@ -106,10 +128,46 @@ void Supervisor::Send(Child& child, const nlohmann::json& message) {
 }
 
 Supervisor::ChildIt Supervisor::Serving() {
-  for (auto it = children_.rbegin(); it != children_.rend(); ++it) {
-    if (!it->draining) return std::prev(it.base());
+  for (auto it = children_.begin(); it != children_.end(); ++it) {
+    if (it->ready && !it->draining && it->abandoned.empty()) return it;
   }
   return children_.end();
+}
+
+Supervisor::ChildIt Supervisor::PendingSuccessor() {
+  for (auto it = children_.begin(); it != children_.end(); ++it) {
+    if (it->role == Role::kSuccessor && !it->ready && it->abandoned.empty()) return it;
+  }
+  return children_.end();
+}
+
+// A daemon serves, or one is on its way that is not a successor (a
+// replacement starting, or a restart waiting for its back-off).
+bool Supervisor::ServerPresentOrComing() const {
+  if (restart_pending_) return true;
+  for (const auto& c : children_) {
+    if (c.abandoned.empty() && !c.draining && (c.ready || c.role != Role::kSuccessor)) return true;
+  }
+  return false;
+}
+
+// Kills `child` (it exits through OnExit like any other), remembering why.
+void Supervisor::Abandon(Child& child, const std::string& why) {
+  if (!child.abandoned.empty()) return;
+  child.abandoned = why;
+  spdlog::error("supervisor: stopping daemon pid {} ({}): {}", child.pid, child.binary, why);
+  ::kill(child.pid, SIGKILL);
+}
+
+// A successor that did not report ready within handover_timeout.
+void Supervisor::AbandonLateSuccessors() {
+  const auto now = Clock::now();
+  for (auto& c : children_) {
+    if (c.role != Role::kSuccessor || c.ready || !c.abandoned.empty() || now < c.ready_by) continue;
+    Abandon(c, "it did not report ready within " +
+                   std::to_string(std::chrono::duration_cast<std::chrono::seconds>(config_.handover_timeout).count()) +
+                   " s of the hand-over");
+  }
 }
 
 void Supervisor::ReportStart(uint8_t status) {
@@ -121,7 +179,8 @@ void Supervisor::ReportStart(uint8_t status) {
 }
 
 void Supervisor::OnMessage(ChildIt child, const nlohmann::json& message) {
-  const std::string type = message["type"];
+  if (!child->abandoned.empty()) return;  // being killed: nothing it says counts
+  const std::string type = message.value("type", std::string());
   if (type == "init") {
     if (init_request_.empty()) {
       init_request_ = handover::FromHex(message.value("request", std::string()));
@@ -139,19 +198,25 @@ void Supervisor::OnMessage(ChildIt child, const nlohmann::json& message) {
   } else if (type == "ready") {
     OnReady(child);
   } else if (type == "restart") {
-    std::string binary = message.value("binary", std::string());
-    if (binary.empty()) binary = config_.binary;
-    if (stopping_ || !child->ready || child->draining || std::prev(children_.end()) != child) {
-      spdlog::warn("supervisor: restart asked by pid {} ignored: a start or hand-over is under way", child->pid);
-      return;
-    }
-    ++restarts_;
-    last_exit_ = "pid " + std::to_string(child->pid) + " handed over (ckptfsctl restart)";
-    if (!Spawn(binary, "hand-over asked by pid " + std::to_string(child->pid) + " (ckptfsctl restart)")) {
-      Send(*child, {{"type", "handover-failed"}, {"error", "the supervisor could not start " + binary}});
-    }
+    OnRestartAsked(child, message);
   } else {
     spdlog::warn("supervisor: daemon pid {} sent an unknown message: {}", child->pid, type);
+  }
+}
+
+void Supervisor::OnRestartAsked(ChildIt child, const nlohmann::json& message) {
+  std::string binary = message.value("binary", std::string());
+  if (binary.empty()) binary = config_.binary;
+  if (stopping_ || child != Serving() || PendingSuccessor() != children_.end() || restart_pending_) {
+    spdlog::warn("supervisor: restart asked by pid {} ignored: a start or hand-over is under way", child->pid);
+    Send(*child, {{"type", "handover-failed"}, {"error", "a start or hand-over is under way already"}});
+    return;
+  }
+  ++restarts_;
+  last_exit_ = "pid " + std::to_string(child->pid) + " handed over (ckptfsctl restart)";
+  if (!Spawn(binary, "hand-over asked by pid " + std::to_string(child->pid) + " (ckptfsctl restart)", Role::kSuccessor,
+             child->pid)) {
+    Send(*child, {{"type", "handover-failed"}, {"error", "the supervisor could not start " + binary}});
   }
 }
 
@@ -171,7 +236,11 @@ void Supervisor::OnReady(ChildIt child) {
   }
   bool predecessor_alive = false;
   for (auto& other : children_) {
-    if (other.pid == child->pid || other.draining) continue;
+    if (other.pid == child->pid || other.draining || !other.abandoned.empty()) continue;
+    if (!other.ready) {  // one start too many: a single daemon serves
+      Abandon(other, "daemon pid " + std::to_string(child->pid) + " serves already");
+      continue;
+    }
     other.draining = true;
     predecessor_alive = true;
     Send(other, {{"type", "drain"}});
@@ -204,8 +273,7 @@ void Supervisor::ReapChildren() {
 }
 
 void Supervisor::OnExit(ChildIt child, int wait_status) {
-  const Child dead{child->pid, UniqueFd(), child->binary, child->started, child->ready, child->draining,
-                   std::move(child->open_inodes)};
+  const Child dead = std::move(*child);
   children_.erase(child);
   const std::string cause = DescribeExit(wait_status);
   const double ran = Seconds(Clock::now() - dead.started);
@@ -216,8 +284,8 @@ void Supervisor::OnExit(ChildIt child, int wait_status) {
     }
     return;
   }
-  const ChildIt serving = Serving();
   if (dead.draining) {
+    const ChildIt serving = Serving();
     last_exit_ = "handed over (" + cause + ")";
     spdlog::info("supervisor: daemon pid {} handed the mount over and {}", dead.pid, cause);
     if (inherited_.empty()) {  // it died before it could say: what it reported as it went
@@ -234,18 +302,24 @@ void Supervisor::OnExit(ChildIt child, int wait_status) {
     Stop("the first daemon failed");
     return;
   }
+  if (dead.role == Role::kSuccessor && !dead.ready) {
+    OnSuccessorGone(dead, cause);
+  } else if (!dead.abandoned.empty()) {
+    spdlog::info("supervisor: daemon pid {} {}", dead.pid, cause);
+  }
+  if (ServerPresentOrComing()) return;
   if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0 && MountGone()) {
     spdlog::info("supervisor: {} was unmounted; exiting", config_.mountpoint);
     Stop("unmounted");
     return;
   }
-  last_exit_ = cause;
-  if (serving != children_.end()) {  // a hand-over whose new daemon died: the old one goes on
-    spdlog::error("supervisor: new daemon pid {} ({}) {} before taking over; pid {} keeps serving", dead.pid,
-                  dead.binary, cause, serving->pid);
-    Send(*serving, {{"type", "handover-failed"}, {"error", "new daemon " + dead.binary + " " + cause}});
-    return;
+  // Nobody serves. A successor still starting was to take over from the
+  // daemon that just died: it is stopped, and a replacement started at once.
+  if (auto pending = PendingSuccessor(); pending != children_.end()) {
+    Abandon(*pending, "daemon pid " + std::to_string(dead.pid) + ", which it was to take over from, " + cause +
+                          "; a replacement is started instead");
   }
+  last_exit_ = cause;
   // Its successor inherits the files it had open (the kernel holds them).
   if (dead.ready) {
     inherited_ = nlohmann::json::array();
@@ -262,6 +336,23 @@ void Supervisor::OnExit(ChildIt child, int wait_status) {
   crash_loop_ = d.crash_loop;
   restart_pending_ = true;
   restart_at_ = Clock::now() + d.delay;
+}
+
+// A successor ended before it served: the hand-over failed, and the
+// serving daemon, if one still serves, goes on and is told why.
+void Supervisor::OnSuccessorGone(const Child& dead, const std::string& cause) {
+  const std::string how =
+      dead.abandoned.empty() ? cause + " before taking over" : "was stopped before taking over: " + dead.abandoned;
+  const ChildIt serving = Serving();
+  if (serving == children_.end()) {
+    spdlog::error("supervisor: new daemon pid {} ({}) {}", dead.pid, dead.binary, how);
+    return;
+  }
+  last_exit_ = "new daemon pid " + std::to_string(dead.pid) + " " + how;
+  spdlog::error("supervisor: new daemon pid {} ({}) {}; pid {} keeps serving", dead.pid, dead.binary, how,
+                serving->pid);
+  Send(*serving, {{"type", "handover-failed"},
+                  {"error", "new daemon " + dead.binary + " (pid " + std::to_string(dead.pid) + ") " + how}});
 }
 
 void Supervisor::Stop(const std::string& why) {
@@ -306,8 +397,15 @@ void Supervisor::OnSignal(int signo) {
 }
 
 int Supervisor::PollTimeoutMs() const {
-  if (!restart_pending_ && !stopping_) return -1;
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(restart_at_ - Clock::now()).count();
+  std::optional<Clock::time_point> next;
+  if (restart_pending_ || stopping_) next = restart_at_;
+  for (const auto& c : children_) {
+    if (c.role == Role::kSuccessor && !c.ready && c.abandoned.empty() && (!next || c.ready_by < *next)) {
+      next = c.ready_by;
+    }
+  }
+  if (!next) return -1;
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*next - Clock::now()).count();
   return static_cast<int>(std::clamp<int64_t>(left + 1, 0, 60'000));
 }
 
@@ -335,13 +433,14 @@ void Supervisor::PollOnce() {
   signalfd_siginfo si;
   while (::read(signals_.get(), &si, sizeof si) == sizeof si) OnSignal(static_cast<int>(si.ssi_signo));
   ReapChildren();  // a SIGCHLD merged with one read above is not lost
+  if (!stopping_) AbandonLateSuccessors();
   const auto now = Clock::now();
   if (stopping_ && now >= restart_at_) {
     for (auto& c : children_) ::kill(c.pid, SIGKILL);
   } else if (restart_pending_ && !stopping_ && now >= restart_at_) {
     restart_pending_ = false;
     ++restarts_;
-    if (!Spawn(config_.binary, "restart after: " + last_exit_)) {
+    if (!Spawn(config_.binary, "restart after: " + last_exit_, Role::kReplacement)) {
       restart_pending_ = true;
       restart_at_ = now + config_.limits.max_backoff;
     }
@@ -356,7 +455,7 @@ int Supervisor::Run() {
     return 1;
   }
   mounted_at_ = static_cast<int64_t>(std::time(nullptr));
-  if (!Spawn(config_.binary, "first start")) {
+  if (!Spawn(config_.binary, "first start", Role::kFirst)) {
     ReportStart(1);
     if (config_.unmount) config_.unmount();
     return 1;

@@ -2,7 +2,9 @@
 // checkpoint under a directory name that is not UTF-8 (it used to abort the
 // daemon on the first `status`), and one uid flooding the socket with idle
 // connections (it used to take every descriptor, so that reads through the
-// mount failed with EIO for everyone).
+// mount failed with EIO for everyone); and against issue 21 item 3: one uid
+// whose connections read a big reply slowly (it used to hold every query
+// thread, so that root's `status` waited minutes).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -57,8 +59,9 @@ class ControlRobustnessTest : public ::testing::Test {
  protected:
   void SetUp() override { ::chmod(tmp_.path().c_str(), 0755); }  // so that uid 65534 reaches what it needs
 
-  void Mount() {
-    mount_ = std::make_unique<MountedCkptfs>(kDaemon, src_, mnt_, "state=" + state_ + ",settle=0,rescan=0",
+  void Mount(const std::string& extra = "") {
+    mount_ = std::make_unique<MountedCkptfs>(kDaemon, src_, mnt_,
+                                             "state=" + state_ + ",settle=0,rescan=0" + (extra.empty() ? "" : "," + extra),
                                              tmp_ / "daemon.log");
     ASSERT_TRUE(mount_->ok()) << mount_->Log();
   }
@@ -136,6 +139,41 @@ TEST_F(ControlRobustnessTest, IdleConnectionFloodLeavesReadsAndStatusWorking) {
   CommandResult status = RunCommand(kCtl + " status " + mnt_, true);
   EXPECT_EQ(status.exit_code, 0) << status.out;
   EXPECT_LE(CountEntries(proc_fd), fds_before + 64) << "the daemon's descriptors grew with the flood";
+  EXPECT_TRUE(DaemonAlive()) << mount_->Log();
+}
+
+// Issue 21 item 3: uid 65534 holds its 16 connections (the per-uid limit),
+// each asking `ls` for a reply of more than a megabyte and reading it 64 KiB
+// every 4 s: fast enough that no single write ever waits long, slow enough
+// that a whole reply would take minutes. Root's `status` and another uid's
+// are still answered (a generous timeout(1) around each, no timing
+// assertion), and the server cuts the slow readers off once a reply has
+// taken its whole-reply bound (10 s), instead of serving them for minutes.
+TEST_F(ControlRobustnessTest, SlowReadersOfOneUidHoldNeitherRootNorOtherUidsOff) {
+  // One digest with 200 copies under deep, long names: `ls` lists every
+  // copy's by-name path and source path in that digest's row.
+  const std::string component(250, 'd');
+  std::string deep;
+  for (int level = 0; level < 13; ++level) deep += "/" + component;
+  for (int i = 0; i < 200; ++i) WriteFile(src_ + "/c" + std::to_string(i) + deep + "/model.bin", "same weights");
+  Mount("allow_other");  // so that the other uid may ask too
+  ASSERT_TRUE(WaitFor([&] { return CtlJson("status --json " + mnt_)["counts"].value("exposed", 0) == 200; },
+                      std::chrono::seconds(120)))
+      << mount_->Log();
+  ASSERT_GT(RunCommand(kCtl + " ls --json " + mnt_).out.size(), size_t{1} << 20) << "the reply must fill the socket";
+  char socket[4096];
+  const ssize_t n = ::getxattr(mnt_.c_str(), "user.ckptfs.control", socket, sizeof socket);
+  ASSERT_GT(n, 0);
+
+  SlowReaderFlood flood(std::string(socket, static_cast<size_t>(n)), 65534, 16, "{\"cmd\":\"ls\"}\n", 64 << 10, 4000);
+  ASSERT_EQ(flood.opened(), 16);
+  CommandResult root = RunCommand("timeout 60 " + kCtl + " status " + mnt_, true);
+  EXPECT_EQ(root.exit_code, 0) << root.out;
+  CommandResult other =
+      RunCommand("setpriv --reuid=65533 --regid=65533 --clear-groups timeout 60 " + kCtl + " status " + mnt_, true);
+  EXPECT_EQ(other.exit_code, 0) << other.out;
+  EXPECT_TRUE(flood.alive());
+  EXPECT_TRUE(flood.WaitForACut(60000)) << "no slow reader was cut off within 60 s";
   EXPECT_TRUE(DaemonAlive()) << mount_->Log();
 }
 

@@ -28,14 +28,6 @@ namespace ckptfs::testing {
 namespace {
 
 namespace fs = std::filesystem;
-// CKPTFS_TEST_DAEMON and CKPTFS_TEST_CTL point the suite at another build (to
-// show that it fails on an older daemon).
-std::string FromEnv(const char* name, const char* fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr ? v : fallback;
-}
-const std::string kDaemon = FromEnv("CKPTFS_TEST_DAEMON", CKPTFS_PATH);
-const std::string kCtl = FromEnv("CKPTFS_TEST_CTL", CKPTFSCTL_PATH);
 
 class RobustnessTest : public ::testing::Test {
  protected:

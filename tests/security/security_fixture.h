@@ -14,6 +14,7 @@
 
 #include "as_user.h"
 #include "mounted_ckptfs.h"
+#include "test_binaries.h"
 #include "test_tree.h"
 
 namespace ckptfs::testing {
@@ -24,16 +25,10 @@ inline const User kMember{"group-member", 2002, 2002, {3001}};
 inline const User kOther{"other", 2003, 2003, {}};
 inline const User kExcluded{"excluded-group", 2004, 2004, {5000}};  // kept out by 0705 dirs of group 5000
 
-// The binaries under test; CKPTFS_TEST_DAEMON and CKPTFS_TEST_CTL point the
-// suite at other builds (to show that it fails on an older daemon).
-inline std::string Daemon() {
-  const char* d = std::getenv("CKPTFS_TEST_DAEMON");
-  return d != nullptr ? d : CKPTFS_PATH;
-}
-inline std::string Ctl() {
-  const char* c = std::getenv("CKPTFS_TEST_CTL");
-  return c != nullptr ? c : CKPTFSCTL_PATH;
-}
+// The binaries under test (test_binaries.h: CKPTFS_TEST_DAEMON and
+// CKPTFS_TEST_CTL point the suite at other builds).
+inline std::string Daemon() { return kDaemon; }
+inline std::string Ctl() { return kCtl; }
 
 class SecurityTest : public ::testing::Test {
  protected:

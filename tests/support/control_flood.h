@@ -1,6 +1,8 @@
-// Floods of idle connections to a control socket, for the tests of issue 11
-// item 4: a child process opens many connections as some uid and holds
-// them, sending nothing, until the test is done with it.
+// Floods of connections to a control socket, for the tests of issue 11
+// item 4 and issue 21 item 3: a child process opens many connections as
+// some uid and holds them until the test is done with it, sending nothing
+// (IdleConnectionFlood), or sending a request and reading its reply a
+// little at a time (SlowReaderFlood).
 #pragma once
 
 #include <dirent.h>
@@ -141,6 +143,92 @@ class IdleConnectionFlood {
 
   pid_t pid_ = -1;
   int opened_ = 0;
+};
+
+// Connections of one uid that each send `request` and then read the reply
+// `chunk` bytes every `interval`: slowly, but never so slowly that a single
+// write to them would time out. Each connection that the server closes
+// before a whole reply line arrived is reported; the child runs until this
+// dies.
+class SlowReaderFlood {
+ public:
+  SlowReaderFlood(const std::string& socket, uid_t uid, int count, const std::string& request, size_t chunk,
+                  int interval_ms) {
+    const sockaddr_un addr = UnixAddress(socket);
+    int ready[2];
+    if (::pipe2(ready, O_CLOEXEC) != 0 || ::pipe2(cuts_, O_CLOEXEC) != 0) return;
+    pid_ = ::fork();
+    if (pid_ == 0) RunChild(addr, uid, count, request, chunk, interval_ms, ready[1], cuts_[1]);
+    ::close(ready[1]);
+    ::close(cuts_[1]);
+    cuts_[1] = -1;
+    pollfd p{ready[0], POLLIN, 0};
+    if (pid_ > 0 && ::poll(&p, 1, 60000) == 1 && ::read(ready[0], &opened_, sizeof opened_) != sizeof opened_) {
+      opened_ = -1;
+    }
+    ::close(ready[0]);
+  }
+  ~SlowReaderFlood() {
+    if (cuts_[0] >= 0) ::close(cuts_[0]);
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  SlowReaderFlood(const SlowReaderFlood&) = delete;
+  SlowReaderFlood& operator=(const SlowReaderFlood&) = delete;
+
+  int opened() const { return opened_; }
+  bool alive() const { return pid_ > 0 && ::kill(pid_, 0) == 0; }
+  // Waits up to `timeout_ms` for the server to cut a connection off before
+  // its reply was whole.
+  bool WaitForACut(int timeout_ms) {
+    pollfd p{cuts_[0], POLLIN, 0};
+    char c;
+    return ::poll(&p, 1, timeout_ms) == 1 && ::read(cuts_[0], &c, 1) == 1;
+  }
+
+ private:
+  [[noreturn]] static void RunChild(const sockaddr_un& addr, uid_t uid, int count, const std::string& request,
+                                    size_t chunk, int interval_ms, int ready, int cuts) {
+    BecomeInChild(uid);
+    constexpr int kMax = 64;
+    int fds[kMax];
+    bool whole[kMax] = {};
+    int opened = 0;
+    for (int i = 0; i < count && i < kMax; ++i) {
+      const int fd = ConnectUnix(addr);
+      if (fd < 0) continue;
+      if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) < 0) {
+        ::close(fd);
+        continue;
+      }
+      fds[opened++] = fd;
+    }
+    if (::write(ready, &opened, sizeof opened) != sizeof opened) ::_exit(121);
+    static char buf[1 << 20];
+    const size_t take = chunk < sizeof buf ? chunk : sizeof buf;
+    for (;;) {
+      const timespec pause{interval_ms / 1000, (interval_ms % 1000) * 1000000L};
+      ::nanosleep(&pause, nullptr);
+      for (int i = 0; i < opened; ++i) {
+        if (fds[i] < 0) continue;
+        const ssize_t n = ::recv(fds[i], buf, take, MSG_DONTWAIT);
+        if (n > 0) {
+          whole[i] = whole[i] || std::memchr(buf, '\n', static_cast<size_t>(n)) != nullptr;
+          continue;
+        }
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+        // Closed (or reset) by the server: a cut if the reply was not whole.
+        if (!whole[i] && ::write(cuts, "x", 1) != 1) ::_exit(122);
+        ::close(fds[i]);
+        fds[i] = -1;
+      }
+    }
+  }
+
+  pid_t pid_ = -1;
+  int opened_ = 0;
+  int cuts_[2] = {-1, -1};
 };
 
 }  // namespace ckptfs::testing

@@ -125,6 +125,12 @@ class ControlServerTest : public ::testing::Test {
     if (cmd == "bad-key") return {{"ok", true}, {std::string("caf\xe9"), 1}};
     if (cmd == "latin1") return {{"ok", true}, {"path", std::string("/srv/caf\xe9")}};
     if (cmd == "echo") return {{"ok", true}, {"path", r.body["path"]}};
+    if (cmd == "hold") {  // a query that takes its thread until released
+      ++holding_;
+      while (!release_ && !r.stopping->load()) std::this_thread::sleep_for(10ms);
+      --holding_;
+      return {{"ok", true}};
+    }
     if (cmd == "preload") {
       ++long_running_;
       while (!release_ && !r.stopping->load()) std::this_thread::sleep_for(10ms);
@@ -148,6 +154,7 @@ class ControlServerTest : public ::testing::Test {
   std::string socket_ = tmp_ / "control.sock";
   std::atomic<bool> release_{false};
   std::atomic<int> long_running_{0};
+  std::atomic<int> holding_{0};
   std::unique_ptr<ControlServer> server_;
 };
 
@@ -168,6 +175,17 @@ TEST_F(ControlServerTest, FloodFromOneUidLeavesOthersServedWithBoundedThreadsAnd
   EXPECT_EQ(reply.value("uid", -1), 65534) << answer;
   EXPECT_LE(threads, threads_before + 4) << "threads grew with idle connections";
   EXPECT_LE(fds, fds_before + 64) << "descriptors grew with idle connections";
+}
+
+// Issue 21 item 3: one uid's slow queries take at most its share (2) of the
+// 4 query threads; another uid and root are answered meanwhile.
+TEST_F(ControlServerTest, OneUidHoldsAtMostItsShareOfTheQueryThreads) {
+  testing::SlowReaderFlood holders(socket_, 65534, 8, R"({"cmd":"hold"})" "\n", 4096, 1000);
+  ASSERT_EQ(holders.opened(), 8);
+  EXPECT_TRUE(testing::WaitFor([&] { return holding_ >= 2; }, 10s));
+  EXPECT_TRUE(AnswersWithinAs(socket_, 65533, 20s)) << "another uid waited behind one uid's requests";
+  EXPECT_TRUE(AnswersWithinAs(socket_, 0, 20s)) << "root waited behind one uid's requests";
+  EXPECT_LE(holding_.load(), 2) << "one uid held more than its share of the query threads";
 }
 
 TEST_F(ControlServerTest, OutOfDescriptorsClientsAreToldAndNoCoreSpins) {

@@ -134,6 +134,21 @@ TEST(ManifestRecordTest, EveryTruncationIsRejectedOrUnsigned) {
   EXPECT_NE(ParseRecord(wrong_count).status().message().find("chunks"), std::string::npos);
 }
 
+// Issue 21 item 2: a store's writer claims an exabyte file in a few bytes;
+// the count is refused before anything is allocated for it (it used to be
+// a resize to 2^38 chunk hashes: bad_alloc, or the node's memory).
+TEST(ManifestRecordTest, AChunkCountTheTextCannotHoldIsRefusedBeforeAnyAllocation) {
+  const std::string sha(64, 'a');
+  for (const uint64_t size : {uint64_t{1} << 60, (uint64_t{1} << 62) + 1, ~uint64_t{0}}) {
+    const std::string text = "ckptfs-record 1\npath m/w.bin\nsize " + std::to_string(size) +
+                             "\nmtime 1.000000000\nsha256 " + sha + "\nchunks " + std::to_string(ChunkCount(size)) +
+                             "\n" + std::string(32, 'b') + "\n";
+    auto parsed = ParseRecord(text);
+    ASSERT_FALSE(parsed.ok()) << size;
+    EXPECT_NE(parsed.status().message().find("chunks"), std::string::npos) << parsed.status().message();
+  }
+}
+
 TEST(ManifestRecordTest, MtimeMatchesExactlyOrToTheSecondWhenOneSideHasWholeSeconds) {
   ManifestRecord r = SomeRecord("a", 10, kMtime);
   EXPECT_TRUE(r.Describes("a", StampOf(10, kMtime)));

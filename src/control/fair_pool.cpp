@@ -1,0 +1,48 @@
+#include "fair_pool.h"
+
+#include <algorithm>
+
+namespace ckptfs {
+
+FairPool::FairPool(unsigned threads, unsigned per_uid)
+    : per_uid_(std::max(1u, per_uid)), pool_(std::max(1u, threads)) {}
+
+void FairPool::Submit(uid_t uid, std::function<void()> task) {
+  {
+    std::lock_guard lock(mu_);
+    Share& share = shares_[uid];
+    if (share.running >= per_uid_) {
+      share.waiting.push_back(std::move(task));
+      return;
+    }
+    ++share.running;
+  }
+  Start(uid, std::move(task));
+}
+
+void FairPool::Start(uid_t uid, std::function<void()> task) {
+  pool_.Submit([this, uid, task = std::move(task)] {
+    task();  // callers' tasks do not throw (ControlServer::Serve catches everything)
+    Finished(uid);
+  });
+}
+
+void FairPool::Finished(uid_t uid) {
+  std::function<void()> next;
+  {
+    std::lock_guard lock(mu_);
+    auto it = shares_.find(uid);
+    if (it == shares_.end()) return;
+    Share& share = it->second;
+    if (share.waiting.empty()) {
+      if (--share.running == 0) shares_.erase(it);
+      return;
+    }
+    next = std::move(share.waiting.front());
+    share.waiting.pop_front();
+  }
+  // The share's running count stays: `next` takes the place just freed.
+  Start(uid, std::move(next));
+}
+
+}  // namespace ckptfs
