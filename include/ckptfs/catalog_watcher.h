@@ -1,8 +1,10 @@
 // CatalogWatcher: keeps the view in step with the source tree.
 //
 // One thread scans the tree (a stat walk, cheap thanks to the index), shows at
-// once every checkpoint whose files the index already knows, then indexes the
-// others one at a time and shows each as it completes. It rescans when
+// once every checkpoint whose files the index already knows, and hands the
+// others to an IndexScheduler, which indexes them concurrently, each with a
+// fair share of the workers (a 15 TB sparse file holds back nothing else),
+// and shows each as it completes; the thread goes back to watching meanwhile. It rescans when
 // inotify reports a change (debounced), every `rescan` seconds (inotify misses
 // changes on network filesystems), and on request (control socket, SIGHUP).
 // A checkpoint is indexed only once none of its files has changed (ctime) for
@@ -11,8 +13,8 @@
 //
 // A rescan is three steps: the pure ScanPlanner (scan_planner.h) decides
 // from the walk and what was shown; Apply() changes the watcher's state and
-// publishes the view under one lock acquisition; IndexQueued() hashes what
-// the plan queued, taking withdrawn digests out of the view between files.
+// publishes the view under one lock acquisition; IndexQueued() has what the
+// plan queued hashed, taking withdrawn digests out of the view between files.
 #pragma once
 
 #include <sys/inotify.h>
@@ -31,6 +33,7 @@
 
 #include "ckptfs/catalog.h"
 #include "ckptfs/index.h"
+#include "ckptfs/index_scheduler.h"
 #include "ckptfs/manifest_store.h"
 #include "ckptfs/scan_planner.h"
 #include "ckptfs/unique_fd.h"
@@ -55,6 +58,12 @@ struct CheckpointState {
   uint64_t size = 0;
   uint64_t bytes_done = 0;  // when indexing
   uint64_t bytes_total = 0;
+  // When indexing: the files begun and not done, largest first.
+  struct HashingFile {
+    std::string path;  // relative to the checkpoint
+    uint64_t done = 0, size = 0;
+  };
+  std::vector<HashingFile> hashing;
   int64_t indexed_at = 0;
 };
 const char* PhaseName(CheckpointState::Phase phase);
@@ -69,6 +78,7 @@ class CatalogWatcher {
     unsigned threads = 0;
     std::function<void(const std::string& path)> before_hash;  // test seam, see IndexerOptions
     ManifestStore* manifests = nullptr;  // manifests=DIR, see IndexerOptions
+    HashCopyMaker* copies = nullptr;     // fill_on_index, see IndexerOptions
   };
   // Told which directory entries changed after each publish.
   using ChangeCallback = std::function<void(const View::Changes&)>;
@@ -86,6 +96,9 @@ class CatalogWatcher {
   void ShowIndexed();
   // Never walk into this device (the daemon's own mount); before Start().
   void ExcludeDevice(dev_t dev) { options_.catalog.excluded_devices.push_back(dev); }
+  // Where the files it hashes are copied as they are hashed (fill_on_index;
+  // the host tier exists only once mounted); before Start().
+  void SetCopies(HashCopyMaker* copies) { options_.copies = copies; }
   void Start();
   void Stop();
   void RequestRescan();
@@ -126,13 +139,22 @@ class CatalogWatcher {
   // The plan's changes and the publish that shows them, under one lock.
   void Apply(const CatalogScan& scan, const ScanPlan& plan, std::vector<ExposedCheckpoint> shown, ScanStats stats,
              double started);
-  // Hashes the plan's queue, one checkpoint at a time, each shown when done.
+  // Has the plan's queue indexed concurrently (IndexScheduler), each
+  // checkpoint shown when done; returns at once.
   void IndexQueued(const CatalogScan& scan, const ScanPlan& plan);
-  IndexerOptions HashingOptions(const std::string& path);
-  void RecordIndexingFailure(const CheckpointSource& cp, const IndexedCheckpoint& indexed);
-  // Shows a freshly indexed checkpoint; publishes when `publish` or when a
-  // withdrawal was waiting. True if it published.
-  bool Expose(const CheckpointSource& cp, ExposedCheckpoint e, const Sha256Digest& fingerprint, bool publish);
+  IndexerOptions HashingOptions();
+  // The rest run on the indexer's workers, for the job `token` of a path;
+  // they do nothing when a newer job replaced it.
+  void OnIndexed(const CheckpointSource& cp, const Sha256Digest& fingerprint, uint64_t token, IndexReport report);
+  void RecordIndexingFailure(const CheckpointSource& cp, const IndexedCheckpoint& indexed, uint64_t token);
+  // Shows a freshly indexed checkpoint (published now, or by the scanning
+  // thread within kPublishEveryS). False if the job was replaced.
+  bool Expose(const CheckpointSource& cp, ExposedCheckpoint e, const Sha256Digest& fingerprint, uint64_t token);
+  bool TakeJobLocked(const std::string& path, uint64_t token);  // mu_ held: the job is current; forgets it
+  void PublishIfDue();          // a deferred publish, once due
+  double NextPublishDue() const;  // monotonic seconds; infinity when none waits
+  double TakeRetryRequest();    // when an unsettled checkpoint is to be walked again; 0: none
+  void Wake();                  // interrupts the scanning thread's wait
   // Takes the digests Withdraw() named out of the view and publishes, at
   // once; true if any was waiting. Safe from any thread but a FUSE handler's.
   bool ApplyWithdrawals();
@@ -180,6 +202,19 @@ class CatalogWatcher {
   std::map<std::string, AccessPath> last_dirs_;
   std::vector<HubRef> last_hub_refs_;
   std::map<std::string, std::string> withdrawals_;  // digest -> reason; guarded by mu_
+  // The indexer's job for each checkpoint path it works on (guarded by mu_).
+  struct Indexing {
+    Sha256Digest fingerprint;  // of the walk it indexes
+    uint64_t token = 0;        // which submission: a replaced one's end is ignored
+    IndexScheduler::JobId job = 0;
+  };
+  std::map<std::string, Indexing> indexing_;
+  uint64_t next_token_ = 1;          // guarded by mu_
+  double last_publish_ = 0;          // monotonic; guarded by mu_
+  bool publish_deferred_ = false;    // guarded by mu_
+  double retry_at_ = 0;              // guarded by mu_; see TakeRetryRequest
+  // Made by the first IndexQueued (on the scanning thread); stopped by Stop().
+  std::unique_ptr<IndexScheduler> scheduler_;
 };
 
 }  // namespace ckptfs

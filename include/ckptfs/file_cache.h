@@ -92,11 +92,21 @@ class FileCache {
     CopyPtr resident;
     std::unique_ptr<Reservation> fill;
   };
+  // How a claim may find room: by evicting the least recently used unpinned
+  // copies (a fill someone asked for), or only in free room (a fill nobody
+  // asked for yet, fill_on_index: it must not push out what was used).
+  enum class Room { kEvict, kFreeOnly };
   // kFull with the reason when the file cannot fit (or, with `pin`, when the
   // pins would exceed the tier).
-  Result<Claimed> Claim(const FileKey& key, uint64_t size, bool pin, bool wait);
+  Result<Claimed> Claim(const FileKey& key, uint64_t size, bool pin, bool wait, Room room = Room::kEvict);
   // Makes a sealed copy resident (pinned if the claim asked for it).
   CopyPtr Publish(std::unique_ptr<Reservation> fill, std::unique_ptr<SealedCopy> copy);
+  // The same for a fill claimed under a provisional key because its own was
+  // not known yet (the indexer learns a file's SHA-256 as it copies it):
+  // resident under `key`. When `key` is resident or being filled already,
+  // the copy is dropped, the room given back, and the resident copy (or
+  // null) returned.
+  CopyPtr PublishAs(std::unique_ptr<Reservation> fill, const FileKey& key, std::unique_ptr<SealedCopy> copy);
 
   // Pins the resident copy of `key` (registered with the device, or mlock;
   // see Stats::registered and Stats::locked_memory).

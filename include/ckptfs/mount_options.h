@@ -49,6 +49,9 @@ struct MountOptions {
   // SourceReader::Io): through its page cache, with O_DIRECT, or what is
   // cached from the cache and the rest with O_DIRECT.
   std::string fill_io = "auto";
+  // fill_on_index=free|off: whether files hashed at indexing are copied into
+  // the host tier's free room from the bytes hashed (see HostTierFill).
+  std::string fill_on_index = "free";
   // shmem_huge=advise|keep: whether the daemon may set the kernel's default
   // shmem huge-page policy to "advise" (see AskForShmemHugePages).
   bool shmem_huge_advise = true;

@@ -5,6 +5,7 @@
 #include <sys/inotify.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <climits>
@@ -27,6 +28,9 @@ constexpr uint32_t kWatchMask = IN_CREATE | IN_DELETE | IN_MODIFY | IN_CLOSE_WRI
 // Events arrive in bursts (a copy writes many files); wait this long after
 // one before rescanning, so a burst costs one walk.
 constexpr double kDebounceS = 0.3;
+// Indexed checkpoints are shown at most this often (each publish rebuilds
+// the view), and always once the last has been indexed.
+constexpr double kPublishEveryS = 0.25;
 
 double MonotonicSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -126,31 +130,36 @@ void CatalogWatcher::ShowIndexed() {
 }
 
 void CatalogWatcher::Start() {
+  scheduler_ = std::make_unique<IndexScheduler>(index_, options_.threads);
   thread_ = std::thread([this] { Run(); });
 }
 
+// The scanning thread first, then the indexer's workers: a hash in progress
+// stops at its next chunk, and nothing more is shown.
 void CatalogWatcher::Stop() {
-  if (!thread_.joinable()) return;
   stop_ = true;
+  if (thread_.joinable()) {
+    Wake();
+    thread_.join();
+  }
+  if (scheduler_) scheduler_->Stop();
+}
+
+void CatalogWatcher::Wake() {
   uint64_t one = 1;
   if (::write(wake_.get(), &one, sizeof one) < 0) {
     // The eventfd cannot be full with one write; nothing else to do.
   }
-  thread_.join();
 }
 
 void CatalogWatcher::RequestRescan() {
   rescan_requested_ = true;
-  uint64_t one = 1;
-  if (::write(wake_.get(), &one, sizeof one) < 0) {
-  }
+  Wake();
 }
 
 void CatalogWatcher::RequestRescanSoon() {
   soon_requested_ = true;
-  uint64_t one = 1;
-  if (::write(wake_.get(), &one, sizeof one) < 0) {
-  }
+  Wake();
 }
 
 void CatalogWatcher::Withdraw(const std::string& name, const std::string& reason) {
@@ -174,6 +183,10 @@ void CatalogWatcher::Run() {
       next_debounced = std::min(next_debounced, std::max(now + kDebounceS, last_scan_end + kReadTriggeredEveryS));
     }
     const bool withdrew = ApplyWithdrawals();
+    PublishIfDue();
+    if (const double retry = TakeRetryRequest(); retry > 0) {
+      next_settle_deadline_ = next_settle_deadline_ > 0 ? std::min(next_settle_deadline_, retry) : retry;
+    }
     const bool asked = rescan_requested_.exchange(false);
     const bool periodic = now >= next_periodic;
     if (asked || periodic || now >= next_debounced || (next_settle_deadline_ > 0 && now >= next_settle_deadline_)) {
@@ -195,7 +208,7 @@ void CatalogWatcher::Run() {
                                             : std::numeric_limits<double>::infinity();
       continue;
     }
-    double until = std::min(next_periodic, next_debounced);
+    double until = std::min({next_periodic, next_debounced, NextPublishDue()});
     if (next_settle_deadline_ > 0) until = std::min(until, next_settle_deadline_);
     const double wait_s = until - now;
     const int timeout_ms = std::isinf(wait_s) ? -1 : static_cast<int>(std::min(wait_s * 1000 + 1, double{INT_MAX}));
@@ -285,10 +298,26 @@ void CatalogWatcher::SetState(CheckpointState state) {
   states_[state.path] = std::move(state);
 }
 
+// With how far the indexer is with each checkpoint it works on: a queued
+// one is "indexing" from its first lookup on, with the files begun.
 std::vector<CheckpointState> CatalogWatcher::States() const {
   std::lock_guard lock(mu_);
   std::vector<CheckpointState> out;
-  for (const auto& [path, s] : states_) out.push_back(s);
+  for (const auto& [path, s] : states_) {
+    out.push_back(s);
+    auto job = indexing_.find(path);
+    if (job == indexing_.end() || !scheduler_) continue;
+    auto progress = scheduler_->ProgressOf(job->second.job);
+    if (!progress || !progress->started) continue;
+    CheckpointState& st = out.back();
+    if (st.phase == CheckpointState::Phase::kPending) {
+      st.phase = CheckpointState::Phase::kIndexing;
+      st.reason.clear();
+    }
+    st.bytes_done = progress->bytes_done;
+    st.bytes_total = progress->bytes_total;
+    for (const auto& f : progress->hashing) st.hashing.push_back({f.path, f.done, f.size});
+  }
   return out;
 }
 
@@ -488,24 +517,20 @@ void CatalogWatcher::Apply(const CatalogScan& scan, const ScanPlan& plan, std::v
   Notify(changes);
 }
 
-IndexerOptions CatalogWatcher::HashingOptions(const std::string& path) {
+IndexerOptions CatalogWatcher::HashingOptions() {
   IndexerOptions options;
   options.threads = options_.threads;
   options.before_hash = options_.before_hash;
   options.manifests = options_.manifests;
+  options.copies = options_.copies;
   options.cancel = &stop_;
   // Withdrawn digests leave the view before the next file is opened, and
   // within a chunk of the one being read (a 10 GB shard takes a while).
   options.between_files = [this] { ApplyWithdrawals(); };
-  options.on_plan = [this, path](uint64_t total) {
-    std::lock_guard lock(mu_);
-    states_[path].bytes_total = total;
-  };
-  options.on_bytes = [this, path](uint64_t n) {
+  options.on_bytes = [this](uint64_t) {
     bool withdrawn = false;
     {
       std::lock_guard lock(mu_);
-      states_[path].bytes_done += n;
       withdrawn = !withdrawals_.empty();
     }
     if (withdrawn) ApplyWithdrawals();
@@ -513,65 +538,137 @@ IndexerOptions CatalogWatcher::HashingOptions(const std::string& path) {
   return options;
 }
 
-void CatalogWatcher::RecordIndexingFailure(const CheckpointSource& cp, const IndexedCheckpoint& indexed) {
+// On an indexer's worker: the checkpoint's job is done (or failed), and still
+// the one for its path (a newer walk may have replaced it).
+void CatalogWatcher::OnIndexed(const CheckpointSource& cp, const Sha256Digest& fingerprint, uint64_t token,
+                               IndexReport report) {
+  for (const auto& w : report.warnings) spdlog::warn("{}", w);
+  const IndexedCheckpoint& indexed = report.checkpoints.front();
+  if (indexed.error) {
+    RecordIndexingFailure(cp, indexed, token);
+    return;
+  }
+  ExposedCheckpoint e = ToExposed(cp, indexed, *index_);
+  const std::string name = e.name;
+  if (Expose(cp, std::move(e), fingerprint, token)) {
+    spdlog::info("checkpoint {} is {} ({} files hashed)", cp.abs_path, name, report.files_hashed);
+  }
+}
+
+bool CatalogWatcher::TakeJobLocked(const std::string& path, uint64_t token) {
+  auto it = indexing_.find(path);
+  if (it == indexing_.end() || it->second.token != token) return false;
+  indexing_.erase(it);
+  return true;
+}
+
+void CatalogWatcher::RecordIndexingFailure(const CheckpointSource& cp, const IndexedCheckpoint& indexed,
+                                           uint64_t token) {
   const auto phase = indexed.unsettled ? CheckpointState::Phase::kPending : CheckpointState::Phase::kInvalid;
   CheckpointState st = StateOf(cp, phase, *indexed.error);
+  {
+    std::lock_guard lock(mu_);
+    if (!TakeJobLocked(cp.abs_path, token)) return;
+    if (indexed.unsettled) {
+      const double at = MonotonicSeconds() + std::max(options_.settle_s, 0.5);
+      retry_at_ = retry_at_ > 0 ? std::min(retry_at_, at) : at;
+    }
+    states_[cp.abs_path] = st;
+  }
   if (indexed.unsettled) {
     spdlog::info("checkpoint {} is still changing; will retry: {}", cp.abs_path, st.reason);
-    next_settle_deadline_ = MonotonicSeconds() + std::max(options_.settle_s, 0.5);
+    Wake();  // the scanning thread comes back to it
   } else {
     spdlog::warn("checkpoint {} is invalid and not shown: {}", cp.abs_path, st.reason);
   }
-  SetState(std::move(st));
 }
 
+// Many small checkpoints finish faster than the view is worth rebuilding, so
+// a publish comes at most every kPublishEveryS; one that is not due yet is
+// left to the scanning thread, which publishes when it is.
 bool CatalogWatcher::Expose(const CheckpointSource& cp, ExposedCheckpoint e, const Sha256Digest& fingerprint,
-                            bool publish) {
+                            uint64_t token) {
   View::Changes changes;
+  bool deferred = false;
   {
     std::lock_guard lock(mu_);
+    if (!TakeJobLocked(cp.abs_path, token)) return false;
     states_[cp.abs_path] = ExposedState(cp, e);
     exposed_[cp.abs_path] = std::move(e);
     // The walk as hashed; a file the indexer found changed and hashed again
     // has a newer stamp than this, so the next walk differs and looks it up
     // afresh.
     shown_fingerprints_[cp.abs_path] = fingerprint;
-    if (TakeWithdrawalsLocked()) publish = true;
-    if (publish) changes = PublishLocked();
+    const double now = MonotonicSeconds();
+    if (TakeWithdrawalsLocked() || now - last_publish_ >= kPublishEveryS) {
+      changes = PublishLocked();
+      last_publish_ = now;
+      publish_deferred_ = false;
+    } else {
+      deferred = publish_deferred_ = true;
+    }
   }
   Notify(changes);
-  return publish;
+  if (deferred) Wake();
+  return true;
 }
 
+void CatalogWatcher::PublishIfDue() {
+  {
+    std::lock_guard lock(mu_);
+    if (!publish_deferred_ || MonotonicSeconds() - last_publish_ < kPublishEveryS) return;
+  }
+  Publish();
+}
+
+double CatalogWatcher::NextPublishDue() const {
+  std::lock_guard lock(mu_);
+  return publish_deferred_ ? last_publish_ + kPublishEveryS : std::numeric_limits<double>::infinity();
+}
+
+double CatalogWatcher::TakeRetryRequest() {
+  std::lock_guard lock(mu_);
+  return std::exchange(retry_at_, 0);
+}
+
+// Hands the plan's queue to the scheduler, which indexes the checkpoints
+// concurrently, each shown as its job ends; this thread goes back to
+// watching at once. A checkpoint already being indexed as walked now keeps
+// its job; one walked differently since, or no longer queued (changed again,
+// gone, or known now), has its job cancelled.
 void CatalogWatcher::IndexQueued(const CatalogScan& scan, const ScanPlan& plan) {
-  // Many small checkpoints finish faster than the view is worth rebuilding,
-  // so publish at most a few times a second (and always after the last).
-  constexpr double kPublishEveryS = 0.25;
-  double last_publish = MonotonicSeconds();
-  bool unpublished = false;
-  for (const CheckpointSource* cp : plan.index) {
-    if (stop_) return;
-    ApplyWithdrawals();
-    SetState(StateOf(*cp, CheckpointState::Phase::kIndexing));
-    spdlog::info("indexing checkpoint {} ({} files, {} bytes)", cp->abs_path, cp->members.size(), cp->TotalSize());
-    IndexReport report = Indexer(index_, HashingOptions(cp->abs_path)).Run(Only(scan, {cp}));
-    for (const auto& w : report.warnings) spdlog::warn("{}", w);
-    const IndexedCheckpoint& indexed = report.checkpoints.front();
-    if (indexed.error) {
-      RecordIndexingFailure(*cp, indexed);
-      continue;
+  std::vector<IndexScheduler::JobId> superseded;
+  {
+    std::lock_guard lock(mu_);
+    std::set<std::string> queued;
+    for (const CheckpointSource* cp : plan.index) queued.insert(cp->abs_path);
+    for (auto it = indexing_.begin(); it != indexing_.end();) {
+      if (queued.count(it->first)) {
+        ++it;
+        continue;
+      }
+      superseded.push_back(it->second.job);
+      it = indexing_.erase(it);
     }
-    ExposedCheckpoint e = ToExposed(*cp, indexed, *index_);
-    spdlog::info("checkpoint {} is {} ({} files hashed)", cp->abs_path, e.name, report.files_hashed);
-    const bool due = MonotonicSeconds() - last_publish >= kPublishEveryS;
-    if (Expose(*cp, std::move(e), plan.fingerprints.at(cp->abs_path), due)) {
-      last_publish = MonotonicSeconds();
-      unpublished = false;
-    } else {
-      unpublished = true;
+    for (const CheckpointSource* cp : plan.index) {
+      const Sha256Digest& fingerprint = plan.fingerprints.at(cp->abs_path);
+      auto it = indexing_.find(cp->abs_path);
+      if (it != indexing_.end()) {
+        if (it->second.fingerprint == fingerprint) continue;
+        superseded.push_back(it->second.job);
+      }
+      spdlog::info("indexing checkpoint {} ({} files, {} bytes)", cp->abs_path, cp->members.size(), cp->TotalSize());
+      auto one = std::make_shared<const CatalogScan>(Only(scan, {cp}));
+      // Under mu_, so that the job is known before its end can be reported.
+      const uint64_t token = next_token_++;
+      const IndexScheduler::JobId job =
+          scheduler_->Submit(one, HashingOptions(), [this, one, fingerprint, token](IndexReport report) {
+            OnIndexed(one->checkpoints.front(), fingerprint, token, std::move(report));
+          });
+      indexing_[cp->abs_path] = {fingerprint, token, job};
     }
   }
-  if (unpublished) Publish();
+  for (IndexScheduler::JobId job : superseded) scheduler_->Cancel(job);
 }
 
 }  // namespace ckptfs
