@@ -212,6 +212,9 @@ class CatalogWatcher {
   uint64_t next_token_ = 1;          // guarded by mu_
   double last_publish_ = 0;          // monotonic; guarded by mu_
   bool publish_deferred_ = false;    // guarded by mu_
+  // Exposed since the last publish: their state becomes exposed with the
+  // publish that shows them (guarded by mu_).
+  std::map<std::string, CheckpointState> unpublished_states_;
   double retry_at_ = 0;              // guarded by mu_; see TakeRetryRequest
   // Made by the first IndexQueued (on the scanning thread); stopped by Stop().
   std::unique_ptr<IndexScheduler> scheduler_;

@@ -211,7 +211,8 @@ void CatalogWatcher::Run() {
     double until = std::min({next_periodic, next_debounced, NextPublishDue()});
     if (next_settle_deadline_ > 0) until = std::min(until, next_settle_deadline_);
     const double wait_s = until - now;
-    const int timeout_ms = std::isinf(wait_s) ? -1 : static_cast<int>(std::min(wait_s * 1000 + 1, double{INT_MAX}));
+    const int timeout_ms =
+        std::isinf(wait_s) ? -1 : static_cast<int>(std::clamp(wait_s * 1000 + 1, 0.0, double{INT_MAX}));
     pollfd fds[2] = {{wake_.get(), POLLIN, 0}, {inotify_.valid() ? inotify_.get() : -1, POLLIN, 0}};
     ::poll(fds, 2, timeout_ms);
     if (fds[0].revents & POLLIN) {
@@ -327,6 +328,16 @@ CatalogWatcher::ScanStats CatalogWatcher::LastScan() const {
 }
 
 View::Changes CatalogWatcher::PublishLocked() {
+  // Whatever was exposed is in this publish: a deferred one is done, and the
+  // checkpoints it shows are exposed in status from now on (not before: a
+  // status that says exposed means the view shows it).
+  last_publish_ = MonotonicSeconds();
+  publish_deferred_ = false;
+  for (auto& [path, st] : unpublished_states_) {
+    auto e = exposed_.find(path);
+    if (e != exposed_.end() && e->second.name == st.name) states_[path] = std::move(st);
+  }
+  unpublished_states_.clear();
   std::vector<ExposedCheckpoint> list;
   list.reserve(exposed_.size());
   for (const auto& [path, e] : exposed_) list.push_back(e);
@@ -593,7 +604,7 @@ bool CatalogWatcher::Expose(const CheckpointSource& cp, ExposedCheckpoint e, con
   {
     std::lock_guard lock(mu_);
     if (!TakeJobLocked(cp.abs_path, token)) return false;
-    states_[cp.abs_path] = ExposedState(cp, e);
+    unpublished_states_[cp.abs_path] = ExposedState(cp, e);
     exposed_[cp.abs_path] = std::move(e);
     // The walk as hashed; a file the indexer found changed and hashed again
     // has a newer stamp than this, so the next walk differs and looks it up
@@ -602,8 +613,6 @@ bool CatalogWatcher::Expose(const CheckpointSource& cp, ExposedCheckpoint e, con
     const double now = MonotonicSeconds();
     if (TakeWithdrawalsLocked() || now - last_publish_ >= kPublishEveryS) {
       changes = PublishLocked();
-      last_publish_ = now;
-      publish_deferred_ = false;
     } else {
       deferred = publish_deferred_ = true;
     }
