@@ -257,7 +257,12 @@ Result<std::unique_ptr<Index>> Index::Open(const std::string& state_dir, std::ve
     std::optional<std::string> problem = Inspect(*db);
     if (!problem) {
       std::unique_ptr<Index> index(new Index(*db, path));
-      for (const char* sql : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL", kSchema}) {
+      // A checkpoint of the WAL into the database syncs both files; every 8,192
+      // pages (32 MiB) rather than SQLite's 1,000: a first index of 20,000
+      // small files then costs a few syncs, not 30 (each one a round trip
+      // to the disk). Commits stay atomic whatever the interval.
+      for (const char* sql : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL", "PRAGMA wal_autocheckpoint=8192",
+                              kSchema}) {
         if (Status s = index->Exec(sql); !s.ok()) return s;
       }
       if (Status s = index->Exec(("PRAGMA application_id=" + std::to_string(kApplicationId)).c_str()); !s.ok()) {
