@@ -1,22 +1,24 @@
 // CatalogWatcher: keeps the view in step with the source tree.
 //
-// One thread scans the tree (a stat walk, cheap thanks to the index) and
-// shows at once every checkpoint whose files the index already knows; a
-// second thread indexes the others and shows each as it completes, so a
-// long re-hash never holds up the scans (an owner, mode or ACL change in SRC
-// is applied by the next scan, whatever is being hashed). It rescans when
-// inotify reports a change (debounced), every `rescan` seconds (inotify
-// misses changes on network filesystems), and on request (control socket,
-// SIGHUP). A checkpoint is indexed only once none of its files has changed
-// (ctime) for `settle` seconds. A shown checkpoint that changed keeps its
-// last verified digest in the view, reached as the new walk says, until its
-// new digest is known; then one publish moves its by-name entry there.
+// One thread scans the tree (a stat walk, cheap thanks to the index), shows at
+// once every checkpoint whose files the index already knows, and hands the
+// others to an IndexScheduler, which indexes them concurrently, each with a
+// fair share of the workers (a 15 TB sparse file holds back nothing else),
+// and shows each as it completes; the scanning thread goes back to watching
+// meanwhile, so a long re-hash never holds up the scans (an owner, mode or
+// ACL change in SRC is applied by the next scan, whatever is being hashed).
+// It rescans when inotify reports a change (debounced), every `rescan`
+// seconds (inotify misses changes on network filesystems), and on request
+// (control socket, SIGHUP). A checkpoint is indexed only once none of its
+// files has changed (ctime) for `settle` seconds. A shown checkpoint that
+// changed keeps its last verified digest in the view, reached as the new
+// walk says, until its new digest is known; then one publish moves its
+// by-name entry there.
 //
 // A rescan is three steps: the pure ScanPlanner (scan_planner.h) decides
 // from the walk and what was shown; Apply() changes the watcher's state and
-// publishes the view under one lock acquisition, and hands what the plan
-// queued to the indexing thread, which takes withdrawn digests out of the
-// view between files.
+// publishes the view under one lock acquisition; IndexQueued() has what the
+// plan queued hashed, taking withdrawn digests out of the view between files.
 #pragma once
 
 #include <sys/inotify.h>
@@ -24,7 +26,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -36,6 +37,7 @@
 
 #include "ckptfs/catalog.h"
 #include "ckptfs/index.h"
+#include "ckptfs/index_scheduler.h"
 #include "ckptfs/manifest_store.h"
 #include "ckptfs/scan_planner.h"
 #include "ckptfs/unique_fd.h"
@@ -63,6 +65,12 @@ struct CheckpointState {
   uint64_t size = 0;
   uint64_t bytes_done = 0;  // when indexing
   uint64_t bytes_total = 0;
+  // When indexing: the files begun and not done, largest first.
+  struct HashingFile {
+    std::string path;  // relative to the checkpoint
+    uint64_t done = 0, size = 0;
+  };
+  std::vector<HashingFile> hashing;
   int64_t indexed_at = 0;
   // Whether the view serves a digest for this path now.
   bool Serves() const { return phase == Phase::kExposed || revalidating; }
@@ -79,6 +87,7 @@ class CatalogWatcher {
     unsigned threads = 0;
     std::function<void(const std::string& path)> before_hash;  // test seam, see IndexerOptions
     ManifestStore* manifests = nullptr;  // manifests=DIR, see IndexerOptions
+    HashCopyMaker* copies = nullptr;     // fill_on_index, see IndexerOptions
   };
   // Told which directory entries changed after each publish.
   using ChangeCallback = std::function<void(const View::Changes&)>;
@@ -96,6 +105,9 @@ class CatalogWatcher {
   void ShowIndexed();
   // Never walk into this device (the daemon's own mount); before Start().
   void ExcludeDevice(dev_t dev) { options_.catalog.excluded_devices.push_back(dev); }
+  // Where the files it hashes are copied as they are hashed (fill_on_index;
+  // the host tier exists only once mounted); before Start().
+  void SetCopies(HashCopyMaker* copies) { options_.copies = copies; }
   void Start();
   void Stop();
   void RequestRescan();
@@ -134,33 +146,26 @@ class CatalogWatcher {
   KnownCheckpoints Known() const;
   IndexReport LookUp(const CatalogScan& scan, const std::vector<const CheckpointSource*>& which) const;
   // The plan's changes and the publish that shows them, under one lock.
-  // `queue`: hand what the plan queued to the indexing thread.
   void Apply(const CatalogScan& scan, const ScanPlan& plan, std::vector<ExposedCheckpoint> shown, ScanStats stats,
-             double started, bool queue);
-  // A checkpoint the plan queued for hashing, with the walk it was queued
-  // from: a result is shown only while that is still the latest walk.
-  struct IndexJob {
-    CatalogScan scan;  // holding just this checkpoint
-    Sha256Digest fingerprint{};
-    const CheckpointSource& source() const { return scan.checkpoints.front(); }
-  };
-  // Brings the queue in line with the plan (mu_ held): jobs for paths the
-  // plan no longer hashes, or walked otherwise, leave it; new ones join.
-  void QueueLocked(const CatalogScan& scan, const ScanPlan& plan);
-  // The indexing thread: hashes queued checkpoints, each shown when done.
-  void IndexLoop();
-  enum class Shown { kNo, kPublished, kLater };  // kLater: shown at the next publish
-  // `last_publish`: when the view was last published (monotonic seconds).
-  Shown IndexOne(const IndexJob& job, double last_publish);
+             double started);
+  // Has the plan's queue indexed concurrently (IndexScheduler), each
+  // checkpoint shown when done; returns at once.
+  void IndexQueued(const CatalogScan& scan, const ScanPlan& plan);
   // A shown exposure, reached as the latest walk says (see ScanPlan::Revalidate).
   static ExposedCheckpoint ReachedAsNow(const ExposedCheckpoint& shown, const CheckpointSource& now);
-  IndexerOptions HashingOptions(const std::string& path);
-  void RecordIndexingFailure(const CheckpointSource& cp, const IndexedCheckpoint& indexed);
-  // Shows a freshly indexed checkpoint; publishes when `publish` or when a
-  // withdrawal was waiting. True if it published.
-  // Nothing is shown (false) when the path has been walked otherwise since
-  // `fingerprint`: a newer job is queued for it, or it is gone.
-  Shown Expose(const CheckpointSource& cp, ExposedCheckpoint e, const Sha256Digest& fingerprint, bool publish);
+  IndexerOptions HashingOptions();
+  // The rest run on the indexer's workers, for the job `token` of a path;
+  // they do nothing when a newer job replaced it.
+  void OnIndexed(const CheckpointSource& cp, const Sha256Digest& fingerprint, uint64_t token, IndexReport report);
+  void RecordIndexingFailure(const CheckpointSource& cp, const IndexedCheckpoint& indexed, uint64_t token);
+  // Shows a freshly indexed checkpoint (published now, or by the scanning
+  // thread within kPublishEveryS). False if the job was replaced.
+  bool Expose(const CheckpointSource& cp, ExposedCheckpoint e, const Sha256Digest& fingerprint, uint64_t token);
+  bool TakeJobLocked(const std::string& path, uint64_t token);  // mu_ held: the job is current; forgets it
+  void PublishIfDue();          // a deferred publish, once due
+  double NextPublishDue() const;  // monotonic seconds; infinity when none waits
+  double TakeRetryRequest();    // when an unsettled checkpoint is to be walked again; 0: none
+  void Wake();                  // interrupts the scanning thread's wait
   // Takes the digests Withdraw() named out of the view and publishes, at
   // once; true if any was waiting. Safe from any thread but a FUSE handler's.
   bool ApplyWithdrawals();
@@ -193,15 +198,11 @@ class CatalogWatcher {
   bool watch_limit_logged_ = false;
 
   std::thread thread_;
-  std::thread indexing_thread_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> rescan_requested_{true};
   std::atomic<bool> soon_requested_{false};
   std::atomic<uint64_t> scans_{0};
-  double next_settle_deadline_ = 0;  // monotonic seconds; 0 = none; the scanning thread's
-  // A retry the indexing thread asks for (a checkpoint still changing):
-  // monotonic seconds, taken by the scanning thread; 0 = none.
-  std::atomic<double> retry_at_{0};
+  double next_settle_deadline_ = 0;  // monotonic seconds; 0 = none
 
   mutable std::mutex mu_;
   std::map<std::string, CheckpointState> states_;          // by source path
@@ -215,12 +216,22 @@ class CatalogWatcher {
   std::map<std::string, AccessPath> last_dirs_;
   std::vector<HubRef> last_hub_refs_;
   std::map<std::string, std::string> withdrawals_;  // digest -> reason; guarded by mu_
-  // The latest walk of every valid checkpoint, by path (guarded by mu_).
-  std::map<std::string, Sha256Digest> walked_fingerprints_;
-  std::deque<IndexJob> queue_;                  // guarded by mu_
-  std::optional<std::string> indexing_path_;    // the job being hashed; guarded by mu_
-  std::optional<Sha256Digest> indexing_fingerprint_;  // guarded by mu_
-  std::condition_variable queued_;              // with mu_: the queue grew, or Stop()
+  // The indexer's job for each checkpoint path it works on (guarded by mu_).
+  struct Indexing {
+    Sha256Digest fingerprint;  // of the walk it indexes
+    uint64_t token = 0;        // which submission: a replaced one's end is ignored
+    IndexScheduler::JobId job = 0;
+  };
+  std::map<std::string, Indexing> indexing_;
+  uint64_t next_token_ = 1;          // guarded by mu_
+  double last_publish_ = 0;          // monotonic; guarded by mu_
+  bool publish_deferred_ = false;    // guarded by mu_
+  // Exposed since the last publish: their state becomes exposed with the
+  // publish that shows them (guarded by mu_).
+  std::map<std::string, CheckpointState> unpublished_states_;
+  double retry_at_ = 0;              // guarded by mu_; see TakeRetryRequest
+  // Made by the first IndexQueued (on the scanning thread); stopped by Stop().
+  std::unique_ptr<IndexScheduler> scheduler_;
 };
 
 }  // namespace ckptfs

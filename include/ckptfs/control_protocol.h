@@ -86,6 +86,9 @@ inline constexpr char kSize[] = "size";
 inline constexpr char kReason[] = "reason";
 inline constexpr char kIndexedAt[] = "indexed_at";
 inline constexpr char kBytesDone[] = "bytes_done";
+// While indexing: the files being hashed, each {kPath (relative to the
+// checkpoint; absent where the caller could not list it), kBytesDone, kSize}.
+inline constexpr char kHashing[] = "hashing";
 inline constexpr char kBytesTotal[] = "bytes_total";
 inline constexpr char kSources[] = "sources";  // ls rows: the source paths of a digest
 // A checkpoint row's states, as the daemon's PhaseName() spells them; also

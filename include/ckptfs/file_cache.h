@@ -106,15 +106,26 @@ class FileCache {
     CopyPtr resident;
     std::unique_ptr<Reservation> fill;
   };
+  // How a claim may find room: by evicting the least recently used unpinned
+  // copies (a fill someone asked for), or only in free room and spare
+  // descriptors (a fill nobody asked for yet, fill_on_index: it must not push
+  // out what was used).
+  enum class Room { kEvict, kFreeOnly };
   // The fill reserves `size` bytes (in whole pages) and, when a copy of
   // that size holds a memfd (SealedCopy::NeedsDescriptor), a descriptor.
   // kFull with the reason when the file cannot fit (or, with `pin`, when the
   // pins would exceed the tier, or no descriptor can be freed).
-  Result<Claimed> Claim(const FileKey& key, uint64_t size, bool pin, bool wait);
+  Result<Claimed> Claim(const FileKey& key, uint64_t size, bool pin, bool wait, Room room = Room::kEvict);
   // Makes a sealed copy resident (pinned if the claim asked for it).
   CopyPtr Publish(std::unique_ptr<Reservation> fill, std::unique_ptr<SealedCopy> copy);
   // The same for a copy its filler shares with readers of it in progress.
   CopyPtr Publish(std::unique_ptr<Reservation> fill, std::shared_ptr<SealedCopy> copy);
+  // The same for a fill claimed under a provisional key because its own was
+  // not known yet (the indexer learns a file's SHA-256 as it copies it):
+  // resident under `key`. When `key` is resident or being filled already,
+  // the copy is dropped, the room given back, and the resident copy (or
+  // null) returned.
+  CopyPtr PublishAs(std::unique_ptr<Reservation> fill, const FileKey& key, std::unique_ptr<SealedCopy> copy);
   // Evicts up to `count` of the least recently used unpinned copies that
   // hold a descriptor (the daemon ran out: its source reads come first);
   // returns how many.

@@ -21,6 +21,7 @@
 #include "ckptfs/chunk_cache.h"
 #include "ckptfs/refused_files.h"
 #include "ckptfs/file_cache.h"
+#include "ckptfs/host_tier_fill.h"
 #include "ckptfs/open_modes.h"
 #include "ckptfs/proven_chunk_tables.h"
 #include "ckptfs/source_reader.h"
@@ -68,6 +69,7 @@ struct FsContext {
   ChunkCache* cache = nullptr;  // the chunk path
   FileCache* files = nullptr;   // the host tier of whole files
   FileFiller* filler = nullptr;
+  const HostTierFill* index_fill = nullptr;  // fill_on_index, for stats
   FillPolicy fill = FillPolicy::kOpen;
   Verify verify = Verify::kXxh3;
   ProvenChunkTables* proven = nullptr;  // set with verify=sha256

@@ -5,8 +5,9 @@
 //   checkpoints  checkpoint name -> canonical manifest, size
 //   sources      (source root, checkpoint path) -> checkpoint name
 //
-// Every write is one SQLite transaction, so a crash (even kill -9) leaves a
-// database that opens and is correct for what it holds. On open the file is
+// Every write is one SQLite transaction (PutBatch: many rows in one), so a
+// crash (even kill -9) leaves a database that opens and is correct for what
+// it holds. On open the file is
 // checked (application id, schema version, quick_check); a damaged or foreign
 // file is renamed aside with a warning and a new index is built. Rows read
 // back are validated before use: an index is never trusted blindly.
@@ -15,6 +16,7 @@
 #include <sqlite3.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -56,6 +58,8 @@ class Index {
 
   // The stored hashes of the file with exactly this stamp, if any.
   Result<std::optional<FileHashes>> LookupFile(const FileStamp& stamp);
+  // The same for many files, in one read transaction (answers in order).
+  Result<std::vector<std::optional<FileHashes>>> LookupFiles(const std::vector<FileStamp>& stamps);
 
   struct StoredFile {
     FileStamp stamp;
@@ -66,6 +70,20 @@ class Index {
   Result<std::optional<StoredFile>> LookupInode(uint64_t dev, uint64_t ino);
 
   Status PutFile(const FileStamp& stamp, const std::string& path, const FileHashes& hashes);
+  struct FileRow {
+    FileStamp stamp;
+    std::string path;
+    FileHashes hashes;
+  };
+  struct CheckpointRow {
+    std::string name, manifest;
+    uint64_t total_size = 0, file_count = 0;
+    std::string real_root, rel_path;  // its source (PutSource)
+  };
+  // Files, then checkpoints with their sources, in one transaction: a crash
+  // leaves all of them or none, and 20,000 small files cost one commit, not
+  // 20,000.
+  Status PutBatch(const std::vector<FileRow>& files, const std::vector<CheckpointRow>& checkpoints);
   // Drops what is known of (dev, ino), so the next scan hashes it again.
   Status ForgetFile(uint64_t dev, uint64_t ino);
   // The size a *.safetensors file with this content is served with under
@@ -89,11 +107,20 @@ class Index {
  private:
   Index(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
   Status Exec(const char* sql);
+  // The prepared statement of `sql` (a literal: cached by its address),
+  // prepared once; null when it cannot be. With mu_ held.
+  sqlite3_stmt* Cached(const char* sql);
+  // The statements of one row each, with mu_ held (PutFile, PutBatch...).
+  Status PutFileLocked(const FileStamp& stamp, const std::string& path, const FileHashes& hashes);
+  Status PutCheckpointLocked(const std::string& name, const std::string& manifest, uint64_t total_size,
+                             uint64_t file_count);
+  Status PutSourceLocked(const std::string& real_root, const std::string& rel_path, const std::string& name);
   // "index PATH: WHAT: SQLite's message" (call with mu_ held).
   Status SqlError(const std::string& what) const;
 
   std::mutex mu_;  // one connection, used by many indexer threads
   sqlite3* db_;
+  std::map<const char*, sqlite3_stmt*> cached_;  // guarded by mu_
   std::string path_;
 };
 

@@ -3,8 +3,9 @@
 // Every distinct member file (by device and inode, so links and copies shared
 // between checkpoints are read once) is looked up in the index by its stamp;
 // only files the index does not know are read, largest first, on `threads`
-// workers, each hashing one file at a time with its chunk hashes on a helper
-// pool. A file that changes while it is hashed is re-stat'ed and retried; if
+// workers, each hashing one file at a time with its reads and chunk hashes
+// running ahead on an I/O pool (see FileHasher, and IndexScheduler, which runs
+// many such runs at once). A file that changes while it is hashed is re-stat'ed and retried; if
 // it keeps changing, the checkpoint that holds it is reported unsettled so
 // the caller can come back to it later.
 //
@@ -25,6 +26,7 @@
 #include "ckptfs/catalog.h"
 #include "ckptfs/checkpoint_digest.h"
 #include "ckptfs/file_hasher.h"
+#include "ckptfs/hash_copy.h"
 #include "ckptfs/index.h"
 #include "ckptfs/manifest_store.h"
 
@@ -55,6 +57,9 @@ struct IndexerOptions {
   // Shared records of other nodes (see above); not consulted with
   // ignore_index.
   ManifestStore* manifests = nullptr;
+  // fill_on_index: copies of the files hashed, filled from the very bytes
+  // hashed (see hash_copy.h); null: none.
+  HashCopyMaker* copies = nullptr;
 };
 
 struct IndexedFile {

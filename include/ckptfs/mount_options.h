@@ -52,6 +52,9 @@ struct MountOptions {
   // verify=xxh3|sha256 (see daemon::Verify); set by parsing: sha256 when
   // manifests= is given, else xxh3.
   std::string verify;
+  // fill_on_index=free|off: whether files hashed at indexing are copied into
+  // the host tier's free room from the bytes hashed (see HostTierFill).
+  std::string fill_on_index = "free";
   // shmem_huge=advise|keep: whether the daemon may set the kernel's default
   // shmem huge-page policy to "advise" (see AskForShmemHugePages).
   bool shmem_huge_advise = true;

@@ -31,5 +31,8 @@ struct OpenedSource {
 // leads to a regular file without a link (the tree changed since it was
 // walked; rescan); kError: another failure, with its errno kept.
 Result<OpenedSource> OpenSourceFile(const std::string& root, const std::string& path);
+// The same beneath `root_fd`, an O_PATH descriptor of `root` that the caller
+// opened once for many files (-1: open the root for this file only).
+Result<OpenedSource> OpenSourceFile(const std::string& root, const std::string& path, int root_fd);
 
 }  // namespace ckptfs

@@ -123,7 +123,7 @@ bool FileCache::MakeRoom(uint64_t bytes, bool descriptor, const FileKey& keep, R
   return true;
 }
 
-Result<FileCache::Claimed> FileCache::Claim(const FileKey& key, uint64_t size, bool pin, bool wait) {
+Result<FileCache::Claimed> FileCache::Claim(const FileKey& key, uint64_t size, bool pin, bool wait, Room room) {
   const uint64_t bytes = PageBytes(size);
   const bool descriptor = SealedCopy::NeedsDescriptor(size);
   Released released;  // declared before the lock: let go of after it
@@ -141,6 +141,12 @@ Result<FileCache::Claimed> FileCache::Claim(const FileKey& key, uint64_t size, b
   if (bytes > capacity_) {
     return Status::Full("the file (" + std::to_string(size) + " bytes) is larger than the host tier (" +
                         std::to_string(capacity_) + " bytes)");
+  }
+  if (room == Room::kFreeOnly &&
+      (used_ + reserved_ + bytes > capacity_ || (descriptor && descriptors_ + 1 > descriptor_budget_))) {
+    return Status::Full("no free room in the host tier: " + std::to_string(used_ + reserved_) + " of " +
+                        std::to_string(capacity_) + " bytes and " + std::to_string(descriptors_) + " of " +
+                        std::to_string(descriptor_budget_) + " descriptors are used or being filled");
   }
   if (!MakeRoom(bytes, descriptor, key, released)) {
     if (used_ + reserved_ + bytes > capacity_) {
@@ -201,6 +207,26 @@ FileCache::CopyPtr FileCache::Publish(std::unique_ptr<Reservation> fill, std::sh
   CopyPtr published = PublishLocked(std::move(fill), std::move(copy));
   if (pin) LockPages(key);
   return published;
+}
+
+FileCache::CopyPtr FileCache::PublishAs(std::unique_ptr<Reservation> fill, const FileKey& key,
+                                        std::unique_ptr<SealedCopy> copy) {
+  bool taken = false;
+  CopyPtr resident;
+  {
+    std::lock_guard lock(mu_);
+    auto it = entries_.find(key);
+    taken = it != entries_.end() || filling_.count(key) > 0;
+    if (taken) {
+      if (it != entries_.end()) resident = it->second.copy;
+    } else {
+      filling_.erase(fill->key_);
+      fill->key_ = key;
+      filling_.insert(key);
+    }
+  }
+  if (taken) return resident;  // `fill` gives its room back as it goes
+  return Publish(std::move(fill), std::move(copy));
 }
 
 FileCache::CopyPtr FileCache::PublishLocked(std::unique_ptr<Reservation> fill, std::shared_ptr<SealedCopy> copy) {

@@ -103,6 +103,16 @@ void PrintHostTier(const nlohmann::json& j) {
               static_cast<unsigned long long>(f[kFillsSkipped].get<uint64_t>()),
               f[kFillPolicy].get<std::string>().c_str(),
               f[kFillDepth].get<unsigned>());
+  if (f.contains("from_indexing")) {
+    const auto& x = f["from_indexing"];
+    std::printf("            of which %llu (%s) at indexing, %llu skipped (no free room), %llu abandoned; "
+                "fill_on_index=%s\n",
+                static_cast<unsigned long long>(x[kFillsCompleted].get<uint64_t>()),
+                FormatBytes(x[kBytes].get<uint64_t>()).c_str(),
+                static_cast<unsigned long long>(x[kFillsSkipped].get<uint64_t>()),
+                static_cast<unsigned long long>(x[kFillsAbandoned].get<uint64_t>()),
+                x[kFillPolicy].get<std::string>().c_str());
+  }
   const auto& huge = j[kMemory][kHugePages];
   std::printf("memory      %s held by readers of evicted files; %s; huge pages: %s (shmem_enabled=%s, %s mapped)\n",
               FormatBytes(j[kHeldByReaders].get<uint64_t>()).c_str(),

@@ -92,6 +92,10 @@ int RunStatus(const MountArgs& args) {
       const uint64_t done = cp.value(kBytesDone, uint64_t{0}), total = cp.value(kBytesTotal, uint64_t{0});
       std::printf("  %s / %s", FormatBytes(done).c_str(), FormatBytes(total).c_str());
     }
+    for (const auto& f : cp.value(kHashing, nlohmann::json::array())) {
+      std::printf("\n          hashing %s  %s / %s", f.value(kPath, std::string("(a file in a private directory)")).c_str(),
+                  FormatBytes(f.value(kBytesDone, uint64_t{0})).c_str(), FormatBytes(f.value(kSize, uint64_t{0})).c_str());
+    }
     if (cp.contains(kReason)) std::printf("\n          %s", cp[kReason].get<std::string>().c_str());
     if (cp.value("revalidating", false)) {
       std::printf("\n          serving %s until it is verified again", cp.value(kName, std::string("?")).c_str());

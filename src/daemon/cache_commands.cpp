@@ -208,6 +208,19 @@ nlohmann::json PerCheckpoint(FsContext& ctx, const std::map<std::string, std::ve
   return per;
 }
 
+// Copies made as files were hashed (fill_on_index), counted apart from the
+// fills above, which they are among.
+nlohmann::json IndexFillsJson(const FsContext& ctx) {
+  const HostTierFill::Stats s = ctx.index_fill != nullptr ? ctx.index_fill->GetStats() : HostTierFill::Stats{};
+  const auto policy = ctx.index_fill != nullptr ? ctx.index_fill->policy() : HostTierFill::Policy::kOff;
+  using namespace protocol;
+  return {{kFillPolicy, HostTierFill::PolicyName(policy)},
+          {kFillsCompleted, s.fills},
+          {kBytes, s.bytes},
+          {kFillsSkipped, s.skipped},
+          {kFillsAbandoned, s.abandoned}};
+}
+
 nlohmann::json FillsJson(FsContext& ctx, const FileCache::Stats& f) {
   const double rate = f.fill_seconds > 0 ? static_cast<double>(f.fill_bytes) / f.fill_seconds : 0;
   static const char* kPolicies[] = {"open", "wait", "preload", "off"};
@@ -227,6 +240,7 @@ nlohmann::json FillsJson(FsContext& ctx, const FileCache::Stats& f) {
           // chunks are proven by their SHA-256 for the chunk path
           {"verify", ctx.verify == Verify::kSha256 ? "sha256" : "xxh3"},
           {"proven_files", ctx.proven != nullptr ? ctx.proven->tables() : 0},
+          {"from_indexing", IndexFillsJson(ctx)},
           // How fills read the source (fill_io=), the bytes read with O_DIRECT,
           // and the direct reads that had to be buffered (a filesystem that
           // refuses O_DIRECT, a copy not aligned for it).

@@ -162,6 +162,7 @@ Status Daemon::Mount() {
 
   // From here on threads may start, and CUDA may be touched.
   StartCaches();
+  watcher_->SetCopies(index_fill_.get());
   StartControl();
   ctx_.on_init = [this] {
     readahead_setter_ = std::thread([this] { SetBdiReadahead(options_.mountpoint, options_.readahead, stopping_); });
@@ -236,6 +237,12 @@ void Daemon::StartCaches() {
   }
   filler_ = std::make_unique<FileFiller>(ctx_, FillDepth(o), fill_io);
   ctx_.filler = filler_.get();
+  // Copies made as files are hashed: into free room only, and none with
+  // fill=off (the tier then holds chunks only).
+  const auto fill_on_index = o.fill == "off" ? HostTierFill::Policy::kOff
+                                             : HostTierFill::ParsePolicy(o.fill_on_index).value_or(HostTierFill::Policy::kOff);
+  index_fill_ = std::make_unique<HostTierFill>(files_.get(), fill_on_index, o.stamp_headers);
+  ctx_.index_fill = index_fill_.get();
 
   ctx_.on_source_changed = [this] { watcher_->RequestRescanSoon(); };
   ctx_.drop_page_cache = [this](InodeId ino) { session_->InvalidateInode(ino, 0, 0); };

@@ -27,6 +27,7 @@
 #include "ckptfs/file_filler.h"
 #include "ckptfs/fuse_ops.h"
 #include "ckptfs/header_stamper.h"
+#include "ckptfs/host_tier_fill.h"
 #include "ckptfs/index.h"
 #include "fd_handover.h"
 #include "pin_list.h"
@@ -112,6 +113,7 @@ class Daemon {
   std::unique_ptr<CatalogWatcher> watcher_;
   std::unique_ptr<DeviceMemory> device_;
   std::unique_ptr<FileCache> files_;
+  std::unique_ptr<HostTierFill> index_fill_;  // fill_on_index: the indexer's copies into files_
   std::unique_ptr<ChunkCache> cache_;
   std::unique_ptr<SourceReader> reader_;
   std::unique_ptr<ThreadPool> readahead_pool_;

@@ -171,6 +171,9 @@ std::optional<Status> ApplyKeyedOption(const std::string& key, const std::string
   } else if (key == "fill") {
     if (Status s = OneOf(key, value, {"open", "wait", "preload", "off"}); !s.ok()) return s;
     o.fill = value;
+  } else if (key == "fill_on_index") {
+    if (Status s = OneOf(key, value, {"free", "off"}); !s.ok()) return s;
+    o.fill_on_index = value;
   } else if (key == "fill_io") {
     if (Status s = OneOf(key, value, {"buffered", "direct", "auto"}); !s.ok()) return s;
     o.fill_io = value;
@@ -377,6 +380,13 @@ ckptfs options (-o):
                        serves meanwhile; both then copy the other shards
                        beside it in the background while they fit; preload:
                        only by ckptfsctl preload; off: never (chunks only)
+  fill_on_index=free|off  free (default): a file hashed at indexing is also
+                       copied into the host tier's free room from the very
+                       bytes hashed, so a new checkpoint is resident (and
+                       passes through) when its digest appears, from one
+                       read of the disk; nothing resident is evicted for it
+                       (a file that does not fit is filled at its first
+                       open, as fill= says); off: indexing only hashes
   fill_depth=N         4 MiB source reads in flight for all fills together
                        (default 16)
   verify=xxh3|sha256   what every byte served is checked against: xxh3:

@@ -20,9 +20,16 @@ nlohmann::json CheckpointRow(const CheckpointState& s) {
   // Changed in SRC and being verified again: `name` is served meanwhile.
   if (s.revalidating) j["revalidating"] = true;
   if (!s.reason.empty()) j[kReason] = s.reason;
-  if (s.phase == CheckpointState::Phase::kIndexing) {
+  if (s.phase == CheckpointState::Phase::kIndexing || !s.hashing.empty()) {
     j[kBytesDone] = s.bytes_done;
     j[kBytesTotal] = s.bytes_total;
+    nlohmann::json files = nlohmann::json::array();
+    for (const auto& f : s.hashing) {
+      nlohmann::json row{{kBytesDone, f.done}, {kSize, f.size}};
+      if (!f.path.empty()) row[kPath] = f.path;
+      files.push_back(std::move(row));
+    }
+    j[kHashing] = std::move(files);
   }
   if (s.indexed_at) j[kIndexedAt] = s.indexed_at;
   return j;
@@ -39,6 +46,7 @@ nlohmann::json OptionsJson(const MountOptions& o, const std::string& log_destina
           {"stamp_headers", o.stamp_headers},
           {"passthrough", o.passthrough ? "auto" : "off"},
           {kOptionFill, o.fill},
+          {"fill_on_index", o.fill_on_index},
           {kOptionFillDepth, FillDepth(o)},
           {"fill_io", o.fill_io},
           {"shmem_huge", o.shmem_huge_advise ? "advise" : "keep"},

@@ -10,11 +10,23 @@ bool VisibleTo(const CheckpointState& state, const ControlServer::Request& r) {
   return MayLearnPath(state.access, caller);
 }
 
+// The names of the files being hashed, as far as the caller could list them
+// in SRC: those directly in a checkpoint directory it may read. Deeper ones
+// (a subdirectory may be private) are shown without their name.
+void HideUnlistableNames(CheckpointState& state, const ControlServer::Request& r) {
+  Caller caller(r.peer_uid, r.peer_gid, [groups = r.peer_groups] { return groups; });
+  const bool lists_dir = Permits(state.access.self, caller, kWantRead);
+  for (auto& f : state.hashing) {
+    if (!lists_dir || f.path.find('/') != std::string::npos) f.path.clear();
+  }
+}
+
 std::vector<CheckpointState> VisibleStates(std::vector<CheckpointState> states, const ControlServer::Request& r) {
   std::vector<CheckpointState> out;
   for (auto& s : states) {
     if (!VisibleTo(s, r)) continue;
     if (!r.privileged && !s.reason_shown.empty()) s.reason = s.reason_shown;
+    if (!r.privileged) HideUnlistableNames(s, r);
     out.push_back(std::move(s));
   }
   return out;

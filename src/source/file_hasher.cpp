@@ -1,17 +1,15 @@
 #include "ckptfs/file_hasher.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <array>
 #include <cerrno>
-#include <future>
-#include <memory>
-#include <optional>
+#include <limits>
+#include <vector>
 
 #include "ckptfs/source_file.h"
-#include "ckptfs/unique_fd.h"
 
 namespace ckptfs {
 
@@ -19,13 +17,14 @@ std::atomic<uint64_t> FileHasher::files_opened_{0};
 
 namespace {
 
-// Buffers in flight per file: one being read and SHA'd while the chunk hashes
-// of the previous ones finish on the pool.
-constexpr size_t kBuffers = 3;
+constexpr uint64_t kToTheEnd = std::numeric_limits<uint64_t>::max();
 
-// Reads up to `len` bytes at `off`, retrying short reads; returns bytes read
-// (less than len only at end of file) or -errno.
-int64_t PreadFull(int fd, uint8_t* buf, size_t len, uint64_t off) {
+// Reads up to `len` bytes at `off`, retrying short reads until `enough`
+// bytes are in; returns bytes read (less than len only at end of file) or
+// -errno. A read that asks for a byte past the expected end (enough < len)
+// stops at the first short read past `enough`: that is the end of the file,
+// and a file that grew meanwhile is seen by its stamp afterwards anyway.
+int64_t PreadFull(int fd, uint8_t* buf, size_t len, uint64_t off, size_t enough) {
   size_t done = 0;
   while (done < len) {
     ssize_t n = ::pread(fd, buf + done, len - done, static_cast<off_t>(off + done));
@@ -35,85 +34,246 @@ int64_t PreadFull(int fd, uint8_t* buf, size_t len, uint64_t off) {
     }
     if (n == 0) break;
     done += static_cast<size_t>(n);
+    if (done >= enough && done < len) break;
   }
   return static_cast<int64_t>(done);
 }
 
+int64_t PreadFull(int fd, uint8_t* buf, size_t len, uint64_t off) { return PreadFull(fd, buf, len, off, len); }
+
+// A chunk of zeros that nobody can write: a read-only anonymous mapping, whose
+// pages are all the kernel's one zero page, so SHA-256 over a hole reads from
+// the CPU's cache, not from memory.
+const uint8_t* Zeros() {
+  static const uint8_t* const zeros = [] {
+    void* p = ::mmap(nullptr, kChunkSize, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p != MAP_FAILED) return static_cast<const uint8_t*>(p);
+    static const std::vector<uint8_t> fallback(kChunkSize, 0);
+    return fallback.data();
+  }();
+  return zeros;
+}
+
+ChunkHash ZeroChunkHash(size_t len) {
+  static const ChunkHash whole = HashChunk(Zeros(), kChunkSize);
+  return len == kChunkSize ? whole : HashChunk(Zeros(), len);
+}
+
 }  // namespace
 
+void FileHasher::set_source_root(std::string root) {
+  root_ = std::move(root);
+  root_fd_.reset();
+  if (root_.empty() || root_ == "/") return;
+  auto fd = std::make_shared<UniqueFd>(::open(root_.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  // If it cannot be opened now, every file's open tries again and says why.
+  if (fd->valid()) root_fd_ = std::move(fd);
+}
+
+std::unique_ptr<FileHashTask> FileHasher::Start(const std::string& path, const FileStamp& expected,
+                                                TaskOptions extra) const {
+  return std::unique_ptr<FileHashTask>(new FileHashTask(*this, path, expected, std::move(extra)));
+}
+
 Result<FileHashes> FileHasher::Hash(const std::string& path, const FileStamp& expected, struct stat* observed) const {
-  auto opened = OpenSourceFile(root_, path);
+  auto task = Start(path, expected, TaskOptions{});
+  task->Run();
+  if (observed != nullptr && task->observed().st_ino != 0) *observed = task->observed();
+  return task->TakeResult();
+}
+
+FileHashTask::FileHashTask(const FileHasher& hasher, std::string path, FileStamp expected,
+                           FileHasher::TaskOptions extra)
+    : hasher_(hasher),
+      path_(std::move(path)),
+      expected_(expected),
+      copy_(std::move(extra.copy)),
+      hashed_(extra.hashed),
+      cancelled_(std::move(extra.cancelled)),
+      chunks_(ChunkCount(expected.size)),
+      pipelined_(hasher.io_pool_ != nullptr && chunks_ > 1) {
+  out_.size = expected_.size;
+  out_.chunks.resize(chunks_);
+}
+
+FileHashTask::~FileHashTask() {
+  for (auto& slot : slots_) {
+    if (slot.read.valid()) slot.read.wait();  // it writes into the slot and the copy
+  }
+}
+
+uint64_t FileHashTask::ChunkLen(uint64_t chunk) const {
+  return std::min<uint64_t>(kChunkSize, expected_.size - chunk * kChunkSize);
+}
+
+Status FileHashTask::Open() {
+  auto opened = OpenSourceFile(hasher_.root_, path_, hasher_.root_fd_ ? hasher_.root_fd_->get() : -1);
   if (!opened.ok()) return opened.status();
-  files_opened_.fetch_add(1);
-  const UniqueFd& fd = opened->fd;
-  struct stat st = opened->st;
-  if (observed) *observed = st;
-  if (FileStamp::FromStat(st) != expected) {
-    return Status::Changed(path + ": changed since it was listed (" + FileStamp::FromStat(st).ToString() + ")");
+  FileHasher::files_opened_.fetch_add(1);
+  observed_ = opened->st;
+  if (FileStamp::FromStat(observed_) != expected_) {
+    return Status::Changed(path_ + ": changed since it was listed (" + FileStamp::FromStat(observed_).ToString() + ")");
   }
-  ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  fd_ = std::move(opened->fd);
+  if (pipelined_ && !opened_once_) ::posix_fadvise(fd_.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  opened_once_ = true;
+  region_valid_ = false;
+  return Status::Ok();
+}
 
-  FileHashes out;
-  out.size = expected.size;
-  const uint64_t chunks = ChunkCount(expected.size);
-  out.chunks.resize(chunks);
+void FileHashTask::Release() {
+  for (auto& slot : slots_) {
+    if (slot.read.valid()) slot.read.wait();
+    slot.read = {};
+    slot.buffer.reset();
+  }
+  next_read_ = next_hash_;  // what was read ahead is read again when resumed
+  fd_.reset();
+}
 
-  std::array<std::unique_ptr<uint8_t[]>, kBuffers> buffers;
-  std::array<std::future<void>, kBuffers> pending;
-  Sha256 sha;
-  Status failure;
-
-  for (uint64_t i = 0; i < chunks; ++i) {
-    const size_t slot = i % kBuffers;
-    if (pending[slot].valid()) pending[slot].wait();  // its previous chunk hash is done
-    if (!buffers[slot]) buffers[slot].reset(new uint8_t[kChunkSize]);
-    uint8_t* buf = buffers[slot].get();
-
-    const uint64_t offset = i * kChunkSize;
-    const size_t want = static_cast<size_t>(std::min<uint64_t>(kChunkSize, expected.size - offset));
-    const int64_t got = PreadFull(fd.get(), buf, want, offset);
-    if (got < 0) {
-      failure = Status::FromErrno("cannot read " + path + " at offset " + std::to_string(offset),
-                                  static_cast<int>(-got));
-      break;
-    }
-    if (static_cast<size_t>(got) != want) {
-      failure = Status::Changed(path + ": truncated while being hashed (expected " +
-                                std::to_string(expected.size) + " bytes, ended at " +
-                                std::to_string(offset + static_cast<uint64_t>(got)) + ")");
-      break;
-    }
-    if (hook_) hook_(path, i);
-    if (cancel_ != nullptr && cancel_->load()) {
-      failure = Status::Error(path + ": hashing cancelled (the daemon is stopping)");
-      break;
-    }
-    ChunkHash* slot_out = &out.chunks[i];
-    if (chunk_pool_ != nullptr) {
-      pending[slot] = chunk_pool_->Submit([buf, want, slot_out] { *slot_out = HashChunk(buf, want); });
+// One or two lseeks per extent of the file, not per chunk: the answer holds
+// for every chunk up to the end of the data extent it found.
+bool FileHashTask::ChunkIsHole(uint64_t begin, uint64_t end) {
+  // A file of one chunk costs at most a chunk's read: not worth two lseeks.
+  if (!holes_known_ || chunks_ <= 1) return false;
+  if (!region_valid_ || begin < region_ || begin >= data_end_) {
+    const off_t data = ::lseek(fd_.get(), static_cast<off_t>(begin), SEEK_DATA);
+    region_ = begin;
+    region_valid_ = true;
+    if (data < 0) {
+      if (errno != ENXIO) {  // the filesystem cannot tell: read everything
+        holes_known_ = false;
+        return false;
+      }
+      hole_end_ = data_end_ = kToTheEnd;  // no data from here to the end
     } else {
-      *slot_out = HashChunk(buf, want);
+      hole_end_ = static_cast<uint64_t>(data);
+      const off_t hole = ::lseek(fd_.get(), data, SEEK_HOLE);
+      data_end_ = hole > data ? static_cast<uint64_t>(hole) : kToTheEnd;
     }
-    sha.Update(buf, want);
-    if (progress_) progress_(want);
   }
-  for (auto& p : pending) {
-    if (p.valid()) p.wait();  // buffers must outlive the tasks that read them
-  }
-  if (!failure.ok()) return failure;
-  if (chunks == 0) sha.Update("", 0);
+  return end <= hole_end_;
+}
 
-  // A byte past the expected end means the file grew while we read it.
-  uint8_t probe;
-  int64_t extra = PreadFull(fd.get(), &probe, 1, expected.size);
-  if (extra > 0) return Status::Changed(path + ": grew while being hashed");
-  if (::fstat(fd.get(), &st) != 0) return Status::FromErrno("cannot stat " + path, errno);
-  if (observed) *observed = st;
-  if (FileStamp::FromStat(st) != expected) {
-    return Status::Changed(path + ": modified while being hashed");
+void FileHashTask::Submit(uint64_t chunk) {
+  Slot& slot = slots_[pipelined_ ? chunk % FileHasher::kReadAhead : 0];
+  const uint64_t begin = chunk * kChunkSize;
+  const uint64_t len = ChunkLen(chunk);
+  slot.chunk = chunk;
+  slot.hole = ChunkIsHole(begin, begin + len);
+  if (slot.hole) {
+    slot.data = const_cast<uint8_t*>(Zeros());  // only ever read
+    slot.got = static_cast<int64_t>(len);
+    out_.chunks[chunk] = ZeroChunkHash(static_cast<size_t>(len));
+    return;
   }
-  out.sha256 = sha.Finish();
-  return out;
+  slot.data = copy_ ? copy_->WritableAt(begin, static_cast<size_t>(len)) : nullptr;
+  if (slot.data == nullptr) {
+    // One byte more than a chunk, so that the last read can ask for a byte
+    // past the end and see a file that grew without another read.
+    if (!slot.buffer) slot.buffer.reset(new uint8_t[(pipelined_ ? kChunkSize : expected_.size) + 1]);
+    slot.data = slot.buffer.get();
+  }
+  slot.got = -ECANCELED;  // stays so if the pool drops the read (shutdown)
+  if (pipelined_) {
+    slot.read = hasher_.io_pool_->Submit([this, &slot] { Read(slot); });
+  } else {
+    Read(slot);
+  }
+}
+
+void FileHashTask::Read(Slot& slot) {
+  const uint64_t begin = slot.chunk * kChunkSize;
+  const size_t len = static_cast<size_t>(ChunkLen(slot.chunk));
+  const bool probe = slot.chunk + 1 == chunks_ && slot.data == slot.buffer.get();
+  slot.got = PreadFull(fd_.get(), slot.data, len + (probe ? 1 : 0), begin, len);
+  if (slot.got == static_cast<int64_t>(len)) out_.chunks[slot.chunk] = HashChunk(slot.data, len);
+}
+
+Status FileHashTask::Consume(uint64_t chunk) {
+  Slot& slot = slots_[pipelined_ ? chunk % FileHasher::kReadAhead : 0];
+  if (slot.read.valid()) slot.read.wait();
+  slot.read = {};
+  const uint64_t begin = chunk * kChunkSize;
+  const size_t len = static_cast<size_t>(ChunkLen(chunk));
+  if (slot.got < 0) {
+    return Status::FromErrno("cannot read " + path_ + " at offset " + std::to_string(begin), static_cast<int>(-slot.got));
+  }
+  if (slot.got < static_cast<int64_t>(len)) {
+    return Status::Changed(path_ + ": truncated while being hashed (expected " + std::to_string(expected_.size) +
+                           " bytes, ended at " + std::to_string(begin + static_cast<uint64_t>(slot.got)) + ")");
+  }
+  if (slot.got > static_cast<int64_t>(len)) return Status::Changed(path_ + ": grew while being hashed");
+  if (chunk + 1 == chunks_ && slot.data == slot.buffer.get()) growth_checked_ = true;
+  if (hasher_.hook_) hasher_.hook_(path_, chunk);
+  if (Cancelled()) return Status::Error(path_ + ": hashing cancelled");
+  sha_.Update(slot.data, len);
+  // The copy gets the very bytes SHA-256 just took (unless they were read
+  // into it, and hashed there); a copy that cannot be written is given up,
+  // the hashing goes on.
+  if (copy_ && !slot.hole && slot.data == slot.buffer.get() && !copy_->Write(begin, slot.data, len).ok()) copy_.reset();
+  if (hashed_ != nullptr) hashed_->fetch_add(len, std::memory_order_relaxed);
+  if (hasher_.progress_) hasher_.progress_(len);
+  return Status::Ok();
+}
+
+Status FileHashTask::Finish() {
+  if (!growth_checked_) {
+    uint8_t probe;
+    if (PreadFull(fd_.get(), &probe, 1, expected_.size) > 0) return Status::Changed(path_ + ": grew while being hashed");
+  }
+  struct stat st;
+  if (::fstat(fd_.get(), &st) != 0) return Status::FromErrno("cannot stat " + path_, errno);
+  observed_ = st;
+  const FileStamp now = FileStamp::FromStat(st);
+  if (now != expected_) {
+    if (now.size < expected_.size) {
+      return Status::Changed(path_ + ": truncated while being hashed (expected " + std::to_string(expected_.size) +
+                             " bytes, now " + std::to_string(now.size) + ")");
+    }
+    if (now.size > expected_.size) return Status::Changed(path_ + ": grew while being hashed");
+    return Status::Changed(path_ + ": modified while being hashed");
+  }
+  if (chunks_ == 0) sha_.Update("", 0);
+  out_.sha256 = sha_.Finish();
+  if (copy_) {
+    copy_->Publish(out_);
+    copy_.reset();
+  }
+  return Status::Ok();
+}
+
+bool FileHashTask::Run(const std::function<bool()>& yield) {
+  if (done_) return true;
+  if (!fd_.valid()) failure_ = Open();
+  while (failure_.ok() && next_hash_ < chunks_) {
+    if (Cancelled()) {
+      failure_ = Status::Error(path_ + ": hashing cancelled");
+      break;
+    }
+    const uint64_t ahead = pipelined_ ? FileHasher::kReadAhead : 1;
+    while (next_read_ < chunks_ && next_read_ < next_hash_ + ahead) Submit(next_read_++);
+    failure_ = Consume(next_hash_);
+    if (!failure_.ok()) break;
+    ++next_hash_;
+    if (next_hash_ < chunks_ && yield && yield()) {
+      Release();
+      return false;
+    }
+  }
+  for (auto& slot : slots_) {
+    if (slot.read.valid()) slot.read.wait();  // a failure leaves reads in flight
+  }
+  if (failure_.ok()) failure_ = Finish();
+  Release();
+  copy_.reset();  // unpublished: given up
+  done_ = true;
+  return true;
+}
+
+Result<FileHashes> FileHashTask::TakeResult() {
+  if (!failure_.ok()) return failure_;
+  return std::move(out_);
 }
 
 }  // namespace ckptfs

@@ -20,13 +20,20 @@ bool Beneath(const std::string& root, const std::string& path) {
 }  // namespace
 
 Result<OpenedSource> OpenSourceFile(const std::string& root, const std::string& path) {
+  return OpenSourceFile(root, path, -1);
+}
+
+Result<OpenedSource> OpenSourceFile(const std::string& root, const std::string& path, int root_fd) {
   UniqueFd dir;
   std::string rel = path;
   int at = AT_FDCWD;
   if (Beneath(root, path)) {
-    dir.reset(::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
-    if (!dir.valid()) return Status::FromErrno("cannot open source root " + root, errno);
-    at = dir.get();
+    if (root_fd < 0) {
+      dir.reset(::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+      if (!dir.valid()) return Status::FromErrno("cannot open source root " + root, errno);
+      root_fd = dir.get();
+    }
+    at = root_fd;
     rel = path.substr(root.size() + 1);
   }
   uint64_t resolve = RESOLVE_NO_MAGICLINKS;

@@ -5,6 +5,7 @@
 #include <sys/inotify.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <climits>
@@ -27,6 +28,9 @@ constexpr uint32_t kWatchMask = IN_CREATE | IN_DELETE | IN_MODIFY | IN_CLOSE_WRI
 // Events arrive in bursts (a copy writes many files); wait this long after
 // one before rescanning, so a burst costs one walk.
 constexpr double kDebounceS = 0.3;
+// Indexed checkpoints are shown at most this often (each publish rebuilds
+// the view), and always once the last has been indexed.
+constexpr double kPublishEveryS = 0.25;
 
 double MonotonicSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -126,37 +130,36 @@ void CatalogWatcher::ShowIndexed() {
 }
 
 void CatalogWatcher::Start() {
-  indexing_thread_ = std::thread([this] { IndexLoop(); });
+  scheduler_ = std::make_unique<IndexScheduler>(index_, options_.threads);
   thread_ = std::thread([this] { Run(); });
 }
 
+// The scanning thread first, then the indexer's workers: a hash in progress
+// stops at its next chunk, and nothing more is shown.
 void CatalogWatcher::Stop() {
-  if (!thread_.joinable()) return;
   stop_ = true;
+  if (thread_.joinable()) {
+    Wake();
+    thread_.join();
+  }
+  if (scheduler_) scheduler_->Stop();
+}
+
+void CatalogWatcher::Wake() {
   uint64_t one = 1;
   if (::write(wake_.get(), &one, sizeof one) < 0) {
     // The eventfd cannot be full with one write; nothing else to do.
   }
-  {
-    std::lock_guard lock(mu_);  // so that the indexing thread cannot miss the wake-up
-  }
-  queued_.notify_all();
-  thread_.join();
-  indexing_thread_.join();
 }
 
 void CatalogWatcher::RequestRescan() {
   rescan_requested_ = true;
-  uint64_t one = 1;
-  if (::write(wake_.get(), &one, sizeof one) < 0) {
-  }
+  Wake();
 }
 
 void CatalogWatcher::RequestRescanSoon() {
   soon_requested_ = true;
-  uint64_t one = 1;
-  if (::write(wake_.get(), &one, sizeof one) < 0) {
-  }
+  Wake();
 }
 
 void CatalogWatcher::Withdraw(const std::string& name, const std::string& reason) {
@@ -175,14 +178,15 @@ void CatalogWatcher::Run() {
   bool read_triggered = false;
   while (!stop_) {
     const double now = MonotonicSeconds();
-    if (const double retry = retry_at_.exchange(0); retry > 0) {
-      next_settle_deadline_ = next_settle_deadline_ > 0 ? std::min(next_settle_deadline_, retry) : retry;
-    }
     if (soon_requested_.exchange(false)) {
       read_triggered = true;
       next_debounced = std::min(next_debounced, std::max(now + kDebounceS, last_scan_end + kReadTriggeredEveryS));
     }
     const bool withdrew = ApplyWithdrawals();
+    PublishIfDue();
+    if (const double retry = TakeRetryRequest(); retry > 0) {
+      next_settle_deadline_ = next_settle_deadline_ > 0 ? std::min(next_settle_deadline_, retry) : retry;
+    }
     const bool asked = rescan_requested_.exchange(false);
     const bool periodic = now >= next_periodic;
     if (asked || periodic || now >= next_debounced || (next_settle_deadline_ > 0 && now >= next_settle_deadline_)) {
@@ -204,10 +208,11 @@ void CatalogWatcher::Run() {
                                             : std::numeric_limits<double>::infinity();
       continue;
     }
-    double until = std::min(next_periodic, next_debounced);
+    double until = std::min({next_periodic, next_debounced, NextPublishDue()});
     if (next_settle_deadline_ > 0) until = std::min(until, next_settle_deadline_);
     const double wait_s = until - now;
-    const int timeout_ms = std::isinf(wait_s) ? -1 : static_cast<int>(std::min(wait_s * 1000 + 1, double{INT_MAX}));
+    const int timeout_ms =
+        std::isinf(wait_s) ? -1 : static_cast<int>(std::clamp(wait_s * 1000 + 1, 0.0, double{INT_MAX}));
     pollfd fds[2] = {{wake_.get(), POLLIN, 0}, {inotify_.valid() ? inotify_.get() : -1, POLLIN, 0}};
     ::poll(fds, 2, timeout_ms);
     if (fds[0].revents & POLLIN) {
@@ -304,10 +309,26 @@ void CatalogWatcher::PutStateLocked(CheckpointState state) {
   states_[state.path] = std::move(state);
 }
 
+// With how far the indexer is with each checkpoint it works on: a queued
+// one is "indexing" from its first lookup on, with the files begun.
 std::vector<CheckpointState> CatalogWatcher::States() const {
   std::lock_guard lock(mu_);
   std::vector<CheckpointState> out;
-  for (const auto& [path, s] : states_) out.push_back(s);
+  for (const auto& [path, s] : states_) {
+    out.push_back(s);
+    auto job = indexing_.find(path);
+    if (job == indexing_.end() || !scheduler_) continue;
+    auto progress = scheduler_->ProgressOf(job->second.job);
+    if (!progress || !progress->started) continue;
+    CheckpointState& st = out.back();
+    if (st.phase == CheckpointState::Phase::kPending) {
+      st.phase = CheckpointState::Phase::kIndexing;
+      st.reason.clear();
+    }
+    st.bytes_done = progress->bytes_done;
+    st.bytes_total = progress->bytes_total;
+    for (const auto& f : progress->hashing) st.hashing.push_back({f.path, f.done, f.size});
+  }
   return out;
 }
 
@@ -317,6 +338,16 @@ CatalogWatcher::ScanStats CatalogWatcher::LastScan() const {
 }
 
 View::Changes CatalogWatcher::PublishLocked() {
+  // Whatever was exposed is in this publish: a deferred one is done, and the
+  // checkpoints it shows are exposed in status from now on (not before: a
+  // status that says exposed means the view shows it).
+  last_publish_ = MonotonicSeconds();
+  publish_deferred_ = false;
+  for (auto& [path, st] : unpublished_states_) {
+    auto e = exposed_.find(path);
+    if (e != exposed_.end() && e->second.name == st.name) states_[path] = std::move(st);
+  }
+  unpublished_states_.clear();
   std::vector<ExposedCheckpoint> list;
   list.reserve(exposed_.size());
   for (const auto& [path, e] : exposed_) list.push_back(e);
@@ -378,16 +409,19 @@ void CatalogWatcher::WithdrawEverything(const Status& why) {
     last_scan_error_ = why.message();
   }
   View::Changes changes;
+  std::vector<IndexScheduler::JobId> cancelled;  // nothing they find is shown now
   {
     std::lock_guard lock(mu_);
     exposed_.clear();
     states_.clear();
-    queue_.clear();
-    walked_fingerprints_.clear();
+    unpublished_states_.clear();
+    for (const auto& [path, job] : indexing_) cancelled.push_back(job.job);
+    indexing_.clear();
     last_dirs_.clear();
     last_hub_refs_.clear();
     changes = PublishLocked();
   }
+  for (IndexScheduler::JobId job : cancelled) scheduler_->Cancel(job);
   Notify(changes);
 }
 
@@ -457,18 +491,18 @@ void CatalogWatcher::ScanOnce(const WalkTriggers& why, bool index_unknown) {
   stats.checkpoints = plan.valid;
   stats.checkpoints_kept = plan.keep.size();
   stats.files_looked_up = plan.files_looked_up;
-  Apply(*scan, plan, std::move(shown), stats, started, index_unknown);
+  Apply(*scan, plan, std::move(shown), stats, started);
+  if (index_unknown) IndexQueued(*scan, plan);
 }
 
 void CatalogWatcher::Apply(const CatalogScan& scan, const ScanPlan& plan, std::vector<ExposedCheckpoint> shown,
-                           ScanStats stats, double started, bool queue) {
+                           ScanStats stats, double started) {
   const std::string settle = SecondsText(options_.settle_s);
   View::Changes changes;
   {
     std::lock_guard lock(mu_);
     last_dirs_ = scan.dirs;
     last_hub_refs_ = scan.hub_refs;
-    walked_fingerprints_ = plan.fingerprints;
     for (const auto& w : plan.withdraw) {
       exposed_.erase(w.path);
       if (w.why == ScanPlan::Why::kRemoved) spdlog::info("checkpoint {} removed from the source; withdrawn", w.path);
@@ -506,7 +540,9 @@ void CatalogWatcher::Apply(const CatalogScan& scan, const ScanPlan& plan, std::v
       exposed_[cp.abs_path] = std::move(shown[i]);
       shown_fingerprints_[cp.abs_path] = plan.fingerprints.at(cp.abs_path);
     }
-    if (queue) QueueLocked(scan, plan);
+    for (const auto* cp : plan.index) {
+      PutStateLocked(StateOf(*cp, CheckpointState::Phase::kPending, "queued for indexing"));
+    }
     // A digest withdrawn meanwhile is not shown again, not even for a moment.
     TakeWithdrawalsLocked();
     changes = PublishLocked();
@@ -517,24 +553,20 @@ void CatalogWatcher::Apply(const CatalogScan& scan, const ScanPlan& plan, std::v
   Notify(changes);
 }
 
-IndexerOptions CatalogWatcher::HashingOptions(const std::string& path) {
+IndexerOptions CatalogWatcher::HashingOptions() {
   IndexerOptions options;
   options.threads = options_.threads;
   options.before_hash = options_.before_hash;
   options.manifests = options_.manifests;
+  options.copies = options_.copies;
   options.cancel = &stop_;
   // Withdrawn digests leave the view before the next file is opened, and
   // within a chunk of the one being read (a 10 GB shard takes a while).
   options.between_files = [this] { ApplyWithdrawals(); };
-  options.on_plan = [this, path](uint64_t total) {
-    std::lock_guard lock(mu_);
-    states_[path].bytes_total = total;
-  };
-  options.on_bytes = [this, path](uint64_t n) {
+  options.on_bytes = [this](uint64_t) {
     bool withdrawn = false;
     {
       std::lock_guard lock(mu_);
-      states_[path].bytes_done += n;
       withdrawn = !withdrawals_.empty();
     }
     if (withdrawn) ApplyWithdrawals();
@@ -542,142 +574,145 @@ IndexerOptions CatalogWatcher::HashingOptions(const std::string& path) {
   return options;
 }
 
-void CatalogWatcher::RecordIndexingFailure(const CheckpointSource& cp, const IndexedCheckpoint& indexed) {
-  const auto phase = indexed.unsettled ? CheckpointState::Phase::kPending : CheckpointState::Phase::kInvalid;
-  CheckpointState st = StateOf(cp, phase, *indexed.error);
-  if (indexed.unsettled) {
-    // Still changing: a digest it showed stays while it settles.
-    spdlog::info("checkpoint {} is still changing; will retry: {}", cp.abs_path, st.reason);
-    retry_at_ = MonotonicSeconds() + std::max(options_.settle_s, 0.5);
-    uint64_t one = 1;
-    if (::write(wake_.get(), &one, sizeof one) < 0) {
-    }
-    SetState(std::move(st));
+// On an indexer's worker: the checkpoint's job is done (or failed), and still
+// the one for its path (a newer walk may have replaced it).
+void CatalogWatcher::OnIndexed(const CheckpointSource& cp, const Sha256Digest& fingerprint, uint64_t token,
+                               IndexReport report) {
+  for (const auto& w : report.warnings) spdlog::warn("{}", w);
+  const IndexedCheckpoint& indexed = report.checkpoints.front();
+  if (indexed.error) {
+    RecordIndexingFailure(cp, indexed, token);
     return;
   }
-  spdlog::warn("checkpoint {} is invalid and not shown: {}", cp.abs_path, st.reason);
-  // Its new content cannot be verified, and what it served before is gone
-  // from the source with it.
-  View::Changes changes;
-  {
-    std::lock_guard lock(mu_);
-    PutStateLocked(std::move(st));
-    if (exposed_.erase(cp.abs_path) != 0) {
-      shown_fingerprints_.erase(cp.abs_path);
-      changes = PublishLocked();
-    }
+  ExposedCheckpoint e = ToExposed(cp, indexed, *index_);
+  const std::string name = e.name;
+  if (Expose(cp, std::move(e), fingerprint, token)) {
+    spdlog::info("checkpoint {} is {} ({} files hashed)", cp.abs_path, name, report.files_hashed);
   }
-  Notify(changes);
 }
 
-CatalogWatcher::Shown CatalogWatcher::Expose(const CheckpointSource& cp, ExposedCheckpoint e,
-                                             const Sha256Digest& fingerprint, bool publish) {
+bool CatalogWatcher::TakeJobLocked(const std::string& path, uint64_t token) {
+  auto it = indexing_.find(path);
+  if (it == indexing_.end() || it->second.token != token) return false;
+  indexing_.erase(it);
+  return true;
+}
+
+void CatalogWatcher::RecordIndexingFailure(const CheckpointSource& cp, const IndexedCheckpoint& indexed,
+                                           uint64_t token) {
+  const auto phase = indexed.unsettled ? CheckpointState::Phase::kPending : CheckpointState::Phase::kInvalid;
+  CheckpointState st = StateOf(cp, phase, *indexed.error);
+  const std::string reason = st.reason;
   View::Changes changes;
   {
     std::lock_guard lock(mu_);
-    auto walked = walked_fingerprints_.find(cp.abs_path);
-    if (walked == walked_fingerprints_.end() || walked->second != fingerprint) return Shown::kNo;
-    states_[cp.abs_path] = ExposedState(cp, e);
+    if (!TakeJobLocked(cp.abs_path, token)) return;
+    if (indexed.unsettled) {
+      // Still changing: a digest it showed stays while it settles.
+      const double at = MonotonicSeconds() + std::max(options_.settle_s, 0.5);
+      retry_at_ = retry_at_ > 0 ? std::min(retry_at_, at) : at;
+    } else if (exposed_.erase(cp.abs_path) != 0) {
+      // Its new content cannot be verified, and what it served before is
+      // gone from the source with it.
+      shown_fingerprints_.erase(cp.abs_path);
+      unpublished_states_.erase(cp.abs_path);
+      changes = PublishLocked();
+    }
+    PutStateLocked(std::move(st));
+  }
+  Notify(changes);
+  if (indexed.unsettled) {
+    spdlog::info("checkpoint {} is still changing; will retry: {}", cp.abs_path, reason);
+    Wake();  // the scanning thread comes back to it
+  } else {
+    spdlog::warn("checkpoint {} is invalid and not shown: {}", cp.abs_path, reason);
+  }
+}
+
+// Many small checkpoints finish faster than the view is worth rebuilding, so
+// a publish comes at most every kPublishEveryS; one that is not due yet is
+// left to the scanning thread, which publishes when it is.
+bool CatalogWatcher::Expose(const CheckpointSource& cp, ExposedCheckpoint e, const Sha256Digest& fingerprint,
+                            uint64_t token) {
+  View::Changes changes;
+  bool deferred = false;
+  {
+    std::lock_guard lock(mu_);
+    if (!TakeJobLocked(cp.abs_path, token)) return false;
+    unpublished_states_[cp.abs_path] = ExposedState(cp, e);
     exposed_[cp.abs_path] = std::move(e);
     // The walk as hashed; a file the indexer found changed and hashed again
     // has a newer stamp than this, so the next walk differs and looks it up
     // afresh.
     shown_fingerprints_[cp.abs_path] = fingerprint;
-    if (TakeWithdrawalsLocked()) publish = true;
-    if (publish) changes = PublishLocked();
+    const double now = MonotonicSeconds();
+    if (TakeWithdrawalsLocked() || now - last_publish_ >= kPublishEveryS) {
+      changes = PublishLocked();
+    } else {
+      deferred = publish_deferred_ = true;
+    }
   }
   Notify(changes);
-  return publish ? Shown::kPublished : Shown::kLater;
+  if (deferred) Wake();
+  return true;
 }
 
-void CatalogWatcher::QueueLocked(const CatalogScan& scan, const ScanPlan& plan) {
-  std::map<std::string, const CheckpointSource*> wanted;
-  for (const auto* cp : plan.index) wanted[cp->abs_path] = cp;
-  auto still_wanted = [&](const std::string& path, const Sha256Digest& fingerprint) {
-    return wanted.count(path) != 0 && plan.fingerprints.at(path) == fingerprint;
-  };
-  std::deque<IndexJob> kept;
-  for (auto& job : queue_) {
-    const std::string path = job.source().abs_path;
-    if (!still_wanted(path, job.fingerprint)) continue;
-    wanted.erase(path);
-    kept.push_back(std::move(job));
+void CatalogWatcher::PublishIfDue() {
+  {
+    std::lock_guard lock(mu_);
+    if (!publish_deferred_ || MonotonicSeconds() - last_publish_ < kPublishEveryS) return;
   }
-  queue_ = std::move(kept);
-  // Being hashed as walked now: its progress stands.
-  if (indexing_path_ && still_wanted(*indexing_path_, *indexing_fingerprint_)) wanted.erase(*indexing_path_);
-  for (const auto& [path, cp] : wanted) {
-    PutStateLocked(StateOf(*cp, CheckpointState::Phase::kPending, "queued for indexing"));
-    queue_.push_back({Only(scan, {cp}), plan.fingerprints.at(path)});
-  }
-  if (!queue_.empty()) queued_.notify_one();
+  Publish();
 }
 
-void CatalogWatcher::IndexLoop() {
-  double last_publish = MonotonicSeconds();
-  bool unpublished = false;
-  std::unique_lock lock(mu_);
-  while (!stop_) {
-    if (queue_.empty() && unpublished) {
-      lock.unlock();
-      Publish();
-      unpublished = false;
-      last_publish = MonotonicSeconds();
-      lock.lock();
-      continue;
-    }
-    if (queue_.empty()) {
-      queued_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-      continue;
-    }
-    IndexJob job = std::move(queue_.front());
-    queue_.pop_front();
-    indexing_path_ = job.source().abs_path;
-    indexing_fingerprint_ = job.fingerprint;
-    lock.unlock();
-    switch (IndexOne(job, last_publish)) {
-      case Shown::kPublished:
-        last_publish = MonotonicSeconds();
-        unpublished = false;
-        break;
-      case Shown::kLater: unpublished = true; break;
-      case Shown::kNo: break;
-    }
-    lock.lock();
-    indexing_path_.reset();
-    indexing_fingerprint_.reset();
-  }
+double CatalogWatcher::NextPublishDue() const {
+  std::lock_guard lock(mu_);
+  return publish_deferred_ ? last_publish_ + kPublishEveryS : std::numeric_limits<double>::infinity();
 }
 
-CatalogWatcher::Shown CatalogWatcher::IndexOne(const IndexJob& job, double last_publish) {
-  // Many small checkpoints finish faster than the view is worth rebuilding,
-  // so publish at most a few times a second (IndexLoop publishes whatever
-  // is left when the queue runs dry).
-  constexpr double kPublishEveryS = 0.25;
-  const CheckpointSource& cp = job.source();
-  ApplyWithdrawals();
-  SetState(StateOf(cp, CheckpointState::Phase::kIndexing));
-  spdlog::info("indexing checkpoint {} ({} files, {} bytes)", cp.abs_path, cp.members.size(), cp.TotalSize());
-  IndexReport report = Indexer(index_, HashingOptions(cp.abs_path)).Run(job.scan);
-  if (stop_) return Shown::kNo;
-  for (const auto& w : report.warnings) spdlog::warn("{}", w);
-  const IndexedCheckpoint& indexed = report.checkpoints.front();
-  if (indexed.error) {
-    RecordIndexingFailure(cp, indexed);
-    return Shown::kNo;
+double CatalogWatcher::TakeRetryRequest() {
+  std::lock_guard lock(mu_);
+  return std::exchange(retry_at_, 0);
+}
+
+// Hands the plan's queue to the scheduler, which indexes the checkpoints
+// concurrently, each shown as its job ends; this thread goes back to
+// watching at once. A checkpoint already being indexed as walked now keeps
+// its job; one walked differently since, or no longer queued (changed again,
+// gone, or known now), has its job cancelled.
+void CatalogWatcher::IndexQueued(const CatalogScan& scan, const ScanPlan& plan) {
+  std::vector<IndexScheduler::JobId> superseded;
+  {
+    std::lock_guard lock(mu_);
+    std::set<std::string> queued;
+    for (const CheckpointSource* cp : plan.index) queued.insert(cp->abs_path);
+    for (auto it = indexing_.begin(); it != indexing_.end();) {
+      if (queued.count(it->first)) {
+        ++it;
+        continue;
+      }
+      superseded.push_back(it->second.job);
+      it = indexing_.erase(it);
+    }
+    for (const CheckpointSource* cp : plan.index) {
+      const Sha256Digest& fingerprint = plan.fingerprints.at(cp->abs_path);
+      auto it = indexing_.find(cp->abs_path);
+      if (it != indexing_.end()) {
+        if (it->second.fingerprint == fingerprint) continue;
+        superseded.push_back(it->second.job);
+      }
+      spdlog::info("indexing checkpoint {} ({} files, {} bytes)", cp->abs_path, cp->members.size(), cp->TotalSize());
+      auto one = std::make_shared<const CatalogScan>(Only(scan, {cp}));
+      // Under mu_, so that the job is known before its end can be reported.
+      const uint64_t token = next_token_++;
+      const IndexScheduler::JobId job =
+          scheduler_->Submit(one, HashingOptions(), [this, one, fingerprint, token](IndexReport report) {
+            OnIndexed(one->checkpoints.front(), fingerprint, token, std::move(report));
+          });
+      indexing_[cp->abs_path] = {fingerprint, token, job};
+    }
   }
-  ExposedCheckpoint e = ToExposed(cp, indexed, *index_);
-  const std::string name = e.name;
-  const bool due = MonotonicSeconds() - last_publish >= kPublishEveryS;
-  const Shown shown = Expose(cp, std::move(e), job.fingerprint, due);
-  if (shown == Shown::kNo) {
-    // Walked otherwise since it was queued: the job queued from that walk
-    // shows it (its files are in the index now, so that costs lookups only).
-    spdlog::debug("checkpoint {} changed while it was indexed; the newer walk decides", cp.abs_path);
-  } else {
-    spdlog::info("checkpoint {} is {} ({} files hashed)", cp.abs_path, name, report.files_hashed);
-  }
-  return shown;
+  for (IndexScheduler::JobId job : superseded) scheduler_->Cancel(job);
 }
 
 ExposedCheckpoint CatalogWatcher::ReachedAsNow(const ExposedCheckpoint& shown, const CheckpointSource& now) {

@@ -52,37 +52,7 @@ trap cleanup EXIT
 mkdir -p "$work/src/big" "${mounts[@]}"
 echo "writing a ${big_mib} MiB file and a 1.5 GB Qwen3-0.6B-layout checkpoint ..." >&2
 head -c "${big_mib}M" /dev/urandom >"$work/src/big/model.safetensors"
-python3 - "$work/src/qwen" <<'PY'
-import json, os, struct, sys
-# Qwen3-0.6B shapes (hidden 1024, 28 layers, MLP 3072, 16 q / 8 kv heads of
-# 128, vocabulary 151936, untied lm_head), bf16, split in two shards.
-d, layers, mlp, vocab = 1024, 28, 3072, 151936
-tensors = [("model.embed_tokens.weight", [vocab, d])]
-for i in range(layers):
-    p = f"model.layers.{i}."
-    tensors += [(p + "self_attn.q_proj.weight", [2048, d]), (p + "self_attn.k_proj.weight", [1024, d]),
-                (p + "self_attn.v_proj.weight", [1024, d]), (p + "self_attn.o_proj.weight", [d, 2048]),
-                (p + "self_attn.q_norm.weight", [128]), (p + "self_attn.k_norm.weight", [128]),
-                (p + "mlp.gate_proj.weight", [mlp, d]), (p + "mlp.up_proj.weight", [mlp, d]),
-                (p + "mlp.down_proj.weight", [d, mlp]), (p + "input_layernorm.weight", [d]),
-                (p + "post_attention_layernorm.weight", [d])]
-tensors += [("model.norm.weight", [d]), ("lm_head.weight", [vocab, d])]
-os.makedirs(sys.argv[1], exist_ok=True)
-half = len(tensors) // 2
-for s, part in enumerate([tensors[:half], tensors[half:]]):
-    header, off = {}, 0
-    for name, shape in part:
-        n = 2
-        for x in shape: n *= x
-        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [off, off + n]}
-        off += n
-    h = json.dumps(header).encode(); h += b" " * (-len(h) % 8)
-    with open(os.path.join(sys.argv[1], f"model-{s + 1:05d}-of-00002.safetensors"), "wb") as f:
-        f.write(struct.pack("<Q", len(h))); f.write(h)
-        for _ in range(off >> 24): f.write(os.urandom(1 << 24))
-        f.write(os.urandom(off & ((1 << 24) - 1)))
-with open(os.path.join(sys.argv[1], "config.json"), "w") as f: json.dump({"model_type": "qwen3"}, f)
-PY
+python3 tests/bench/make_checkpoint.py "$work/src/qwen" qwen
 mksquashfs "$work/src/qwen" "$work/qwen.sqfs" -noappend -quiet >/dev/null
 big="$work/src/big/model.safetensors"
 qwen="$work/src/qwen"

@@ -67,7 +67,10 @@ void DropPageCache(const std::string& path) {
 
 class PassthroughMountTest : public ::testing::Test {
  public:  // also for the helpers that several tests share
-  std::unique_ptr<MountedCkptfs> Mount(const std::string& extra) {
+  // The tests of fills at open mount with fill_on_index=off: by default every
+  // file hashed at mount is resident before anything opens it.
+  std::unique_ptr<MountedCkptfs> Mount(std::string extra) {
+    if (extra.find("fill_on_index=") == std::string::npos) extra += ",fill_on_index=off";
     auto m = std::make_unique<MountedCkptfs>(kDaemon, src_, mnt_, "state=" + state_ + ",settle=0,rescan=0," + extra,
                                              tmp_ / ("daemon-" + std::to_string(++mounts_) + ".log"));
     EXPECT_TRUE(m->ok()) << m->Log();
@@ -75,7 +78,7 @@ class PassthroughMountTest : public ::testing::Test {
   }
   // Mounts and waits for by-name/m; skips the test on a kernel that gives no
   // passthrough (the fallback tests cover those).
-  std::unique_ptr<MountedCkptfs> MountWithPassthrough(const std::string& extra) {
+  std::unique_ptr<MountedCkptfs> MountWithPassthrough(std::string extra) {
     auto m = Mount(extra);
     EXPECT_TRUE(WaitForLink("m")) << m->Log();
     const auto status = Ctl("status", mnt_);
@@ -147,6 +150,49 @@ TEST_F(PassthroughMountTest, EveryFileByteForByteWithNoReadReachingTheDaemon) {
   // the machine's setting already allowed or forbade them.
   const std::string thp = after["memory"]["huge_pages"]["shmem_enabled"];
   EXPECT_NE(thp, "never") << after["memory"].dump();
+}
+
+// Issue 20 item 3: a checkpoint renamed into SRC is resident in the host tier
+// when its digest first appears (the indexer filled its copies from the
+// bytes it hashed: one read of the disk), and its first load passes through
+// with no read reaching the daemon. With fill_on_index=off it is not.
+TEST_F(PassthroughMountTest, ACheckpointRenamedIntoSrcIsResidentWhenItsDigestAppears) {
+  WriteFile(src_ + "/m/model.bin", "w");
+  for (const std::string policy : {"free", "off"}) {
+    auto m = MountWithPassthrough("cache_size=256M,fill_on_index=" + policy);
+    SKIP_WITHOUT_PASSTHROUGH();
+    const std::string stage = src_ + "/.stage-" + policy, name = "new-" + policy;  // hidden until renamed
+    uint64_t bytes = 0;
+    const size_t sizes[] = {0, 4095, 4 * kMiB, 13 * kMiB + 7};
+    for (size_t i = 0; i < std::size(sizes); ++i) {
+      WriteFile(stage + "/model-" + std::to_string(i) + ".safetensors", RandomBytes(sizes[i], 80 + i + policy.size()));
+      bytes += sizes[i];
+    }
+    const std::string config = "{\"policy\": \"" + policy + "\"}";
+    WriteFile(stage + "/config.json", config);
+    bytes += config.size();
+    fs::rename(stage, src_ + "/" + name);
+    ASSERT_TRUE(WaitForLink(name)) << m->Log();
+    const auto first = Stats(mnt_);  // as the digest appeared
+    uint64_t resident = 0;
+    for (const auto& cp : first["checkpoints"]) {
+      if (cp["by_name"].dump().find("by-name/" + name) != std::string::npos) resident = cp["host"];
+    }
+    EXPECT_EQ(resident, policy == "free" ? bytes : 0) << first.dump(1);
+    // Its five files, and m's (hashed at this mount's first scan).
+    EXPECT_EQ(first["fills"]["from_indexing"]["completed"], policy == "free" ? 6 : 0) << first["fills"].dump();
+    size_t files = 0;
+    EXPECT_EQ(CompareTree(src_ + "/" + name, DigestDir(name), &files), "");
+    EXPECT_EQ(files, 5u);
+    const auto after = Stats(mnt_);
+    if (policy == "free") {
+      EXPECT_EQ(after["read_requests"], first["read_requests"]) << "the first load reached the daemon";
+      EXPECT_EQ(after["source_bytes_read"], first["source_bytes_read"]);
+    } else {
+      EXPECT_GT(after["source_bytes_read"].get<uint64_t>(), first["source_bytes_read"].get<uint64_t>());
+    }
+    m->Unmount();
+  }
 }
 
 TEST_F(PassthroughMountTest, TheFirstOpenIsServedAtOnceAndFillsTheCopyForTheNext) {

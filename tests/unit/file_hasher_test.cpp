@@ -2,19 +2,57 @@
 // change while they are read.
 #include "ckptfs/file_hasher.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fstream>
+
+#include "ckptfs/file_cache.h"
+#include "ckptfs/host_tier_fill.h"
 #include "test_tree.h"
 
 namespace ckptfs::testing {
 namespace {
 
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+
 FileStamp StampOf(const std::string& path) {
   struct stat st;
   EXPECT_EQ(::stat(path.c_str(), &st), 0);
   return FileStamp::FromStat(st);
+}
+
+// Bytes this process has read with read(2) and pread(2), cache hits included.
+uint64_t BytesReadByThisProcess() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  uint64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "rchar:") return value;
+  }
+  return 0;
+}
+
+std::string Sha256sumOf(const std::string& path) {
+  return RunCommand("sha256sum " + ShellQuote(path)).out.substr(0, 64);
+}
+
+// A file of `size` bytes that is mostly holes: data at its start, at an
+// offset no chunk or page is aligned to, and just before its last chunk,
+// which stays a hole. False when the filesystem cannot say where holes are.
+bool WriteSparseFile(const std::string& path, uint64_t size) {
+  const int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);
+  if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(size)) != 0) return false;
+  const std::string a = RandomBytes(100, 1), b = RandomBytes(kMiB + 3, 2), c = RandomBytes(10, 3);
+  const uint64_t at_b = 5 * kChunkSize + 123, at_c = size - kChunkSize - 10;
+  bool ok = ::pwrite(fd, a.data(), a.size(), 0) == static_cast<ssize_t>(a.size()) &&
+            ::pwrite(fd, b.data(), b.size(), static_cast<off_t>(at_b)) == static_cast<ssize_t>(b.size()) &&
+            ::pwrite(fd, c.data(), c.size(), static_cast<off_t>(at_c)) == static_cast<ssize_t>(c.size());
+  ok = ok && ::fsync(fd) == 0 && ::lseek(fd, 0, SEEK_HOLE) < static_cast<off_t>(size);
+  ::close(fd);
+  return ok;
 }
 
 class FileHasherTest : public ::testing::Test {
@@ -103,6 +141,121 @@ TEST_F(FileHasherTest, StaleStampIsRefusedBeforeReading) {
   auto h = FileHasher(&pool_).Hash(path, old);
   ASSERT_FALSE(h.ok());
   EXPECT_TRUE(h.status().is_changed());
+}
+
+// Issue 21 item 4: a chunk wholly in a hole is not read (its zeros are
+// hashed from memory), and the file's SHA-256 is still the plain SHA-256 of
+// its bytes, as sha256sum prints it; the chunk table too is that of the bytes.
+TEST_F(FileHasherTest, HolesAreHashedWithoutBeingReadAndTheSha256IsSha256sums) {
+  const std::string path = dir_ / "sparse.bin";
+  const uint64_t size = 1ull << 30;
+  if (!WriteSparseFile(path, size)) GTEST_SKIP() << "this filesystem does not report holes";
+  const uint64_t before = BytesReadByThisProcess();
+  auto h = FileHasher(&pool_).Hash(path, StampOf(path));
+  const uint64_t read = BytesReadByThisProcess() - before;
+  ASSERT_TRUE(h.ok()) << h.status().message();
+  EXPECT_EQ(ToHex(h->sha256), Sha256sumOf(path));
+  // The three chunks that hold data (the middle piece spans two), not 1 GiB.
+  EXPECT_LE(read, 4 * kChunkSize + 1) << "bytes read to hash a 1 GiB file with 1 MiB of data";
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  std::string chunk(kChunkSize, '\0');
+  for (uint64_t i = 0; i < h->chunks.size(); ++i) {
+    ASSERT_EQ(::pread(fd, chunk.data(), kChunkSize, static_cast<off_t>(i * kChunkSize)), static_cast<ssize_t>(kChunkSize));
+    ASSERT_EQ(h->chunks[i], HashChunk(chunk.data(), kChunkSize)) << "chunk " << i;
+  }
+  ::close(fd);
+}
+
+// A task that yields after every chunk lets go of its descriptor each time,
+// opens the file again when resumed, and ends with the same hashes.
+TEST_F(FileHasherTest, ATaskThatYieldsBetweenChunksEndsWithTheSameHashes) {
+  const std::string path = dir_ / "f";
+  WriteFile(path, RandomBytes(5 * kChunkSize + 9, 4));
+  const FileHasher hasher(&pool_);
+  auto whole = hasher.Hash(path, StampOf(path));
+  ASSERT_TRUE(whole.ok());
+  auto task = hasher.Start(path, StampOf(path), {});
+  int pauses = 0;
+  const uint64_t opened = FileHasher::files_opened();
+  while (!task->Run([] { return true; })) ++pauses;
+  EXPECT_EQ(pauses, 5);
+  EXPECT_EQ(FileHasher::files_opened() - opened, 6u);
+  auto resumed = task->TakeResult();
+  ASSERT_TRUE(resumed.ok()) << resumed.status().message();
+  EXPECT_EQ(resumed->sha256, whole->sha256);
+  EXPECT_EQ(resumed->chunks, whole->chunks);
+}
+
+// A file replaced while its task is paused is refused when it resumes.
+TEST_F(FileHasherTest, AFileChangedWhilePausedIsRefusedWhenResumed) {
+  const std::string path = dir_ / "f";
+  WriteFile(path, RandomBytes(3 * kChunkSize, 5));
+  const FileHasher hasher(&pool_);
+  auto task = hasher.Start(path, StampOf(path), {});
+  ASSERT_FALSE(task->Run([] { return true; }));
+  WriteFile(path, RandomBytes(3 * kChunkSize, 6));
+  while (!task->Run([] { return true; })) {
+  }
+  auto h = task->TakeResult();
+  ASSERT_FALSE(h.ok());
+  EXPECT_TRUE(h.status().is_changed()) << h.status().message();
+}
+
+// fill_on_index: the copy the hasher fills is resident under the file's
+// SHA-256 once hashed, byte for byte; one of a file that changed while it
+// was read is never published, and its room is given back.
+TEST_F(FileHasherTest, TheCopyFilledFromTheHashedBytesIsPublishedOnlyForAnUnchangedFile) {
+  FileCache cache(64 * kMiB);
+  HostTierFill fills(&cache, HostTierFill::Policy::kFree, false);
+  const FileHasher hasher(&pool_);
+  const std::string path = dir_ / "f";
+  const std::string bytes = RandomBytes(2 * kChunkSize + 77, 7);
+  WriteFile(path, bytes);
+  FileHasher::TaskOptions extra;
+  extra.copy = fills.Begin("f", StampOf(path));
+  ASSERT_NE(extra.copy, nullptr);
+  auto task = hasher.Start(path, StampOf(path), std::move(extra));
+  task->Run();
+  auto h = task->TakeResult();
+  ASSERT_TRUE(h.ok()) << h.status().message();
+  auto copy = cache.Find({h->sha256, ""});
+  ASSERT_NE(copy, nullptr);
+  ASSERT_EQ(copy->size(), bytes.size());
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(copy->data()), copy->size()), bytes);
+  EXPECT_EQ(fills.GetStats().fills, 1u);
+
+  const std::string other = dir_ / "g";
+  WriteFile(other, RandomBytes(2 * kChunkSize, 8));
+  FileHasher changing(&pool_);
+  changing.set_chunk_read_hook([](const std::string& p, uint64_t i) {
+    if (i == 1) WriteFile(p, RandomBytes(2 * kChunkSize, 9));
+  });
+  FileHasher::TaskOptions extra2;
+  extra2.copy = fills.Begin("g", StampOf(other));
+  auto task2 = changing.Start(other, StampOf(other), std::move(extra2));
+  task2->Run();
+  EXPECT_FALSE(task2->TakeResult().ok());
+  EXPECT_EQ(cache.GetStats().files, 1u);
+  EXPECT_EQ(cache.GetStats().filling, 0u);
+  EXPECT_EQ(fills.GetStats().abandoned, 1u);
+}
+
+// Only free room: a copy that would need an eviction is not made, and what
+// is resident stays.
+TEST_F(FileHasherTest, ACopyAtIndexingNeverEvictsWhatIsResident) {
+  FileCache cache(8 * kMiB);
+  auto claim = cache.Claim({Sha256Of("resident"), ""}, 6 * kMiB, false, true);
+  ASSERT_TRUE(claim.ok() && claim->fill);
+  auto resident = SealedCopy::Create("resident", 6 * kMiB);
+  ASSERT_TRUE(resident.ok() && (*resident)->Seal().ok());
+  cache.Publish(std::move(claim->fill), std::move(*resident));
+  HostTierFill fills(&cache, HostTierFill::Policy::kFree, false);
+  FileStamp stamp{1, 2, 4 * kMiB, 3, 4};
+  EXPECT_EQ(fills.Begin("big.bin", stamp), nullptr);
+  EXPECT_EQ(fills.GetStats().skipped, 1u);
+  EXPECT_NE(cache.Find({Sha256Of("resident"), ""}), nullptr);
+  stamp.size = kMiB;
+  EXPECT_NE(fills.Begin("small.bin", stamp), nullptr);  // fits in what is free
 }
 
 TEST_F(FileHasherTest, MissingFileIsAnErrorNamingIt) {

@@ -1,0 +1,351 @@
+#include "ckptfs/index_scheduler.h"
+
+#include <algorithm>
+#include <deque>
+
+#include "indexing_job.h"
+
+namespace ckptfs {
+
+using indexing::FileJob;
+using indexing::FileWork;
+using indexing::SharedFile;
+
+namespace {
+
+// A large file keeps its worker at least this long before it yields.
+constexpr auto kMinSlice = std::chrono::milliseconds(50);
+// Small files taken in one turn (they cost less than the turn itself).
+constexpr size_t kSmallFilesPerTurn = 32;
+// Files hashed lately kept for jobs whose lookups raced them.
+constexpr size_t kRecentFiles = 1024;
+constexpr uint64_t kRecentChunkBytes = 16ull << 20;
+
+}  // namespace
+
+// One file being hashed and the jobs that wait for it.
+struct IndexScheduler::Shared {
+  Key key;
+  std::shared_ptr<SharedFile> file;
+  std::vector<Job*> waiters;
+};
+
+struct IndexScheduler::Job {
+  JobId id = 0;
+  std::unique_ptr<indexing::IndexingJob> job;
+  Done done;
+  bool cancelled = false;
+  enum class Phase { kNew, kPreparing, kHashing, kFinishing } phase = Phase::kNew;
+  int busy = 0;  // turns running
+  std::deque<std::shared_ptr<Shared>> runnable;  // its turns take from the front
+  std::vector<std::shared_ptr<Shared>> needs;    // every file it waits for
+  size_t outstanding = 0;                         // of those, not done
+};
+
+struct IndexScheduler::Turn {
+  enum class Kind { kNone, kPrepare, kHash, kFinish } kind = Kind::kNone;
+  std::shared_ptr<Job> job;
+  std::vector<std::shared_ptr<Shared>> files;
+};
+
+IndexScheduler::IndexScheduler(Index* index, unsigned threads)
+    : index_(index),
+      threads_(EffectiveThreads(threads)),
+      io_(std::max(4u, 2 * threads_)),
+      rows_(std::make_unique<indexing::RowBatch>(index)) {
+  for (unsigned i = 0; i < threads_; ++i) workers_.emplace_back([this] { Work(); });
+}
+
+IndexScheduler::~IndexScheduler() { Stop(); }
+
+void IndexScheduler::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_ && workers_.empty()) return;
+    stopping_ = true;
+    for (auto& job : std::list<std::shared_ptr<Job>>(jobs_)) CancelLocked(*job);
+  }
+  wake_.notify_all();
+  for (auto& w : workers_) w.join();
+  workers_.clear();
+  std::lock_guard lock(mu_);
+  shared_.clear();  // paused tasks let go of their copies here
+  if (Status s = rows_->Flush(); !s.ok()) {
+    // Rows not written are files hashed again next time; nothing to tell.
+  }
+}
+
+IndexScheduler::JobId IndexScheduler::Submit(std::shared_ptr<const CatalogScan> scan, IndexerOptions options,
+                                             Done done) {
+  auto job = std::make_shared<Job>();
+  const std::string root = scan->real_root;
+  auto ctx = std::make_shared<indexing::JobContext>(index_, std::move(options), root, &io_, rows_.get());
+  job->job = std::make_unique<indexing::IndexingJob>(std::move(scan), std::move(ctx));
+  job->done = std::move(done);
+  {
+    std::lock_guard lock(mu_);
+    job->id = next_id_++;
+    if (stopping_) return job->id;  // never runs
+    jobs_.push_back(job);
+  }
+  wake_.notify_one();
+  return job->id;
+}
+
+void IndexScheduler::Cancel(JobId id) {
+  {
+    std::lock_guard lock(mu_);
+    for (auto& job : jobs_) {
+      if (job->id == id) {
+        CancelLocked(*job);
+        break;
+      }
+    }
+  }
+  wake_.notify_all();
+}
+
+void IndexScheduler::CancelLocked(Job& job) {
+  if (job.cancelled) return;
+  job.cancelled = true;
+  for (auto& s : job.needs) {
+    std::erase(s->waiters, &job);
+    if (s->file->state == SharedFile::State::kDone) continue;
+    s->file->live_waiters--;
+    // Nobody else waits: a file not running now is dropped (one running
+    // gives up at its next chunk, and is dropped when it returns).
+    if (s->waiters.empty() && s->file->state != SharedFile::State::kRunning) shared_.erase(s->key);
+  }
+  job.needs.clear();
+  job.runnable.clear();
+  if (job.busy == 0) Remove(job);
+}
+
+void IndexScheduler::Remove(const Job& job) {
+  std::erase_if(jobs_, [&](const std::shared_ptr<Job>& j) { return j.get() == &job; });
+}
+
+bool IndexScheduler::HasWork(const Job& job) const {
+  if (job.cancelled) return false;
+  if (job.phase == Job::Phase::kNew) return true;
+  if (job.phase != Job::Phase::kHashing) return false;
+  return !job.runnable.empty() || (job.outstanding == 0 && job.busy == 0);
+}
+
+// The first job in turn with something to do, moved to the back of the line.
+IndexScheduler::Turn IndexScheduler::NextTurn() {
+  for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
+    Job& job = **it;
+    if (job.cancelled) continue;
+    Turn turn;
+    if (job.phase == Job::Phase::kNew) {
+      job.phase = Job::Phase::kPreparing;
+      turn.kind = Turn::Kind::kPrepare;
+    } else if (job.phase == Job::Phase::kHashing) {
+      while (!job.runnable.empty()) {
+        auto s = job.runnable.front();
+        const auto state = s->file->state;
+        const bool small = state == SharedFile::State::kQueued && s->key.size <= kChunkSize;
+        // Running elsewhere or done: not this turn's. One large or paused
+        // file is a turn; small ones go several to a turn.
+        if (state == SharedFile::State::kRunning || state == SharedFile::State::kDone) {
+          job.runnable.pop_front();
+          continue;
+        }
+        if (!turn.files.empty() && (!small || turn.files.size() >= kSmallFilesPerTurn)) break;
+        job.runnable.pop_front();
+        s->file->state = SharedFile::State::kRunning;
+        turn.files.push_back(std::move(s));
+        if (!small) break;
+      }
+      if (!turn.files.empty()) {
+        turn.kind = Turn::Kind::kHash;
+      } else if (job.outstanding == 0 && job.busy == 0) {
+        job.phase = Job::Phase::kFinishing;
+        turn.kind = Turn::Kind::kFinish;
+      }
+    }
+    if (turn.kind == Turn::Kind::kNone) continue;
+    ++job.busy;
+    turn.job = *it;
+    jobs_.splice(jobs_.end(), jobs_, it);
+    return turn;
+  }
+  return {};
+}
+
+void IndexScheduler::Work() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    Turn turn = NextTurn();
+    if (turn.kind == Turn::Kind::kNone) {
+      if (stopping_) return;
+      ++idle_;
+      wake_.wait(lock);
+      --idle_;
+      continue;
+    }
+    Job& job = *turn.job;
+    switch (turn.kind) {
+      case Turn::Kind::kPrepare: {
+        lock.unlock();
+        const std::vector<FileJob*> misses = job.job->Prepare(threads_);
+        lock.lock();
+        job.phase = Job::Phase::kHashing;
+        if (!job.cancelled) Attach(job, misses);
+        break;
+      }
+      case Turn::Kind::kHash:
+        RunFiles(lock, job, std::move(turn.files));
+        break;
+      case Turn::Kind::kFinish: {
+        lock.unlock();
+        IndexReport report = job.job->Finish();
+        lock.lock();
+        if (!job.cancelled) {
+          Remove(job);
+          --job.busy;
+          lock.unlock();
+          wake_.notify_all();
+          job.done(std::move(report));
+          lock.lock();
+          continue;
+        }
+        break;
+      }
+      case Turn::Kind::kNone:
+        break;
+    }
+    --job.busy;
+    if (job.cancelled && job.busy == 0) Remove(job);
+    else MoveToBack(job);  // its turn is over: every other job's comes first
+    wake_.notify_all();
+  }
+}
+
+void IndexScheduler::MoveToBack(const Job& job) {
+  for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
+    if (it->get() == &job) {
+      jobs_.splice(jobs_.end(), jobs_, it);
+      return;
+    }
+  }
+}
+
+void IndexScheduler::Attach(Job& job, const std::vector<FileJob*>& misses) {
+  const bool verify = job.job->context()->options.ignore_index;
+  for (FileJob* miss : misses) {
+    const FileStamp& st = miss->stamp;
+    const Key key{st.dev, st.ino, st.size, st.mtime_ns, st.ctime_ns, verify};
+    if (auto r = recent_.find(key); r != recent_.end()) {
+      miss->shared = r->second;  // done: read at Finish
+      continue;
+    }
+    auto& s = shared_[key];
+    if (!s) {
+      s = std::make_shared<Shared>();
+      s->key = key;
+      s->file = std::make_shared<SharedFile>();
+      SharedFile& f = *s->file;
+      f.open_path = miss->open_path;
+      f.rel_path = miss->rel_path;
+      f.stamp = miss->stamp;
+      f.owner = miss->owner;
+    }
+    s->waiters.push_back(&job);
+    s->file->live_waiters++;
+    miss->shared = s->file;
+    job.needs.push_back(s);
+    job.runnable.push_back(s);  // whoever's turn comes first runs it
+    ++job.outstanding;
+  }
+}
+
+void IndexScheduler::RunFiles(std::unique_lock<std::mutex>& lock, Job& job,
+                              std::vector<std::shared_ptr<Shared>> files) {
+  for (auto& s : files) {
+    SharedFile& f = *s->file;
+    if (!f.work) f.work = std::make_unique<FileWork>(f, job.job->context());
+    lock.unlock();
+    const auto since = std::chrono::steady_clock::now();
+    const bool finished = f.work->Advance([&] { return ShouldYield(job, since); });
+    lock.lock();
+    if (finished) {
+      Complete(s);
+    } else if (!s->waiters.empty()) {
+      f.state = SharedFile::State::kPaused;
+      // Resumed first on the next turn of a job that waits for it.
+      Job* next = job.cancelled ? s->waiters.front() : &job;
+      next->runnable.push_front(s);
+    } else {
+      shared_.erase(s->key);  // paused for nobody
+    }
+  }
+}
+
+void IndexScheduler::Complete(const std::shared_ptr<Shared>& s) {
+  SharedFile& f = *s->file;
+  f.work.reset();
+  if (f.abandoned && !s->waiters.empty()) {
+    // It gave up for want of waiters just as a job came to wait for it:
+    // begin again for that job.
+    f.abandoned = false;
+    f.error.reset();
+    f.warnings.clear();
+    f.state = SharedFile::State::kQueued;
+    s->waiters.front()->runnable.push_front(s);
+    return;
+  }
+  f.state = SharedFile::State::kDone;
+  shared_.erase(s->key);
+  if (f.hashes) Remember(s->key, s->file);
+  for (Job* w : s->waiters) --w->outstanding;
+}
+
+void IndexScheduler::Remember(const Key& key, std::shared_ptr<SharedFile> file) {
+  const uint64_t bytes = file->hashes->chunks.size() * sizeof(ChunkHash);
+  if (bytes > kRecentChunkBytes / 4) return;
+  recent_[key] = std::move(file);
+  recent_order_.push_back(key);
+  recent_bytes_ += bytes;
+  while (recent_order_.size() > kRecentFiles || recent_bytes_ > kRecentChunkBytes) {
+    auto it = recent_.find(recent_order_.front());
+    if (it != recent_.end()) {
+      recent_bytes_ -= it->second->hashes->chunks.size() * sizeof(ChunkHash);
+      recent_.erase(it);
+    }
+    recent_order_.pop_front();
+  }
+}
+
+bool IndexScheduler::ShouldYield(const Job& job, std::chrono::steady_clock::time_point since) const {
+  if (std::chrono::steady_clock::now() - since < kMinSlice) return false;
+  std::lock_guard lock(mu_);
+  if (idle_ > 0 || stopping_) return false;
+  for (const auto& other : jobs_) {
+    if (other.get() != &job && HasWork(*other)) return true;
+  }
+  return false;
+}
+
+std::optional<IndexScheduler::Progress> IndexScheduler::ProgressOf(JobId id) const {
+  std::lock_guard lock(mu_);
+  for (const auto& job : jobs_) {
+    if (job->id != id || job->cancelled) continue;
+    Progress p;
+    p.started = job->phase != Job::Phase::kNew;
+    for (const auto& s : job->needs) {
+      const SharedFile& f = *s->file;
+      p.bytes_total += s->key.size;
+      const uint64_t done = f.state == SharedFile::State::kDone ? s->key.size : std::min(f.hashed.load(), s->key.size);
+      p.bytes_done += done;
+      const bool begun = f.state == SharedFile::State::kRunning || f.state == SharedFile::State::kPaused;
+      if (begun && f.work) p.hashing.push_back({f.rel_path, done, s->key.size});
+    }
+    std::sort(p.hashing.begin(), p.hashing.end(), [](const auto& a, const auto& b) { return a.size > b.size; });
+    return p;
+  }
+  return std::nullopt;
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Benchmark of a checkpoint's arrival (issue 20, "index and fill in one pass"):
+# from the rename of a new checkpoint into SRC (its bytes not in the page
+# cache, settle=0) to the last tensor loaded through the mount
+# (tests/bench/load_safetensors.py: mmap, then a copy of each tensor), against
+# a native load of the same bytes with their page cache dropped, in the same
+# run. Run by hand, as root, after a build:
+#   tests/bench/bench_arrival.sh [ROUNDS=3]
+# Cases: a 1.5 GB checkpoint of two shards (Qwen3-0.6B layout, bf16) and a
+# 6 GB checkpoint of one shard; each with fill_on_index=free (the default:
+# the indexer fills the host tier from the bytes it hashes) and =off (the
+# first open copies the files again, as before).
+#
+# The VMs these run on are slow the first time they touch memory freed a
+# while before (free page reporting hands it back to the host; fresh 2 MiB
+# pages then cost about 20x). Each case is timed both ways, and says which:
+#   fresh     the copies land in memory freed seconds before (reported)
+#   recycled  right before the rename, as much memory as the copies need is
+#             touched and freed again, so they land in pages the guest kept
+# Every new checkpoint has new bytes (so nothing is known to the index or
+# the host tier), and the copies of each round are evicted after it.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+rounds=${1:-3}
+[ -x build/ckptfs ] && [ -x build/ckptfsctl ] || { echo "build first: scripts/build.sh" >&2; exit 1; }
+
+work=$(mktemp -d /var/tmp/ckptfs-bench-arrival.XXXXXX)
+ck="$work/mnt"
+cleanup() {
+  mountpoint -q "$ck" && fusermount3 -u "$ck"
+  rm -rf "$work" /dev/shm/ckptfs-bench-recycle
+}
+trap cleanup EXIT
+mkdir -p "$work/src/ready" "$ck"
+echo w >"$work/src/ready/model.bin"
+
+# write_checkpoint DIR LAYOUT SEED: a new checkpoint of random bytes.
+write_checkpoint() { python3 tests/bench/make_checkpoint.py "$1" "$2" "$3"; }
+now() { date +%s.%N; }
+secs() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.3f\n", b-a}'; }
+drop() { python3 -c 'import os,sys
+for p in sys.argv[1:]:
+    fd = os.open(p, os.O_RDONLY); os.fsync(fd); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)' "$@"; }
+load() { python3 tests/bench/load_safetensors.py "$1" | cut -d' ' -f1; }
+# Memory the copies need, touched and freed just before: pages the guest kept.
+recycle() {
+  head -c "$1" /dev/zero >/dev/shm/ckptfs-bench-recycle
+  rm -f /dev/shm/ckptfs-bench-recycle
+}
+mount_ckptfs() {
+  mountpoint -q "$ck" && fusermount3 -u "$ck"
+  build/ckptfs "$work/src" "$ck" -o "state=$work/state,settle=0,rescan=0,cache_size=10G,supervise=off,$1"
+  for _ in $(seq 1 600); do [ -L "$ck/by-name/ready" ] && return; sleep 0.1; done
+  echo "ckptfs did not start" >&2; exit 1
+}
+min() { sort -g | head -1; }
+row() { printf '  %-44s %9s %9s %7s\n' "$@"; }
+seed=0
+
+echo "$(nproc) CPUs; passthrough and host tier figures, seconds, best of $rounds"
+for layout in qwen big; do
+  size=$([ $layout = big ] && echo 6.3G || echo 1.5G)
+  label=$([ $layout = big ] && echo "6 GB, one shard" || echo "1.5 GB, two shards")
+  echo
+  echo "$label: rename -> last tensor loaded through the mount, vs native load (page cache dropped)"
+  row "case" "arrival" "native" "ratio"
+  for fill in free off; do
+    mount_ckptfs "fill_on_index=$fill"
+    for pages in fresh recycled; do
+      best= nbest=
+      for _ in $(seq 1 "$rounds"); do
+        seed=$((seed + 1))
+        stage="$work/src/.stage-$seed"  # hidden: not walked until renamed
+        write_checkpoint "$stage" $layout $seed
+        drop "$stage"/*
+        n=$(load "$stage"); drop "$stage"/*
+        nbest=$(printf '%s\n%s\n' "$n" "$nbest" | grep . | min)
+        if [ $pages = fresh ]; then sleep 10; else recycle "$size"; fi
+        t0=$(now)
+        mv "$stage" "$work/src/step-$seed"
+        until [ -L "$ck/by-name/step-$seed" ]; do sleep 0.005; done
+        dir="$ck/$(readlink "$ck/by-name/step-$seed" | sed 's|^\.\./||')"
+        load "$dir" >/dev/null
+        t=$(secs "$t0" "$(now)")
+        best=$(printf '%s\n%s\n' "$t" "$best" | grep . | min)
+        build/ckptfsctl evict "$ck/by-name/step-$seed" >/dev/null  # room for the next round
+        rm -rf "$work/src/step-$seed"
+      done
+      row "fill_on_index=$fill, $pages pages" "$best" "$nbest" "$(awk -v a="$best" -v b="$nbest" 'BEGIN{printf "%.2f", a/b}')"
+    done
+  done
+done

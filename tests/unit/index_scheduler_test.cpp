@@ -1,0 +1,165 @@
+// The IndexScheduler: many checkpoints indexed at once, each with a fair
+// share of the workers; files two jobs need hashed once; cancelled jobs never
+// reported.
+#include "ckptfs/index_scheduler.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "mounted_ckptfs.h"
+#include "test_helpers.h"
+
+namespace ckptfs::testing {
+namespace {
+
+// The reports of the jobs a test submitted, as they come.
+class Reports {
+ public:
+  IndexScheduler::Done For(const std::string& name) {
+    return [this, name](IndexReport r) {
+      std::lock_guard lock(mu_);
+      done_[name] = std::move(r);
+      cv_.notify_all();
+    };
+  }
+  bool WaitFor(const std::string& name, std::chrono::seconds timeout = std::chrono::seconds(120)) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return done_.count(name) > 0; });
+  }
+  bool Has(const std::string& name) {
+    std::lock_guard lock(mu_);
+    return done_.count(name) > 0;
+  }
+  IndexReport Get(const std::string& name) {
+    std::lock_guard lock(mu_);
+    return done_.at(name);
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, IndexReport> done_;
+};
+
+std::shared_ptr<const CatalogScan> ScanOf(const std::string& root) {
+  return std::make_shared<const CatalogScan>(ScanOk(root));
+}
+
+// The part of `scan` that is checkpoint `rel`.
+std::shared_ptr<const CatalogScan> Only(const CatalogScan& scan, const std::string& rel) {
+  auto s = std::make_shared<CatalogScan>();
+  s->root = scan.root;
+  s->real_root = scan.real_root;
+  for (const auto& cp : scan.checkpoints) {
+    if (cp.rel_path == rel) s->checkpoints.push_back(cp);
+  }
+  return s;
+}
+
+class IndexSchedulerTest : public ::testing::Test {
+ protected:
+  TempDir src_{"ckptfs-src"};
+  TempDir state_{"ckptfs-state"};
+  std::unique_ptr<Index> index_ = OpenIndex(state_.path());
+  Reports reports_;
+};
+
+// Issue 21 item 4: with one worker, a checkpoint submitted while a 64 GiB
+// sparse file (minutes of SHA-256) is being hashed is indexed meanwhile: the
+// large file yields between chunks, and moves on (its progress shows).
+TEST_F(IndexSchedulerTest, ASmallCheckpointIsIndexedWhileAHugeFileIsHashedOnTheOnlyWorker) {
+  MakeDirs(src_ / "big/m");
+  const int fd = ::open((src_ / "big/m/model.bin").c_str(), O_CREAT | O_WRONLY, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(64ull << 30)), 0);
+  ::close(fd);
+  WriteFile(src_ / "small/m/model.bin", RandomBytes(1000, 1));
+  IndexScheduler scheduler(index_.get(), 1);
+  const auto big = scheduler.Submit(ScanOf(src_ / "big"), {}, reports_.For("big"));
+  auto hashing = [&] {
+    auto p = scheduler.ProgressOf(big);
+    return p && p->hashing.size() == 1 && p->hashing[0].path == "model.bin" && p->hashing[0].done > 0 ? p->hashing[0].done
+                                                                                                         : uint64_t{0};
+  };
+  ASSERT_TRUE(WaitFor([&] { return hashing() > 0; }, std::chrono::seconds(60)));
+  scheduler.Submit(ScanOf(src_ / "small"), {}, reports_.For("small"));
+  ASSERT_TRUE(reports_.WaitFor("small"));
+  EXPECT_FALSE(reports_.Has("big"));
+  const IndexReport report = reports_.Get("small");
+  const auto& small = report.checkpoints.at(0);
+  ASSERT_FALSE(small.error) << *small.error;
+  EXPECT_EQ(small.name, CoreutilsDigest(src_ / "small/m"));
+  const uint64_t then = hashing();
+  EXPECT_TRUE(WaitFor([&] { return hashing() > then; }, std::chrono::seconds(60))) << "the large file stopped";
+  EXPECT_EQ(scheduler.ProgressOf(big)->bytes_total, 64ull << 30);
+  scheduler.Cancel(big);
+  EXPECT_FALSE(scheduler.ProgressOf(big));
+  scheduler.Stop();
+  EXPECT_FALSE(reports_.Has("big"));  // cancelled: never reported
+}
+
+// Two checkpoints that share a file (links into one blob, as a hub cache's
+// revisions do), indexed at once: the file is read once, for both.
+TEST_F(IndexSchedulerTest, AFileTwoJobsNeedIsHashedOnceForBoth) {
+  WriteFile(src_ / "blobs/w", RandomBytes(3 * kChunkSize, 2));
+  Symlink("../blobs/w", src_ / "a/model.safetensors");
+  Symlink("../blobs/w", src_ / "b/model.safetensors");
+  const CatalogScan scan = ScanOk(src_.path());
+  const uint64_t opened = FileHasher::files_opened();
+  {
+    IndexScheduler scheduler(index_.get(), 2);
+    scheduler.Submit(Only(scan, "a"), {}, reports_.For("a"));
+    scheduler.Submit(Only(scan, "b"), {}, reports_.For("b"));
+    ASSERT_TRUE(reports_.WaitFor("a") && reports_.WaitFor("b"));
+  }
+  EXPECT_EQ(FileHasher::files_opened() - opened, 1u);
+  const auto a = reports_.Get("a").checkpoints.at(0), b = reports_.Get("b").checkpoints.at(0);
+  ASSERT_FALSE(a.error || b.error);
+  EXPECT_EQ(a.name, b.name);
+  EXPECT_EQ(a.name, CoreutilsDigest(src_ / "a"));
+}
+
+// A job cancelled while the file it shares with another is being hashed is
+// never reported; the file is still hashed, once, for the other.
+TEST_F(IndexSchedulerTest, ACancelledJobIsNeverReportedAndTheFileItSharedIsStillHashedForTheOther) {
+  WriteFile(src_ / "blobs/w", RandomBytes(6 * kChunkSize, 3));
+  Symlink("../blobs/w", src_ / "a/model.bin");
+  Symlink("../blobs/w", src_ / "b/model.bin");
+  const CatalogScan scan = ScanOk(src_.path());
+  std::atomic<bool> reached{false}, released{false};
+  IndexerOptions held;  // a's first chunk waits for the test
+  held.chunk_read_hook = [&](const std::string&, uint64_t i) {
+    if (i != 0) return;
+    reached = true;
+    while (!released) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  const uint64_t opened = FileHasher::files_opened();
+  IndexScheduler scheduler(index_.get(), 2);
+  const auto a = scheduler.Submit(Only(scan, "a"), held, reports_.For("a"));
+  ASSERT_TRUE(WaitFor([&] { return reached.load(); }));
+  const auto b = scheduler.Submit(Only(scan, "b"), {}, reports_.For("b"));
+  // b waits for the file a is hashing.
+  ASSERT_TRUE(WaitFor([&] {
+    auto p = scheduler.ProgressOf(b);
+    return p && p->hashing.size() == 1;
+  }));
+  scheduler.Cancel(a);
+  released = true;
+  ASSERT_TRUE(reports_.WaitFor("b"));
+  const IndexReport report = reports_.Get("b");
+  ASSERT_FALSE(report.checkpoints.at(0).error) << *report.checkpoints.at(0).error;
+  EXPECT_EQ(report.checkpoints.at(0).name, CoreutilsDigest(src_ / "b"));
+  EXPECT_EQ(FileHasher::files_opened() - opened, 1u);
+  scheduler.Stop();
+  EXPECT_FALSE(reports_.Has("a"));
+}
+
+}  // namespace
+}  // namespace ckptfs::testing
