@@ -1,0 +1,127 @@
+"""Cache keys made from the digest.
+
+vLLM's weight cache (`--load-format ipc_cache`, `vllm preload`) keys a
+checkpoint by hash_checkpoint(): the MD5 of its shard basenames and raw
+safetensors headers. A fine-tune that keeps its base's names and shapes has
+the same headers, so it gets the base's key, and the base's cached weights.
+On a ckptfs mount the directory's digest names every byte; it becomes the
+key. Identical copies have one digest, so they still share a key.
+
+ModelExpress's source identity hashes the model path and a revision (its
+MX_MODEL_REVISION, else vLLM's --revision), which for a local directory is
+usually empty: two nodes given the same by-name path for different bytes
+would share weights. On a ckptfs mount the digest becomes the revision.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import inspect
+import threading
+from typing import Any, Callable, Optional, Set
+
+from . import logger
+from .checkpoint import mounted_checkpoint
+
+_logged: Set[str] = set()
+_logged_lock = threading.Lock()
+
+
+def _log_once(key: str, message: str, *args: Any) -> None:
+    with _logged_lock:
+        if key in _logged:
+            return
+        _logged.add(key)
+    logger.info(message, *args)
+
+
+def digest_key(model: str) -> Optional[str]:
+    """The digest ("sha256-<hex>") when `model` is a checkpoint on a ckptfs mount, else None."""
+    checkpoint = mounted_checkpoint(model)
+    return None if checkpoint is None else checkpoint.digest
+
+
+def _patched(original: Callable[..., Any], replacement: Callable[..., Any]) -> Callable[..., Any]:
+    functools.update_wrapper(replacement, original)
+    replacement._ckptfs_original = original  # type: ignore[attr-defined]
+    return replacement
+
+
+def _signature_is(fn: Callable[..., Any], names: list) -> bool:
+    try:
+        return list(inspect.signature(fn).parameters) == names
+    except (TypeError, ValueError):
+        return False
+
+
+def patch_weight_cache_key() -> None:
+    """hash_checkpoint(model) returns the digest for a checkpoint on ckptfs.
+
+    WeightCacheKey.from_model_config() looks the function up in its module
+    at each call, so patching the module's name sets its `checkpoint` field.
+    """
+    try:
+        protocol = importlib.import_module("vllm.model_executor.model_loader.weight_cache.protocol")
+    except Exception as e:
+        logger.warning("ckptfs: vLLM's weight cache (weight_cache.protocol) cannot be imported (%s): its key is "
+                       "left as it is", e)
+        return
+    original = getattr(protocol, "hash_checkpoint", None)
+    if original is None or not _signature_is(original, ["model"]):
+        logger.warning("ckptfs: this vLLM's weight_cache.protocol has no hash_checkpoint(model): the weight-cache "
+                       "key is left as vLLM computes it")
+        return
+    if hasattr(original, "_ckptfs_original"):
+        return
+
+    def hash_checkpoint(model: str) -> Optional[str]:
+        key = digest_key(model)
+        if key is None:
+            return original(model)
+        _log_once("key:" + model, "ckptfs: weight-cache key of %s is its digest %s", model, key)
+        return key
+
+    protocol.hash_checkpoint = _patched(original, hash_checkpoint)
+
+
+def patch_modelexpress_identity() -> None:
+    """The revision of ModelExpress's source identity is the digest on ckptfs."""
+    if importlib.util.find_spec("modelexpress") is None:
+        return
+    try:
+        identity = importlib.import_module("modelexpress.engines.vllm.source_identity")
+    except Exception as e:
+        logger.warning("ckptfs: ModelExpress is installed but its vLLM source identity cannot be imported (%s): "
+                       "its revision is left as it is", e)
+        return
+    original = getattr(identity, "_resolve_model_revision", None)
+    if original is None or not _signature_is(original, ["model_config"]):
+        logger.warning("ckptfs: this ModelExpress has no _resolve_model_revision(model_config): its source "
+                       "identity is left as it is (it keys on the model path and MX_MODEL_REVISION)")
+        return
+    if hasattr(original, "_ckptfs_original"):
+        return
+
+    def _resolve_model_revision(model_config: Any) -> str:
+        model = getattr(model_config, "model", None)
+        key = digest_key(model) if isinstance(model, str) else None
+        theirs = original(model_config)
+        if key is None:
+            return theirs
+        if theirs and theirs != key:
+            _log_once("mx:" + model, "ckptfs: ModelExpress revision of %s is its digest %s (not %r: a revision "
+                                     "name can be moved to other bytes, the digest cannot)", model, key, theirs)
+        else:
+            _log_once("mx:" + model, "ckptfs: ModelExpress revision of %s is its digest %s", model, key)
+        return key
+
+    identity._resolve_model_revision = _patched(original, _resolve_model_revision)
+
+
+def original_of(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The function a patch replaced (itself when it is not a patch)."""
+    return getattr(fn, "_ckptfs_original", fn)
+
+
+__all__ = ["digest_key", "original_of", "patch_modelexpress_identity", "patch_weight_cache_key"]
