@@ -152,7 +152,7 @@ def call(mountpoint: str, request: Dict[str, Any], *, about: Optional[str] = Non
 
 def _final(message: Dict[str, Any], about: str) -> Dict[str, Any]:
     try:
-        decoded = decode_paths(message)
+        decoded: Dict[str, Any] = decode_paths(message)
     except ValueError as e:
         raise ProtocolError(about, f"malformed reply: {e}") from None
     if decoded.get("ok") is not True:

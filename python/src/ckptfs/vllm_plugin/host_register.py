@@ -85,9 +85,14 @@ def cuda_registrar() -> Tuple[Optional[Registrar], str]:
 
 
 class Mapping(Protocol):
-    path: str
-    address: int
-    size: int
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def address(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
 
 
 class Registrations:

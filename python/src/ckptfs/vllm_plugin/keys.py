@@ -82,7 +82,7 @@ def patch_weight_cache_key() -> None:
         _log_once("key:" + model, "ckptfs: weight-cache key of %s is its digest %s", model, key)
         return key
 
-    protocol.hash_checkpoint = _patched(original, hash_checkpoint)
+    setattr(protocol, "hash_checkpoint", _patched(original, hash_checkpoint))
 
 
 def patch_modelexpress_identity() -> None:
@@ -104,10 +104,10 @@ def patch_modelexpress_identity() -> None:
         return
 
     def _resolve_model_revision(model_config: Any) -> str:
+        theirs: str = original(model_config)
         model = getattr(model_config, "model", None)
         key = digest_key(model) if isinstance(model, str) else None
-        theirs = original(model_config)
-        if key is None:
+        if key is None or not isinstance(model, str):
             return theirs
         if theirs and theirs != key:
             _log_once("mx:" + model, "ckptfs: ModelExpress revision of %s is its digest %s (not %r: a revision "
@@ -116,7 +116,7 @@ def patch_modelexpress_identity() -> None:
             _log_once("mx:" + model, "ckptfs: ModelExpress revision of %s is its digest %s", model, key)
         return key
 
-    identity._resolve_model_revision = _patched(original, _resolve_model_revision)
+    setattr(identity, "_resolve_model_revision", _patched(original, _resolve_model_revision))
 
 
 def original_of(fn: Callable[..., Any]) -> Callable[..., Any]:

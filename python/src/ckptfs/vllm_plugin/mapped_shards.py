@@ -75,7 +75,8 @@ def parse_header(path: str, head: bytes, file_size: int) -> Tuple[int, List[Tens
 def _entry(path: str, name: str, spec: Any, data_start: int, data_len: int) -> TensorEntry:
     if not isinstance(spec, dict):
         raise ShardRefused(path, f"tensor {name!r}: not an object")
-    dtype = DTYPES.get(spec.get("dtype")) if isinstance(spec.get("dtype"), str) else None
+    dtype_name = spec.get("dtype")
+    dtype = DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
     if dtype is None:
         raise ShardRefused(path, f"tensor {name!r}: dtype {spec.get('dtype')!r} is not one this torch maps")
     shape = spec.get("shape")
