@@ -8,46 +8,22 @@ CKPTFS_TEST_MODELS, the directory make_models.py filled.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
-import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, List
+from typing import Dict, Iterator, List
 
 import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from ckptfs_mount import digest_of, is_mounted, unmount, wait_for, write_ref, write_snapshot  # noqa: E402,F401
 
 HUB_REPO = "org/tiny-qwen3"
 HUB_COMMIT = "0123456789abcdef0123456789abcdef01234567"
 CHECKPOINTS = ("base", "base-copy", "finetune")
-
-
-def is_mounted(path: str) -> bool:
-    with open("/proc/self/mountinfo", "rb") as f:  # bytes: other mounts' names need not be UTF-8
-        return any(line.split()[4] == os.fsencode(path) for line in f)
-
-
-def wait_for(condition: Callable[[], bool], seconds: float = 60) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
-
-
-def digest_of(directory: str) -> str:
-    """The checkpoint digest of a flat directory, as the README defines it."""
-    lines = b""
-    for name in sorted(os.listdir(directory)):
-        if name.startswith("."):
-            continue
-        with open(os.path.join(directory, name), "rb") as f:
-            lines += hashlib.sha256(f.read()).hexdigest().encode() + b"  " + name.encode() + b"\n"
-    return "sha256-" + hashlib.sha256(lines).hexdigest()
 
 
 def weight_files(directory: str) -> List[str]:
@@ -55,25 +31,16 @@ def weight_files(directory: str) -> List[str]:
 
 
 def write_hub_repo(src: str, checkpoint: str) -> str:
-    """SRC/hub/models--org--tiny-qwen3 laid out as huggingface_hub lays a
-    cache out (blobs by SHA-256, a snapshot of links into them, refs/main);
-    returns the snapshot directory."""
+    """SRC/hub/models--org--tiny-qwen3 holding CHECKPOINT's files as the
+    snapshot refs/main names; returns the snapshot directory."""
     repo = os.path.join(src, "hub", "models--" + HUB_REPO.replace("/", "--"))
-    snapshot = os.path.join(repo, "snapshots", HUB_COMMIT)
-    os.makedirs(os.path.join(repo, "blobs"))
-    os.makedirs(snapshot)
+    files = {}
     for name in sorted(os.listdir(checkpoint)):
-        if name.startswith("."):
-            continue
-        with open(os.path.join(checkpoint, name), "rb") as f:
-            data = f.read()
-        sha = hashlib.sha256(data).hexdigest()
-        with open(os.path.join(repo, "blobs", sha), "wb") as f:
-            f.write(data)
-        os.symlink(os.path.join("..", "..", "blobs", sha), os.path.join(snapshot, name))
-    os.makedirs(os.path.join(repo, "refs"))
-    with open(os.path.join(repo, "refs", "main"), "w") as f:
-        f.write(HUB_COMMIT)  # as huggingface_hub writes it: no newline
+        if not name.startswith("."):
+            with open(os.path.join(checkpoint, name), "rb") as f:
+                files[name] = f.read()
+    snapshot = write_snapshot(repo, HUB_COMMIT, files)
+    write_ref(repo, "main", HUB_COMMIT)
     return snapshot
 
 
@@ -95,18 +62,6 @@ class Mount:
             return f.read()
 
 
-def _unmount(mnt: str, daemon: "subprocess.Popen[bytes]") -> None:
-    try:
-        subprocess.run(["fusermount3", "-u", mnt], check=False, stderr=subprocess.DEVNULL)
-        daemon.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        daemon.kill()
-        daemon.wait()
-    finally:
-        if is_mounted(mnt):
-            subprocess.run(["fusermount3", "-u", "-z", mnt], check=False)
-
-
 @contextlib.contextmanager
 def mounted(tmp: str, src: str, options: str, expect: List[str]) -> Iterator[Mount]:
     """The daemon over SRC at TMP/mnt with OPTIONS, once every path in
@@ -118,11 +73,11 @@ def mounted(tmp: str, src: str, options: str, expect: List[str]) -> Iterator[Mou
         daemon = subprocess.Popen([os.environ["CKPTFS_BINARY"], src, mnt, "-f", "-o", opts], stdout=log, stderr=log)
     try:
         m = Mount(src, mnt, log_path, options)
-        if not wait_for(lambda: is_mounted(mnt) and all(os.path.exists(m.path(p)) for p in expect)):
+        if not wait_for(lambda: is_mounted(mnt) and all(os.path.exists(m.path(p)) for p in expect), seconds=60):
             raise AssertionError(f"the mount did not show {expect}; daemon log:\n{m.log()}")
         yield m
     finally:
-        _unmount(mnt, daemon)
+        unmount(mnt, daemon)
 
 
 @pytest.fixture(scope="session")
@@ -164,8 +119,3 @@ chunk_mount = _mount_fixture("fill=off", "chunks")
 @pytest.fixture(scope="module", params=["passthrough", "chunks"])
 def any_mount(request: pytest.FixtureRequest) -> Mount:
     return request.getfixturevalue("passthrough_mount" if request.param == "passthrough" else "chunk_mount")
-
-
-def read_json(path: str) -> dict:
-    with open(path) as f:
-        return json.load(f)

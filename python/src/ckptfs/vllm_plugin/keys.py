@@ -19,7 +19,8 @@ import importlib
 import importlib.util
 import inspect
 import threading
-from typing import Any, Callable, Optional, Set
+from types import ModuleType
+from typing import Any, Callable, List, Optional, Set, Tuple
 
 from . import logger
 from .checkpoint import mounted_checkpoint
@@ -55,30 +56,40 @@ def _signature_is(fn: Callable[..., Any], names: list) -> bool:
         return False
 
 
+def _target(module_name: str, name: str, params: List[str], left: str) -> Optional[Tuple[ModuleType, Any]]:
+    """The module and function a patch replaces; None (and a warning saying
+    the thing is `left` as it is) when this version has no such function,
+    None alone when it is patched already."""
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:
+        logger.warning("ckptfs: %s cannot be imported (%s): %s", module_name, e, left)
+        return None
+    original = getattr(module, name, None)
+    if original is None or not _signature_is(original, params):
+        logger.warning("ckptfs: this version's %s has no %s(%s): %s", module_name, name, ", ".join(params), left)
+        return None
+    if hasattr(original, "_ckptfs_original"):
+        return None
+    return module, original
+
+
 def patch_weight_cache_key() -> None:
     """hash_checkpoint(model) returns the digest for a checkpoint on ckptfs.
 
     WeightCacheKey.from_model_config() looks the function up in its module
     at each call, so patching the module's name sets its `checkpoint` field.
     """
-    try:
-        protocol = importlib.import_module("vllm.model_executor.model_loader.weight_cache.protocol")
-    except Exception as e:
-        logger.warning("ckptfs: vLLM's weight cache (weight_cache.protocol) cannot be imported (%s): its key is "
-                       "left as it is", e)
+    target = _target("vllm.model_executor.model_loader.weight_cache.protocol", "hash_checkpoint", ["model"],
+                     "the weight-cache key is left as vLLM computes it (shard names and headers)")
+    if target is None:
         return
-    original = getattr(protocol, "hash_checkpoint", None)
-    if original is None or not _signature_is(original, ["model"]):
-        logger.warning("ckptfs: this vLLM's weight_cache.protocol has no hash_checkpoint(model): the weight-cache "
-                       "key is left as vLLM computes it")
-        return
-    if hasattr(original, "_ckptfs_original"):
-        return
+    protocol, original = target
 
     def hash_checkpoint(model: str) -> Optional[str]:
         key = digest_key(model)
         if key is None:
-            return original(model)
+            return original(model)  # type: ignore[no-any-return]
         _log_once("key:" + model, "ckptfs: weight-cache key of %s is its digest %s", model, key)
         return key
 
@@ -89,19 +100,11 @@ def patch_modelexpress_identity() -> None:
     """The revision of ModelExpress's source identity is the digest on ckptfs."""
     if importlib.util.find_spec("modelexpress") is None:
         return
-    try:
-        identity = importlib.import_module("modelexpress.engines.vllm.source_identity")
-    except Exception as e:
-        logger.warning("ckptfs: ModelExpress is installed but its vLLM source identity cannot be imported (%s): "
-                       "its revision is left as it is", e)
+    target = _target("modelexpress.engines.vllm.source_identity", "_resolve_model_revision", ["model_config"],
+                     "ModelExpress's source identity is left as it is (model path and MX_MODEL_REVISION)")
+    if target is None:
         return
-    original = getattr(identity, "_resolve_model_revision", None)
-    if original is None or not _signature_is(original, ["model_config"]):
-        logger.warning("ckptfs: this ModelExpress has no _resolve_model_revision(model_config): its source "
-                       "identity is left as it is (it keys on the model path and MX_MODEL_REVISION)")
-        return
-    if hasattr(original, "_ckptfs_original"):
-        return
+    identity, original = target
 
     def _resolve_model_revision(model_config: Any) -> str:
         theirs: str = original(model_config)
