@@ -75,14 +75,22 @@ def _model_config(args: tuple, kwargs: dict) -> Any:
     return args[2] if len(args) > 2 else None
 
 
+def _checkpoint_of(model_config: Any) -> Optional[MountedCheckpoint]:
+    model = getattr(model_config, "model", None)
+    try:
+        return mounted_checkpoint(model)
+    except CkptfsError as e:  # a log line is not worth failing a load for
+        logger.warning("ckptfs: cannot tell which checkpoint %s is, loading it unlogged: %s", model, e)
+        return None
+
+
 def _wrap(load_model: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(load_model)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         outermost = getattr(_depth, "n", 0) == 0
         _depth.n = getattr(_depth, "n", 0) + 1
         try:
-            model_config = _model_config(args, kwargs)
-            checkpoint = mounted_checkpoint(getattr(model_config, "model", None)) if outermost else None
+            checkpoint = _checkpoint_of(_model_config(args, kwargs)) if outermost else None
             if checkpoint is None:
                 return load_model(*args, **kwargs)
             mode = preload_mode(os.environ.get(PRELOAD_ENV))
