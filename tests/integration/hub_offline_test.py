@@ -11,78 +11,22 @@ mount. Always unmounts.
 
 usage: hub_offline_test.py CKPTFS_BINARY
 """
-import hashlib
 import os
 import subprocess
 import sys
 import tempfile
-import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from ckptfs_mount import digest_of, is_mounted, unmount, wait_for, write_ref, write_snapshot  # noqa: E402
 
 REPO_ID = "org/tiny-model"
 COMMIT_MAIN = "0123456789abcdef0123456789abcdef01234567"
 COMMIT_V1 = "fedcba9876543210fedcba9876543210fedcba98"
 
 
-def write_snapshot(repo_dir, commit, files):
-    """files: {name: bytes}. blobs/<sha256>, snapshots/<commit>/<name> -> ../../blobs/<sha256>."""
-    os.makedirs(os.path.join(repo_dir, "blobs"), exist_ok=True)
-    snapshot = os.path.join(repo_dir, "snapshots", commit)
-    os.makedirs(snapshot, exist_ok=True)
-    for name, data in files.items():
-        sha = hashlib.sha256(data).hexdigest()
-        with open(os.path.join(repo_dir, "blobs", sha), "wb") as f:
-            f.write(data)
-        os.symlink(os.path.join("..", "..", "blobs", sha), os.path.join(snapshot, name))
-    return snapshot
-
-
-def write_ref(repo_dir, revision, commit):
-    path = os.path.join(repo_dir, "refs", revision)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(commit)  # as huggingface_hub writes it: no newline
-
-
-def digest_of(directory):
-    """The checkpoint digest of a flat directory (the README's contract)."""
-    lines = b""
-    for name in sorted(os.listdir(directory)):
-        with open(os.path.join(directory, name), "rb") as f:
-            lines += hashlib.sha256(f.read()).hexdigest().encode() + b"  " + name.encode() + b"\n"
-    return "sha256-" + hashlib.sha256(lines).hexdigest()
-
-
 def safetensors_bytes(tensors):
     from safetensors.numpy import save
     return save(tensors, metadata={"format": "pt"})
-
-
-def is_mounted(path):
-    # Bytes: other mounts may have names that are not UTF-8.
-    with open("/proc/self/mountinfo", "rb") as f:
-        return any(line.split()[4] == os.fsencode(path) for line in f)
-
-
-def unmount(mnt, daemon):
-    """Unmounts and reaps the daemon, whatever state either is in."""
-    try:
-        subprocess.run(["fusermount3", "-u", mnt], check=False, stderr=subprocess.DEVNULL)
-        daemon.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        daemon.kill()
-        daemon.wait()
-    finally:
-        if is_mounted(mnt):
-            subprocess.run(["fusermount3", "-u", "-z", mnt], check=False)
-
-
-def wait_for(condition, seconds=30):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 def check_offline_client(mnt, snapshot_src, tensors):
