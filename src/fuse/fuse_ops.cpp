@@ -509,6 +509,12 @@ void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info
       fuse_reply_buf(req, reinterpret_cast<const char*>(streamed->data), streamed->len);
       return;
     }
+    // No fill in flight: it may have been published since the look above,
+    // and then the source must not be read again.
+    if (const FileCache::CopyPtr made = ctx.files ? ctx.files->Find(f->key, /*use=*/false) : nullptr) {
+      ReadFromCopy(ctx, req, *made, size, off);
+      return;
+    }
   }
   // With stamp_headers a safetensors file is served as the stamped header
   // followed by the source's tensor bytes, shifted by the header's growth.
