@@ -93,6 +93,24 @@ class AccessMatrixTest : public SecurityTest {
     return out;
   }
 
+  // Every cell built and mounted, once each cell's checkpoint is shown;
+  // null (the mount's log printed) when one is not.
+  std::unique_ptr<MountedCkptfs> BuildAndMount(const std::vector<Cell>& cells) {
+    for (const Cell& c : cells) Build(c);
+    auto m = Mount();
+    const bool shown = WaitFor([&] {
+      for (const Cell& c : cells) {
+        if (DigestOf(c.name + "/ck").empty()) return false;
+      }
+      return true;
+    });
+    if (!shown) {
+      ADD_FAILURE() << m->Log();
+      return nullptr;
+    }
+    return m;
+  }
+
   // Runs the matrix once; returns the number of cells checked.
   size_t Check(const std::vector<Cell>& cells, const std::string& phase) {
     std::vector<Attempt> through, oracle;
@@ -144,14 +162,8 @@ class AccessMatrixTest : public SecurityTest {
 
 TEST_F(AccessMatrixTest, MountGrantsExactlyWhatSomeSourceCopyGrants) {
   const std::vector<Cell> cells = AllCells();
-  for (const Cell& c : cells) Build(c);
-  auto m = Mount();
-  ASSERT_TRUE(WaitFor([&] {
-    for (const Cell& c : cells) {
-      if (DigestOf(c.name + "/ck").empty()) return false;
-    }
-    return true;
-  })) << m->Log();
+  auto m = BuildAndMount(cells);
+  ASSERT_TRUE(m) << "not every cell's checkpoint was shown";
   size_t checked = Check(cells, "initial");
 
   // Revocation and changes in SRC reach the kernel: close every open parent,
@@ -213,14 +225,8 @@ std::vector<Cell> AclCells() {
 
 TEST_F(AccessMatrixTest, AclsCountAsTheKernelCountsThem) {
   const std::vector<Cell> cells = AclCells();
-  for (const Cell& c : cells) Build(c);
-  auto m = Mount();
-  ASSERT_TRUE(WaitFor([&] {
-    for (const Cell& c : cells) {
-      if (DigestOf(c.name + "/ck").empty()) return false;
-    }
-    return true;
-  })) << m->Log();
+  auto m = BuildAndMount(cells);
+  ASSERT_TRUE(m) << "not every cell's checkpoint was shown";
   size_t checked = Check(cells, "acl");
   Check(cells, "acl warm");
 
