@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: installs dependencies, builds with warnings as errors,
-# and runs every test through ctest; then builds the daemon and the unit
-# tests again with ThreadSanitizer and runs the unit, security and main
-# integration tests against it (scripts/run-tsan.sh). Needs root (apt-get,
+# and runs every test through ctest; builds the daemon and the unit tests
+# again with ThreadSanitizer meanwhile, and then runs the unit, security and
+# main integration tests against it (scripts/run-tsan.sh). Needs root (apt-get,
 # setpriv, and later FUSE mounts).
 #
 # The engines tests' virtual environment (tests/engines/make_venv.sh: vLLM
@@ -19,6 +19,18 @@ venv_pid=$!
 # Line tables are enough for the backtraces of a failing test, and full
 # debug information costs a quarter of the build.
 scripts/build.sh -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG"
+# The ThreadSanitizer build, at the lowest priority, while the suite runs:
+# most tests wait on mounts, timers and the engines, and leave a core idle
+# about a third of the time, which the build takes; the tests keep the CPU
+# whenever they want it.
+CKPTFS_TSAN_NO_DEPS=1 nice -n 19 scripts/run-tsan.sh --build-only >build/tsan-build.log 2>&1 &
+tsan_build_pid=$!
+trap 'kill "$venv_pid" "$tsan_build_pid" 2>/dev/null || true' EXIT
 ctest --test-dir build --output-on-failure --parallel "$(nproc)" --no-tests=error
 wait "$venv_pid" || true  # done by now (engines.setup waited for it); its errors are engines.setup's
+if ! wait "$tsan_build_pid"; then
+  tail -n 60 build/tsan-build.log >&2
+  echo "run-tests.sh: the ThreadSanitizer build failed (build/tsan-build.log)" >&2
+  exit 1
+fi
 CKPTFS_TSAN_NO_DEPS=1 scripts/run-tsan.sh

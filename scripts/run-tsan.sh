@@ -9,8 +9,11 @@
 # the races that matter are the daemon's, and the test binaries need no
 # second build. The reports go to /tmp/ckptfs-tsan.PID. Exits non-zero on
 # any test failure or report. CKPTFS_TSAN_NO_DEPS=1 skips
-# packaging/install-deps.sh (run-tests.sh has just run it).
+# packaging/install-deps.sh (run-tests.sh has just run it); --build-only
+# builds and stops (run-tests.sh builds while the normal suite runs).
 set -euo pipefail
+build_only=0
+[ "${1:-}" = --build-only ] && build_only=1
 cd "$(dirname "$0")/.."
 if [[ "${CKPTFS_TSAN_NO_DEPS:-0}" != 1 ]]; then packaging/install-deps.sh; fi
 [ -f build/build.ninja ] || CKPTFS_WERROR=ON scripts/build.sh
@@ -23,6 +26,7 @@ cmake -S . -B build-tsan -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=RelWithDeb
   -DCKPTFS_HARDENING=OFF -DCMAKE_CXX_FLAGS="-fsanitize=thread" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
   -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" >/dev/null
 cmake --build build-tsan --parallel "$(nproc)" --target ckptfs ckptfsctl ckptfs_unit_tests
+[ "$build_only" = 1 ] && exit 0
 rm -f /tmp/ckptfs-tsan.*
 export TSAN_OPTIONS="halt_on_error=0 report_signal_unsafe=0 log_path=/tmp/ckptfs-tsan"
 logs=$(mktemp -d /tmp/ckptfs-tsan-logs.XXXXXX)

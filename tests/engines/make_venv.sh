@@ -35,9 +35,12 @@ system_cuda_sonames=(libcudart.so.13 libcublas.so.13 libcudnn.so.9 libcufft.so.1
 # Installs requirements-lock.txt, without the wheels of CUDA libraries that
 # the loader already finds.
 install_lock() {
-  local lock=$build/.venv-engines-lock.txt missing=0 so
+  local lock=$build/.venv-engines-lock.txt missing=0 so libraries
+  # Read once: `ldconfig -p | grep -q` would fail under pipefail when grep
+  # stops reading first (SIGPIPE).
+  libraries=$(/sbin/ldconfig -p)
   for so in "${system_cuda_sonames[@]}"; do
-    /sbin/ldconfig -p | grep -q -E "[[:space:]]$so[[:space:]]" || missing=1
+    grep -q -E "[[:space:]]$so[[:space:]]" <<<"$libraries" || missing=1
   done
   if [ "$missing" = 0 ]; then
     grep -v -E "$system_cuda_wheels" "$here/requirements-lock.txt" > "$lock"
