@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs the dependencies (packaging/install-deps.sh) and builds ckptfs into
-# ./build. Used by the quick-start scripts and CI; safe to run again.
+# ./build. Used by the quick-start scripts and CI; safe to run again. Extra
+# arguments go to cmake's configure step (scripts/run-tests.sh asks for line
+# tables only: -g1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 packaging/install-deps.sh
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPTFS_WERROR="${CKPTFS_WERROR:-ON}" >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPTFS_WERROR="${CKPTFS_WERROR:-ON}" "$@" >/dev/null
 cmake --build build --parallel "$(nproc)"

@@ -44,7 +44,7 @@ for p in sys.argv[1:]:
 load() { python3 tests/bench/load_safetensors.py "$1" | cut -d' ' -f1; }
 # Memory the copies need, touched and freed just before: pages the guest kept.
 recycle() {
-  head -c "$1" /dev/zero >/dev/shm/ckptfs-bench-recycle
+  head -c "$(numfmt --from=iec "$1")" /dev/zero >/dev/shm/ckptfs-bench-recycle
   rm -f /dev/shm/ckptfs-bench-recycle
 }
 mount_ckptfs() {

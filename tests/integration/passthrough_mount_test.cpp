@@ -143,7 +143,15 @@ TEST_F(PassthroughMountTest, EveryFileByteForByteWithNoReadReachingTheDaemon) {
   // held in its memory (no memfd each) and served from there, never from
   // the source.
   EXPECT_EQ(Opens(after, "passthrough") - Opens(before, "passthrough"), 6u) << after.dump();
-  EXPECT_EQ(Opens(after, "chunk path: held in memory") - Opens(before, "chunk path: held in memory"), 11u);
+  // A small file's open is "held in memory", or joins the chunk path of
+  // its previous open when that one's RELEASE (asynchronous) has not
+  // reached the daemon yet: either way served from the daemon's memory.
+  auto small_file_opens = [](const nlohmann::json& s) {
+    return Opens(s, "chunk path: held in memory") +
+           Opens(s, "chunk path: the file is open through the chunk path by another reader");
+  };
+  EXPECT_EQ(small_file_opens(after) - small_file_opens(before), 11u)
+      << before["opens"].dump() << "\n" << after["opens"].dump();
   EXPECT_LE(after["bytes_served"].get<uint64_t>() - before["bytes_served"].get<uint64_t>(), 3u * (1 + 4095 + 16));
   EXPECT_EQ(after["source_bytes_read"], before["source_bytes_read"]);
   // The daemon asked for 2 MiB pages (shmem_huge=advise, the default) unless
@@ -186,7 +194,14 @@ TEST_F(PassthroughMountTest, ACheckpointRenamedIntoSrcIsResidentWhenItsDigestApp
     EXPECT_EQ(files, 5u);
     const auto after = Stats(mnt_);
     if (policy == "free") {
-      EXPECT_EQ(after["read_requests"], first["read_requests"]) << "the first load reached the daemon";
+      // CompareTree opens each file twice (read(2), then mmap). The two
+      // shards above SealedCopy::kMemoryCopyMax pass through; the small
+      // files are held in the daemon's memory and served from there;
+      // nothing comes from the source.
+      EXPECT_EQ(Opens(after, "passthrough") - Opens(first, "passthrough"), 2u * 2) << after.dump(1);
+      EXPECT_LE(after["bytes_served"].get<uint64_t>() - first["bytes_served"].get<uint64_t>(),
+                2 * (4095 + config.size()))
+          << "the first load of the shards reached the daemon";
       EXPECT_EQ(after["source_bytes_read"], first["source_bytes_read"]);
     } else {
       EXPECT_GT(after["source_bytes_read"].get<uint64_t>(), first["source_bytes_read"].get<uint64_t>());

@@ -239,7 +239,9 @@ TEST_F(AttackTest, ATruncatedCopyOfASharedModelGivesOtherReadersNoEio) {
     ASSERT_EQ(link.exit_code, 0) << link.out;
 
     auto m = Mount("allow_other,fill=off");  // every read goes to the source
-    ASSERT_TRUE(WaitFor([&] { return !DigestOf("aaa/m").empty(); })) << m->Log();
+    // Each checkpoint is shown as its indexing ends: wait for both.
+    ASSERT_TRUE(WaitFor([&] { return !DigestOf("aaa/m").empty() && !DigestOf("zzz-public/m").empty(); }))
+        << m->Log();
     ASSERT_EQ(DigestOf("aaa/m"), DigestOf("zzz-public/m"));
     const std::string file = mnt_ + "/" + DigestOf("aaa/m") + "/model.bin";
     AsResult cut = RunAs(kOther, "truncate -s 0 " + ShellQuote(own));
