@@ -156,6 +156,11 @@ void PrintStatsTable(const nlohmann::json& j) {
 }  // namespace
 
 int RunCacheCommand(const CacheArgs& args) {
+  if (args.tier != protocol::kTierHost) {
+    PrintError(args.tier == protocol::kRemovedTierGpu ? protocol::kRemovedTierGpuWhy
+                                                      : "--tier " + args.tier + ": host is the only tier");
+    return kExitFatal;
+  }
   auto where = LocateInMount(args.path);
   if (!where.ok()) {
     PrintError(where.status().message());
