@@ -1,7 +1,7 @@
-// What the chunk path's tiers share: the key of a 4 MiB chunk, each tier's
-// counters, and how much of a file a tier holds. The tiers themselves are
-// HostChunkTier (host memory, where reads are served from), GpuChunkTier
-// (device memory, below it) and ChunkCache, which composes the two.
+// What the chunk path's cache is made of: the key of a 4 MiB chunk, the
+// tier's counters, and how much of a file it holds. The tier itself is
+// HostChunkTier (host memory, where reads are served from), behind
+// ChunkCache.
 #pragma once
 
 #include <compare>
@@ -19,8 +19,6 @@ struct ChunkKey {
   auto operator<=>(const ChunkKey&) const = default;
 };
 
-enum class Tier { kHost, kGpu };
-
 struct TierStats {
   uint64_t capacity = 0;
   // Bytes of memory held. In the host tier every chunk takes a whole 4 MiB
@@ -28,7 +26,7 @@ struct TierStats {
   uint64_t used = 0;
   uint64_t hits = 0;
   uint64_t misses = 0;
-  uint64_t fills = 0;       // host: chunks read from the source; gpu: chunks demoted or loaded into it
+  uint64_t fills = 0;       // chunks read from the source
   uint64_t evictions = 0;
   uint64_t pinned = 0;      // bytes
   // Chunks copied from a resident whole-file copy of the host tier
@@ -36,9 +34,9 @@ struct TierStats {
   uint64_t fills_from_host_copy = 0;
 };
 
-// Bytes of one file a tier holds, and of those the pinned ones.
+// Bytes of one file the tier holds, and of those the pinned ones.
 struct ChunkResidency {
-  uint64_t host = 0, gpu = 0, pinned = 0;
+  uint64_t host = 0, pinned = 0;
 };
 
 }  // namespace ckptfs

@@ -51,12 +51,16 @@ constexpr bool NeedsOwner(std::string_view command) {
 // Request keys.
 inline constexpr char kCmd[] = "cmd";
 inline constexpr char kPath[] = "path";  // preload, unpin, evict: a path below the mount point
-inline constexpr char kTier[] = "tier";  // preload: "host" or "gpu"
+inline constexpr char kTier[] = "tier";  // preload: "host" (the default and the only tier)
 inline constexpr char kPin[] = "pin";    // preload: keep it resident until unpinned
 inline constexpr char kBinary[] = "binary";  // restart: the new daemon's executable ("" for the same)
 
 inline constexpr char kTierHost[] = "host";
-inline constexpr char kTierGpu[] = "gpu";
+// The GPU chunk tier's name, refused since the tier was removed, with why.
+inline constexpr char kRemovedTierGpu[] = "gpu";
+inline constexpr char kRemovedTierGpuWhy[] =
+    "preload --tier gpu is gone: the GPU chunk tier was removed (its reads copied device memory back to the host, "
+    "slower than the host tier); preload --pin registers the host tier's copy with the gpu= device for DMA";
 
 // Reply envelope: every final reply has "ok", and "error" when it is false;
 // progress lines of long work have "progress" (done) and "total".
@@ -111,7 +115,7 @@ inline constexpr char kOptionFillDepth[] = "fill_depth";
 inline constexpr char kOptionLog[] = "log";
 inline constexpr char kOptionLogFile[] = "log_file";
 inline constexpr char kOptionHandoverTimeout[] = "handover_timeout";
-// "cache": the capacities of the tiers (kTierHost, kTierChunks, kTierGpu).
+// "cache": the capacities of the tiers (kTierHost, kTierChunks).
 inline constexpr char kCache[] = "cache";
 inline constexpr char kPinnedMemory[] = "pinned_memory";
 // "daemon": the serving daemon, and its supervisor's record of it.
@@ -149,7 +153,7 @@ inline constexpr char kMode[] = "mode";
 
 // Keys of the `stats` reply that ckptfsctl reads. "tiers" maps a tier's
 // name to its counters; checkpoint rows have kName, kByName, the bytes held
-// by each tier (kTierHost, kTierChunks, kTierGpu) and kPinned.
+// by each tier (kTierHost, kTierChunks) and kPinned.
 inline constexpr char kTiers[] = "tiers";
 inline constexpr char kTierChunks[] = "chunks";  // the chunk tier (kTierHost: whole files)
 inline constexpr char kCapacity[] = "capacity";

@@ -24,10 +24,10 @@
 // Single flight: one fill per key at a time; others wait for it or, if they
 // only wanted to start one (a background fill), go away.
 //
-// Pinned copies are locked in memory: registered with the GPU tier's device
-// when there is one (cudaHostRegister: page-locked and ready for the GPU
-// tier's DMA, which copies from them), else, or when the device refuses,
-// with mlock (one warning when that too is refused). Locking a large copy
+// Pinned copies are locked in memory: registered with the gpu= device when
+// there is one (cudaHostRegister: page-locked, so that an engine's copy of
+// them to the device is a DMA), else, or when the device refuses, with mlock
+// (one warning when that too is refused). Locking a large copy
 // takes time, so it runs outside the lock Find and Claim take: a second
 // mutex, taken first, orders pins, unpins and evictions of pinned copies so
 // that a copy is locked exactly while it is pinned.
@@ -66,8 +66,8 @@ class FileCache {
   using CopyPtr = std::shared_ptr<const SealedCopy>;
 
   static constexpr uint64_t kNoDescriptorLimit = ~uint64_t{0};
-  // `device`: the GPU tier's device, which pinned copies are registered
-  // with; null without a GPU tier. It must outlive the cache.
+  // `device`: the gpu= device, which pinned copies are registered with;
+  // null without one. It must outlive the cache.
   explicit FileCache(uint64_t capacity, DeviceMemory* device = nullptr,
                      uint64_t descriptor_budget = kNoDescriptorLimit);
   ~FileCache();
@@ -153,7 +153,7 @@ class FileCache {
     uint64_t descriptor_budget = 0;  // kNoDescriptorLimit: none
     uint64_t in_memory = 0;          // resident copies held without a descriptor
     bool locked_memory = true;  // false once the kernel refused to mlock a pinned copy
-    uint64_t registered = 0;    // pinned bytes registered with the GPU tier's device
+    uint64_t registered = 0;    // pinned bytes registered with the gpu= device
   };
   Stats GetStats() const;
 

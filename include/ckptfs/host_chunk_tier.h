@@ -17,16 +17,13 @@
 //
 // Locking: one mutex and one condition variable, for the index, the LRU
 // segments, references, pins and counters. What takes time runs outside
-// them: the fill itself, growing HostMemory by a slab (mmap + mlock, under
-// HostMemory's own lock only), and the `on_evict` hook through which an
-// evicted chunk goes down to the GPU tier. A hit therefore waits for no
-// device and no disk. Entries are ordered by (file, chunk), so Unpin and
+// them: the fill itself and growing HostMemory by a slab (mmap + mlock, under
+// HostMemory's own lock only). A hit therefore waits for no disk. Entries are ordered by (file, chunk), so Unpin and
 // Evict of a file cost its own chunks, not the whole tier.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
-#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -44,13 +41,9 @@ class HostChunkTier {
   // read-ahead and preload fills are counted apart, and only a read-ahead
   // fill that a reader then uses is a read-ahead hit.
   enum class Use { kRead, kReadAhead, kPreload };
-  // A chunk leaving the tier, with its bytes, before its slot is reused.
-  using EvictHook = std::function<void(const ChunkKey& key, const uint8_t* bytes, size_t len)>;
 
   struct Options {
     uint64_t capacity = 0;
-    bool cuda_host_memory = false;  // slabs from cudaHostAlloc
-    EvictHook on_evict;             // called without the tier's lock
   };
 
   struct Entry;
@@ -71,7 +64,7 @@ class HostChunkTier {
   Result<Claimed> Claim(const ChunkKey& key, size_t len, Use use);
   // Publishes a filled slot and takes a reference to it. `from_source`: the
   // bytes were read from the source (counted as a fill), not copied from
-  // another tier.
+  // a resident whole-file copy.
   void Commit(Entry* e, Use use, bool from_source);
   void Abort(Entry* e);
   void Release(Entry* e);
@@ -97,7 +90,7 @@ class HostChunkTier {
  private:
   using Entries = std::map<ChunkKey, std::unique_ptr<Entry>>;
   uint8_t* TakeSlot();
-  bool TakeVictimLocked(ChunkKey& key, uint8_t*& slot, size_t& len);
+  uint8_t* TakeVictimLocked();
   void CountHitLocked(Entry& e, Use use);
   void Touch(Entry& e);
   void Unlink(Entry& e);

@@ -1,8 +1,8 @@
 // HostMemory: the host tier's chunk slots. Memory is taken in slabs as the
 // cache fills, never all at start, so a cache_size larger than free memory
-// costs nothing until it is used. Slabs are pinned: cudaHostAlloc when a CUDA
-// device is in use (page-locked and DMA-ready), otherwise mmap + mlock with
-// transparent huge pages requested. If the kernel refuses to lock
+// costs nothing until it is used. Slabs are pinned: mmap + mlock with
+// transparent huge pages requested. (They are read only by the daemon, into
+// FUSE replies, so nothing gains from making them DMA-ready.) If the kernel refuses to lock
 // (RLIMIT_MEMLOCK), that is logged once and the slabs stay unpinned.
 // A slab is mapped and locked outside the lock that Take and Give share.
 #pragma once
@@ -20,7 +20,7 @@ class HostMemory {
   static constexpr size_t kChunksPerSlab = 16;  // 64 MiB slabs of 4 MiB chunks
 
   // `capacity` bytes at most, in `slot_size` slots.
-  HostMemory(uint64_t capacity, size_t slot_size, bool use_cuda_host_alloc);
+  HostMemory(uint64_t capacity, size_t slot_size);
   ~HostMemory();
   HostMemory(const HostMemory&) = delete;
   HostMemory& operator=(const HostMemory&) = delete;
@@ -40,7 +40,6 @@ class HostMemory {
   mutable std::mutex mu_;
   const uint64_t capacity_;
   const size_t slot_size_;
-  const bool cuda_;
   std::atomic<bool> pinned_{true};
   std::atomic<bool> pin_failure_logged_{false};
   struct Slab {

@@ -34,11 +34,10 @@ struct MountOptions {
   // cache_size=SIZE or N% of physical memory; 0 = the default (25%).
   uint64_t cache_size = 0;
   double cache_percent = 0;
-  // gpu=INDEX|auto|sim; empty: no GPU tier. "sim" is a simulated device in
-  // host memory, for tests and for trying the tier without a GPU.
+  // gpu=INDEX|auto|sim: the CUDA device that pinned host-tier copies are
+  // registered with for DMA; empty: none (they are mlocked). "sim" is a
+  // simulated device, for tests and for trying it without a GPU.
   std::string gpu;
-  uint64_t gpu_cache_size = 0;  // gpu_cache_size=SIZE or N% of device memory; 0 = 50%
-  double gpu_cache_percent = 0;
   // passthrough=auto|off: answer opens of resident files with kernel
   // passthrough when the kernel and our privileges allow it.
   bool passthrough = true;

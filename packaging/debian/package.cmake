@@ -50,7 +50,7 @@ install(FILES ${_pkg_out}/man/ckptfs.8.gz ${_pkg_out}/man/ckptfsctl.8.gz ${_pkg_
 
 # The copyright file, in the machine-readable (DEP-5) format. Besides our own
 # (Expat, LICENSE) it names what is compiled into the binaries: the
-# header-only nlohmann-json and CLI11 and, when the GPU tier is built, the
+# header-only nlohmann-json and CLI11 and, when the GPU code is built, the
 # static CUDA runtime, whose license is the CUDA Toolkit EULA, copied from
 # the toolkit the binaries were linked against.
 set(CKPTFS_COPYRIGHT_CUDA_COMMENT "")

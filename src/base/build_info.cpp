@@ -17,7 +17,7 @@ bool BuiltWithCuda() {
 int CudaDeviceCount() {
 #ifdef CKPTFS_HAVE_CUDA
   int n = 0;
-  // Without a driver or a device this fails; that simply means no GPU tier.
+  // Without a driver or a device this fails; that simply means no device.
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
     cudaGetLastError();  // clear the sticky error
     return 0;

@@ -2,8 +2,6 @@
 
 #include <cstring>
 
-#include <spdlog/spdlog.h>
-
 namespace ckptfs {
 
 ChunkCache::Ref::Ref(Ref&& o) noexcept
@@ -33,43 +31,21 @@ void ChunkCache::Ref::Release() {
   entry_ = nullptr;
 }
 
-ChunkCache::ChunkCache(Options options) : options_(options) {
-  if (options_.device != nullptr && options_.gpu_capacity > 0) {
-    gpu_ = std::make_unique<GpuChunkTier>(*options_.device, options_.gpu_capacity);
-  }
-  HostChunkTier::EvictHook demote;
-  if (gpu_) demote = [this](const ChunkKey& key, const uint8_t* bytes, size_t len) { Demote(key, bytes, len); };
-  host_ = std::make_unique<HostChunkTier>(HostChunkTier::Options{.capacity = options_.host_capacity,
-                                                                 .cuda_host_memory = options_.cuda_host_memory,
-                                                                 .on_evict = std::move(demote)});
-}
+ChunkCache::ChunkCache(Options options)
+    : options_(options),
+      host_(std::make_unique<HostChunkTier>(HostChunkTier::Options{.capacity = options_.host_capacity})) {}
 
 ChunkCache::~ChunkCache() = default;
 
-// A chunk the host tier evicts goes down to the GPU tier if it has room; if
-// not, it is simply dropped (the GPU tier logs a device that refused).
-void ChunkCache::Demote(const ChunkKey& key, const uint8_t* bytes, size_t len) {
-  (void)gpu_->Insert(key, bytes, len, /*pin=*/false, GpuChunkTier::From::kHostChunk);
-}
-
-// A claimed slot filled from the GPU tier when it holds the chunk, else by
-// `fill` (which reads the source unless `fill_reads_source` is false);
-// published only if that succeeded.
-Status ChunkCache::FillClaimed(const ChunkKey& key, const HostChunkTier::Claimed& claimed, size_t len,
-                               const FillFn& fill, Use use, bool fill_reads_source) {
-  Status s = Status::NotFound("no GPU tier");
-  if (gpu_) {
-    s = gpu_->CopyOut(key, claimed.slot, len, /*keep=*/false);
-    if (s.code() == Status::Code::kNotFound && use == Use::kRead) gpu_->CountMiss();
-    if (!s.ok() && s.code() != Status::Code::kNotFound) spdlog::warn("GPU tier: {}; reading the source", s.message());
-  }
-  const bool filled_here = !s.ok();
-  if (filled_here) s = fill(claimed.slot, len);
-  if (!s.ok()) {
+// A claimed slot filled by `fill` (which reads the source unless
+// `fill_reads_source` is false); published only if that succeeded.
+Status ChunkCache::FillClaimed(const HostChunkTier::Claimed& claimed, size_t len, const FillFn& fill, Use use,
+                               bool fill_reads_source) {
+  if (Status s = fill(claimed.slot, len); !s.ok()) {
     host_->Abort(claimed.entry);
     return s;
   }
-  host_->Commit(claimed.entry, use, filled_here && fill_reads_source);
+  host_->Commit(claimed.entry, use, fill_reads_source);
   return Status::Ok();
 }
 
@@ -77,7 +53,7 @@ Result<ChunkCache::Ref> ChunkCache::Get(const ChunkKey& key, size_t len, const F
   const Use use = readahead ? Use::kReadAhead : Use::kRead;
   auto claimed = host_->Claim(key, len, use);
   if (claimed.ok() && !claimed->present) {
-    if (Status s = FillClaimed(key, *claimed, len, fill, use); !s.ok()) return s;
+    if (Status s = FillClaimed(*claimed, len, fill, use); !s.ok()) return s;
   }
   if (claimed.ok()) {
     Ref r;
@@ -106,7 +82,7 @@ const uint8_t* ChunkCache::InResidentFile(const ChunkKey& key, size_t len, FileC
   return hold->data() + offset;
 }
 
-Status ChunkCache::LoadIntoHost(const ChunkKey& key, size_t len, const FillFn& fill, bool pin) {
+Status ChunkCache::Load(const ChunkKey& key, size_t len, const FillFn& fill, bool pin) {
   if (pin) {
     if (Status s = host_->CheckPinRoom(key); !s.ok()) return s;
   }
@@ -120,8 +96,8 @@ Status ChunkCache::LoadIntoHost(const ChunkKey& key, size_t len, const FillFn& f
       ++host_copy_fills_;
       return Status::Ok();
     };
-    Status s = resident != nullptr ? FillClaimed(key, *claimed, len, from_copy, Use::kPreload, false)
-                                   : FillClaimed(key, *claimed, len, fill, Use::kPreload);
+    Status s = resident != nullptr ? FillClaimed(*claimed, len, from_copy, Use::kPreload, false)
+                                   : FillClaimed(*claimed, len, fill, Use::kPreload);
     if (!s.ok()) return s;
   }
   if (pin) host_->Pin(claimed->entry);
@@ -129,50 +105,23 @@ Status ChunkCache::LoadIntoHost(const ChunkKey& key, size_t len, const FillFn& f
   return Status::Ok();
 }
 
-// Into the GPU tier from the resident whole-file copy when there is one
-// (verified at its fill, and registered with the device when pinned), else
-// through the host tier, which reads the source if it must.
-Status ChunkCache::LoadIntoGpu(const ChunkKey& key, size_t len, const FillFn& fill, bool pin) {
-  if (!gpu_) return Status::Error("no GPU tier on this mount (mount with gpu=INDEX)");
-  if (Status s = gpu_->Touch(key, pin); s.code() != Status::Code::kNotFound) return s;
-  FileCache::CopyPtr hold;
-  if (const uint8_t* resident = InResidentFile(key, len, hold)) {
-    return gpu_->Insert(key, resident, len, pin, GpuChunkTier::From::kHostCopy);
-  }
-  auto claimed = host_->Claim(key, len, Use::kPreload);
-  if (!claimed.ok()) return claimed.status();
-  if (!claimed->present) {
-    if (Status s = FillClaimed(key, *claimed, len, fill, Use::kPreload); !s.ok()) return s;
-  }
-  // The reference keeps the host chunk from being evicted during the copy.
-  Status s = gpu_->Insert(key, claimed->slot, len, pin, GpuChunkTier::From::kHostChunk);
-  host_->Release(claimed->entry);
-  return s;
-}
-
-Status ChunkCache::Load(const ChunkKey& key, size_t len, const FillFn& fill, Tier tier, bool pin) {
-  return tier == Tier::kHost ? LoadIntoHost(key, len, fill, pin) : LoadIntoGpu(key, len, fill, pin);
-}
-
 uint64_t ChunkCache::Unpin(const Sha256Digest& file) {
-  return host_->Unpin(file) + (gpu_ ? gpu_->Unpin(file) : 0);
+  return host_->Unpin(file);
 }
 
 uint64_t ChunkCache::Evict(const Sha256Digest& file) {
-  return host_->Evict(file) + (gpu_ ? gpu_->Evict(file) : 0);
+  return host_->Evict(file);
 }
 
 ChunkCache::Residency ChunkCache::ResidentBytes(const Sha256Digest& file) const {
   Residency r;
   host_->AddResidency(file, r);
-  if (gpu_) gpu_->AddResidency(file, r);
   return r;
 }
 
 std::map<Sha256Digest, ChunkCache::Residency> ChunkCache::ResidencyByFile() const {
   std::map<Sha256Digest, Residency> out;
   host_->AddResidency(out);
-  if (gpu_) gpu_->AddResidency(out);
   return out;
 }
 
@@ -187,8 +136,6 @@ CacheStats ChunkCache::Stats() const {
   s.readahead_fills = host.readahead_fills;
   s.readahead_hits = host.readahead_hits;
   s.preload_fills = host.preload_fills;
-  s.gpu_enabled = gpu_ != nullptr;
-  if (gpu_) s.gpu = gpu_->Stats();
   s.verification_failures = verification_failures_.load();
   s.uncached_reads = uncached_reads_.load();
   return s;

@@ -1,7 +1,5 @@
 #include "ckptfs/device_memory.h"
 
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 
@@ -17,35 +15,7 @@ namespace {
 
 class SimulatedDevice final : public DeviceMemory {
  public:
-  SimulatedDevice(uint64_t capacity, uint64_t fail_after) : capacity_(capacity), fail_after_(fail_after) {}
-  std::string Describe() const override { return "simulated device (" + std::to_string(capacity_) + " bytes)"; }
-  void* Allocate(size_t bytes) override {
-    std::lock_guard lock(mu_);
-    ++allocations_;
-    if (fail_after_ != 0 && allocations_ == fail_after_) return nullptr;
-    if (used_ + bytes > capacity_) return nullptr;
-    void* p = std::malloc(bytes + sizeof(size_t));
-    if (p == nullptr) return nullptr;
-    *static_cast<size_t*>(p) = bytes;
-    used_ += bytes;
-    return static_cast<char*>(p) + sizeof(size_t);
-  }
-  void Free(void* device_ptr) override {
-    if (device_ptr == nullptr) return;
-    void* p = static_cast<char*>(device_ptr) - sizeof(size_t);
-    std::lock_guard lock(mu_);
-    used_ -= *static_cast<size_t*>(p);
-    std::free(p);
-  }
-  Status CopyToDevice(void* dst, const void* src, size_t n) override {
-    std::memcpy(dst, src, n);
-    return Status::Ok();
-  }
-  Status CopyToHost(void* dst, const void* src, size_t n) override {
-    std::memcpy(dst, src, n);
-    return Status::Ok();
-  }
-  uint64_t TotalBytes() const override { return capacity_; }
+  std::string Describe() const override { return "simulated device"; }
   Status RegisterHost(const void* host, size_t n) override {
     std::lock_guard lock(mu_);
     if (!registered_.emplace(host, n).second) return Status::Error("host memory already registered");
@@ -59,42 +29,14 @@ class SimulatedDevice final : public DeviceMemory {
  private:
   std::mutex mu_;
   std::map<const void*, size_t> registered_;
-  const uint64_t capacity_;
-  const uint64_t fail_after_;
-  uint64_t used_ = 0;
-  uint64_t allocations_ = 0;
 };
 
 #ifdef CKPTFS_HAVE_CUDA
 class CudaDevice final : public DeviceMemory {
  public:
-  CudaDevice(int index, uint64_t total, std::string name, bool read_only_registration)
-      : index_(index), total_(total), name_(std::move(name)), read_only_registration_(read_only_registration) {}
+  CudaDevice(int index, std::string name, bool read_only_registration)
+      : index_(index), name_(std::move(name)), read_only_registration_(read_only_registration) {}
   std::string Describe() const override { return "CUDA device " + std::to_string(index_) + " (" + name_ + ")"; }
-  void* Allocate(size_t bytes) override {
-    cudaSetDevice(index_);
-    void* p = nullptr;
-    if (cudaMalloc(&p, bytes) != cudaSuccess) {
-      cudaGetLastError();
-      return nullptr;
-    }
-    return p;
-  }
-  void Free(void* p) override {
-    cudaSetDevice(index_);
-    cudaFree(p);
-  }
-  Status CopyToDevice(void* dst, const void* src, size_t n) override {
-    cudaSetDevice(index_);
-    cudaError_t e = cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice);
-    return e == cudaSuccess ? Status::Ok() : Status::Error(std::string("cudaMemcpy to device: ") + cudaGetErrorString(e));
-  }
-  Status CopyToHost(void* dst, const void* src, size_t n) override {
-    cudaSetDevice(index_);
-    cudaError_t e = cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost);
-    return e == cudaSuccess ? Status::Ok() : Status::Error(std::string("cudaMemcpy to host: ") + cudaGetErrorString(e));
-  }
-  uint64_t TotalBytes() const override { return total_; }
   // A sealed copy is mapped read-only, which cudaHostRegister accepts only
   // with cudaHostRegisterReadOnly (devices that report support for it).
   Status RegisterHost(const void* host, size_t n) override {
@@ -114,7 +56,6 @@ class CudaDevice final : public DeviceMemory {
 
  private:
   int index_;
-  uint64_t total_;
   std::string name_;
   bool read_only_registration_;
 };
@@ -122,9 +63,7 @@ class CudaDevice final : public DeviceMemory {
 
 }  // namespace
 
-std::unique_ptr<DeviceMemory> MakeSimulatedDevice(uint64_t capacity, uint64_t fail_allocation) {
-  return std::make_unique<SimulatedDevice>(capacity, fail_allocation);
-}
+std::unique_ptr<DeviceMemory> MakeSimulatedDevice() { return std::make_unique<SimulatedDevice>(); }
 
 Result<std::unique_ptr<DeviceMemory>> MakeCudaDevice(int index) {
 #ifdef CKPTFS_HAVE_CUDA
@@ -144,7 +83,7 @@ Result<std::unique_ptr<DeviceMemory>> MakeCudaDevice(int index) {
     cudaGetLastError();
     read_only = 0;
   }
-  return std::unique_ptr<DeviceMemory>(new CudaDevice(index, prop.totalGlobalMem, prop.name, read_only != 0));
+  return std::unique_ptr<DeviceMemory>(new CudaDevice(index, prop.name, read_only != 0));
 #else
   (void)index;
   return Status::Error("this ckptfs was built without CUDA");

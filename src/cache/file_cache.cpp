@@ -14,7 +14,7 @@ uint64_t PageBytes(uint64_t size) {
 }
 
 // A pinned copy's pages, locked for as long as this lives: registered with
-// the GPU tier's device, or else mlocked.
+// the gpu= device, or else mlocked.
 class FileCache::PageLock {
  public:
   PageLock(FileCache& cache, CopyPtr copy) : cache_(cache), copy_(std::move(copy)) {

@@ -23,7 +23,7 @@ struct HostChunkTier::Entry {
 };
 
 HostChunkTier::HostChunkTier(Options options)
-    : options_(std::move(options)), memory_(options_.capacity, kChunkSize, options_.cuda_host_memory) {
+    : options_(std::move(options)), memory_(options_.capacity, kChunkSize) {
   counters_.tier.capacity = options_.capacity;
 }
 
@@ -74,41 +74,32 @@ void HostChunkTier::CountHitLocked(Entry& e, Use use) {
   Touch(e);
 }
 
-// The least recently used chunk nobody reads, fills or pinned, taken out of
-// the tier with its slot.
-bool HostChunkTier::TakeVictimLocked(ChunkKey& key, uint8_t*& slot, size_t& len) {
+// The slot of the least recently used chunk nobody reads, fills or pinned,
+// taken out of the tier; null when there is none.
+uint8_t* HostChunkTier::TakeVictimLocked() {
   auto evictable = [](const Entry* e) { return e->refs == 0 && !e->pinned && !e->filling; };
   for (auto* list : {&probation_, &protected_}) {
     for (auto it = list->rbegin(); it != list->rend(); ++it) {
       if (!evictable(*it)) continue;
       Entry& e = **it;
-      key = e.key;
-      slot = e.slot;
-      len = e.len;
+      uint8_t* slot = e.slot;
+      const ChunkKey key = e.key;  // e dies with its map entry
       Unlink(e);
       counters_.tier.used -= kChunkSize;
       ++counters_.tier.evictions;
       entries_.erase(key);
-      return true;
+      return slot;
     }
   }
-  return false;
+  return nullptr;
 }
 
 // A free slot: a new one from HostMemory while the tier has room (its slab
-// mapped without this tier's lock), else a victim's, after the victim went
-// down to the tier below.
+// mapped without this tier's lock), else a victim's.
 uint8_t* HostChunkTier::TakeSlot() {
   if (uint8_t* slot = memory_.Take()) return slot;
-  ChunkKey key;
-  uint8_t* slot = nullptr;
-  size_t len = 0;
-  {
-    std::lock_guard lock(mu_);
-    if (!TakeVictimLocked(key, slot, len)) return nullptr;
-  }
-  if (options_.on_evict) options_.on_evict(key, slot, len);
-  return slot;
+  std::lock_guard lock(mu_);
+  return TakeVictimLocked();
 }
 
 Result<HostChunkTier::Claimed> HostChunkTier::Claim(const ChunkKey& key, size_t len, Use use) {

@@ -8,25 +8,12 @@
 
 #include <spdlog/spdlog.h>
 
-#ifdef CKPTFS_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
 namespace ckptfs {
 
-HostMemory::HostMemory(uint64_t capacity, size_t slot_size, bool use_cuda_host_alloc)
-    : capacity_(capacity), slot_size_(slot_size), cuda_(use_cuda_host_alloc) {}
+HostMemory::HostMemory(uint64_t capacity, size_t slot_size) : capacity_(capacity), slot_size_(slot_size) {}
 
 HostMemory::~HostMemory() {
-  for (const Slab& s : slabs_) {
-#ifdef CKPTFS_HAVE_CUDA
-    if (cuda_) {
-      cudaFreeHost(s.base);
-      continue;
-    }
-#endif
-    ::munmap(s.base, s.bytes);
-  }
+  for (const Slab& s : slabs_) ::munmap(s.base, s.bytes);
 }
 
 bool HostMemory::pinned() const { return pinned_.load(); }
@@ -40,16 +27,6 @@ uint64_t HostMemory::reserved_bytes() const {
 // short of memory. Runs without the lock: mapping and locking 64 MiB takes
 // milliseconds, and Give must not wait for it.
 uint8_t* HostMemory::MapSlab(size_t bytes) {
-#ifdef CKPTFS_HAVE_CUDA
-  if (cuda_) {
-    void* p = nullptr;
-    if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
-      cudaGetLastError();
-      return nullptr;
-    }
-    return static_cast<uint8_t*>(p);
-  }
-#endif
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return nullptr;
   ::madvise(p, bytes, MADV_HUGEPAGE);

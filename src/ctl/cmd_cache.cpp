@@ -72,7 +72,7 @@ void PrintPrometheus(const nlohmann::json& j, const std::string& mountpoint) {
          "# TYPE ckptfs_checkpoint_resident_bytes gauge\n";
   for (const auto& cp : j[kCheckpoints]) {
     const std::string l = mnt + ",checkpoint=\"" + cp[kName].get<std::string>() + "\"";
-    for (const char* tier : {kTierHost, kTierChunks, kTierGpu}) {
+    for (const char* tier : {kTierHost, kTierChunks}) {
       out += Prom("checkpoint_resident_bytes", l + ",tier=\"" + tier + "\"", cp[tier].get<uint64_t>());
     }
   }
@@ -142,14 +142,13 @@ void PrintStatsTable(const nlohmann::json& j) {
               FormatBytes(j[kSourceBytesRead].get<uint64_t>()).c_str(),
               FormatBytes(j[kBytesServed].get<uint64_t>()).c_str());
   PrintHostTier(j);
-  std::printf("\n%-71s %11s %11s %11s %11s  %s\n", "CHECKPOINT", "HOST", "CHUNKS", "GPU", "PINNED", "BY-NAME");
+  std::printf("\n%-71s %11s %11s %11s  %s\n", "CHECKPOINT", "HOST", "CHUNKS", "PINNED", "BY-NAME");
   for (const auto& cp : j[kCheckpoints]) {
     std::string by_name;
     for (const auto& p : cp[kByName]) by_name += (by_name.empty() ? "" : ", ") + p.get<std::string>();
-    std::printf("%-71s %11s %11s %11s %11s  %s\n", cp[kName].get<std::string>().c_str(),
+    std::printf("%-71s %11s %11s %11s  %s\n", cp[kName].get<std::string>().c_str(),
                 FormatBytes(cp[kTierHost].get<uint64_t>()).c_str(),
-                FormatBytes(cp[kTierChunks].get<uint64_t>()).c_str(),
-                FormatBytes(cp[kTierGpu].get<uint64_t>()).c_str(), FormatBytes(cp[kPinned].get<uint64_t>()).c_str(),
+                FormatBytes(cp[kTierChunks].get<uint64_t>()).c_str(), FormatBytes(cp[kPinned].get<uint64_t>()).c_str(),
                 by_name.c_str());
   }
 }
@@ -157,6 +156,11 @@ void PrintStatsTable(const nlohmann::json& j) {
 }  // namespace
 
 int RunCacheCommand(const CacheArgs& args) {
+  if (args.tier != protocol::kTierHost) {
+    PrintError(args.tier == protocol::kRemovedTierGpu ? protocol::kRemovedTierGpuWhy
+                                                      : "--tier " + args.tier + ": host is the only tier");
+    return kExitFatal;
+  }
   auto where = LocateInMount(args.path);
   if (!where.ok()) {
     PrintError(where.status().message());

@@ -121,8 +121,9 @@ void AddCacheCommands(CLI::App& app, std::vector<Command>& out) {
       "through to the kernel (root or the mount's owner). PATH: a digest directory, a by-name link, the\n"
       "by-name directory of a checkpoint or a file under a mount",
       "What to preload");
-  cmd_preload->add_option("--tier", preload->tier, "host (default) or gpu")
-      ->check(CLI::IsMember({protocol::kTierHost, protocol::kTierGpu}));
+  // Hidden: the host tier is the only one; RunCacheCommand refuses --tier
+  // gpu, of the removed GPU chunk tier, with why and what to use instead.
+  cmd_preload->add_option("--tier", preload->tier)->group("");
   cmd_preload->add_flag("--pin", preload->pin, "Keep them, locked in memory: eviction never touches them until unpin");
   add(protocol::kUnpin, "Let the cache evict PATH's files and chunks again", "Like preload's PATH");
   add(protocol::kEvict, "Drop PATH's files and chunks from every tier now, pinned or not", "Like preload's PATH");

@@ -42,12 +42,12 @@ nlohmann::json TierJson(const TierStats& t) {
 
 namespace {
 
-// The chunk-cache preload: every chunk of `files` into `tier` (the GPU tier,
-// or the host's chunk cache with fill=off). The chunk cache copies a chunk
-// of a file resident in the host tier from there (those bytes were verified
-// at fill); `fill` reads the source only for the others.
+// The chunk-cache preload (fill=off): every chunk of `files` into the chunk
+// cache. It copies a chunk of a file resident in the host tier from there
+// (those bytes were verified at fill); `fill` reads the source only for the
+// others.
 nlohmann::json PreloadChunks(FsContext& ctx, const ControlServer::Request& r, const std::vector<View::NodePtr>& files,
-                             Tier tier, bool pin, uint64_t total) {
+                             bool pin, uint64_t total) {
   uint64_t done = 0;
   auto last_progress = std::chrono::steady_clock::now();
   for (const auto& f : files) {
@@ -56,7 +56,7 @@ nlohmann::json PreloadChunks(FsContext& ctx, const ControlServer::Request& r, co
       const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunkSize, f->size - c * kChunkSize));
       Status s = ctx.cache->Load(
           {f->sha256, static_cast<uint32_t>(c)}, len,
-          [&](uint8_t* dst, size_t n) { return ReadVerifiedChunk(ctx, f, c, dst, n); }, tier, pin);
+          [&](uint8_t* dst, size_t n) { return ReadVerifiedChunk(ctx, f, c, dst, n); }, pin);
       if (!s.ok()) {  // a source failure was reported by ReadVerifiedChunk
         return Refuse("preload stopped after " + std::to_string(done) + " bytes: " + s.message());
       }
@@ -92,19 +92,17 @@ nlohmann::json PreloadFiles(FsContext& ctx, const ControlServer::Request& r, con
 }  // namespace
 
 nlohmann::json HandlePreload(FsContext& ctx, const ControlServer::Request& r) {
+  const std::string tier_name = r.body.value(protocol::kTier, std::string(protocol::kTierHost));
+  if (tier_name == protocol::kRemovedTierGpu) return Refuse(protocol::kRemovedTierGpuWhy);
+  if (tier_name != protocol::kTierHost) return Refuse("tier must be host, not " + tier_name);
   auto files = FilesOf(ctx, r);
   if (!files.ok()) return Refuse(files.status().message());
-  const std::string tier_name = r.body.value(protocol::kTier, std::string(protocol::kTierHost));
-  if (tier_name != protocol::kTierHost && tier_name != protocol::kTierGpu) {
-    return Refuse("tier must be host or gpu, not " + tier_name);
-  }
   const bool pin = r.body.value(protocol::kPin, false);
   uint64_t total = 0;
   for (const auto& f : *files) total += f->size;
-  const bool whole_files = tier_name == protocol::kTierHost && ctx.fill != FillPolicy::kOff && ctx.filler != nullptr;
-  const Tier tier = tier_name == protocol::kTierGpu ? Tier::kGpu : Tier::kHost;
+  const bool whole_files = ctx.fill != FillPolicy::kOff && ctx.filler != nullptr;
   nlohmann::json out =
-      whole_files ? PreloadFiles(ctx, r, *files, pin, total) : PreloadChunks(ctx, r, *files, tier, pin, total);
+      whole_files ? PreloadFiles(ctx, r, *files, pin, total) : PreloadChunks(ctx, r, *files, pin, total);
   if (out[protocol::kOk] != true) return out;
   out[protocol::kFiles] = files->size();
   out[protocol::kTier] = tier_name;
@@ -143,9 +141,10 @@ uint64_t ProcKib(const char* file, const std::string& key) {
 
 // The kernel's setting for 2 MiB pages in shmem (memfds); how much of the
 // daemon's mappings of them the kernel maps with huge pages now (the daemon
-// maps each copy but reads only what the GPU tier copies, so this is often
-// 0); and the machine's shmem held in huge pages (the copies' pages, with
-// any other program's huge shmem: /proc/meminfo has no finer count).
+// maps each copy but reads only what it serves itself without passthrough,
+// so this is often 0); and the machine's shmem held in huge pages (the
+// copies' pages, with any other program's huge shmem: /proc/meminfo has no
+// finer count).
 nlohmann::json HugePages() {
   const std::string setting = SealedCopy::ShmemHugePages();
   const uint64_t pmd_mapped = ProcKib("/proc/self/smaps_rollup", "ShmemPmdMapped");
@@ -173,7 +172,7 @@ nlohmann::json HostTierJson(const FileCache::Stats& f) {
 }
 
 // Per digest directory: bytes of its distinct files held whole in the host
-// tier, as chunks, in the GPU tier, and pinned.
+// tier, as chunks, and pinned.
 // Only the digests in `by_name` (those the caller may see), with their
 // by-name paths.
 nlohmann::json PerCheckpoint(FsContext& ctx, const std::map<std::string, std::vector<std::string>>& by_name) {
@@ -184,7 +183,7 @@ nlohmann::json PerCheckpoint(FsContext& ctx, const std::map<std::string, std::ve
   for (const auto& [name, ino] : root->children) {
     const auto visible = by_name.find(name);
     if (name.rfind("sha256-", 0) != 0 || visible == by_name.end()) continue;
-    uint64_t host = 0, in_chunks = 0, gpu = 0, pinned = 0;
+    uint64_t host = 0, in_chunks = 0, pinned = 0;
     std::set<Sha256Digest> seen;
     for (const auto& f : ctx.view->FilesUnder(ctx.view->Get(ino))) {
       if (!seen.insert(f->sha256).second) continue;
@@ -194,7 +193,6 @@ nlohmann::json PerCheckpoint(FsContext& ctx, const std::map<std::string, std::ve
       }
       if (auto it = chunks.find(f->sha256); it != chunks.end()) {
         in_chunks += it->second.host;
-        gpu += it->second.gpu;
         pinned += it->second.pinned;
       }
     }
@@ -202,7 +200,6 @@ nlohmann::json PerCheckpoint(FsContext& ctx, const std::map<std::string, std::ve
                    {protocol::kByName, visible->second},
                    {protocol::kTierHost, host},
                    {protocol::kTierChunks, in_chunks},
-                   {protocol::kTierGpu, gpu},
                    {protocol::kPinned, pinned}});
   }
   return per;
@@ -265,7 +262,6 @@ nlohmann::json HandleStats(FsContext& ctx, const std::map<std::string, std::vect
   const FileCache::Stats f = ctx.files != nullptr ? ctx.files->GetStats() : FileCache::Stats{};
   using namespace protocol;
   nlohmann::json tiers = {{kTierHost, HostTierJson(f)}, {kTierChunks, TierJson(s.host)}};
-  if (s.gpu_enabled) tiers[kTierGpu] = TierJson(s.gpu);
   const auto [mode, reason] = PassthroughState(ctx);
   nlohmann::json opens = nlohmann::json::object();
   for (const auto& [how, n] : ctx.opens.Get()) opens[how] = n;

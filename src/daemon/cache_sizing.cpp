@@ -36,13 +36,6 @@ uint64_t ChunkCacheBytes(const MountOptions& o, uint64_t host_bytes) {
   return std::min(host_bytes, std::clamp(host_bytes / 8 / kChunkSize * kChunkSize, kMin, kMax));
 }
 
-uint64_t GpuCacheBytes(const MountOptions& o, const DeviceMemory& device) {
-  const uint64_t bytes = o.gpu_cache_size ? o.gpu_cache_size
-                                          : static_cast<uint64_t>(static_cast<double>(device.TotalBytes()) *
-                                                                  (o.gpu_cache_percent > 0 ? o.gpu_cache_percent : 50) / 100);
-  return bytes / kChunkSize * kChunkSize;
-}
-
 uint64_t DescriptorBudget(const MountOptions& o) {
   rlimit lim{};
   if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return 0;

@@ -1,11 +1,10 @@
 // How big each cache tier is, from the mount options and what the machine
-// has: the host memory split between whole files and chunks, the GPU tier's
-// share of its device, and how many reads one fill keeps in flight.
+// has: the host memory split between whole files and chunks, and how many
+// reads one fill keeps in flight.
 #pragma once
 
 #include <cstdint>
 
-#include "ckptfs/device_memory.h"
 #include "ckptfs/mount_options.h"
 
 namespace ckptfs::daemon {
@@ -20,10 +19,6 @@ uint64_t HostCacheBytes(const MountOptions& o);
 // (enough for a few readers' chunks and their read-ahead); all of it when no
 // whole files are kept (fill=off). The rest holds whole files.
 uint64_t ChunkCacheBytes(const MountOptions& o, uint64_t host_bytes);
-
-// The GPU tier's size on `device`: gpu_cache_size, else gpu_cache_size=N%
-// (50% by default) of the device, in whole chunks.
-uint64_t GpuCacheBytes(const MountOptions& o, const DeviceMemory& device);
 
 // How many memfd copies the host tier may hold (each is a descriptor and a
 // mapping): half of RLIMIT_NOFILE, less when that would leave the rest of

@@ -40,7 +40,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Create(MountOptions o, DaemonLog* log, c
   std::unique_ptr<Daemon> d(new Daemon(std::move(o), log, std::move(handover)));
   struct stat source_st;
   if (Status s = d->CheckPaths(&source_st); !s.ok()) return s;
-  // The GPU tier, decided before mounting so a bad gpu= option stops us here.
+  // The gpu= device, decided before mounting so a bad gpu= option stops us here.
   auto cuda_device = ChooseCudaDevice(d->options_);
   if (!cuda_device.ok()) return cuda_device.status();
   d->cuda_device_ = *cuda_device;
@@ -197,21 +197,16 @@ Status Daemon::AttachToConnection() {
 
 void Daemon::StartCaches() {
   const MountOptions& o = options_;
-  GpuTier gpu = OpenGpuTier(o, cuda_device_);
-  device_ = std::move(gpu.device);
+  device_ = OpenDevice(o, cuda_device_);
   const uint64_t host_bytes = HostCacheBytes(o);
   const uint64_t chunk_bytes = ChunkCacheBytes(o, host_bytes);
-  // With the GPU tier on, pinned whole files are registered with its device.
+  // With gpu=, pinned whole files are registered with its device for DMA.
   const uint64_t descriptors = DescriptorBudget(o);
   spdlog::info("host tier: {} bytes for whole files, at most {} of them in memfds (RLIMIT_NOFILE and "
                "vm.max_map_count allow; files up to {} bytes are held in memory)",
                host_bytes - chunk_bytes, descriptors, SealedCopy::kMemoryCopyMax);
   files_ = std::make_unique<FileCache>(host_bytes - chunk_bytes, device_.get(), descriptors);
-  cache_ = std::make_unique<ChunkCache>(ChunkCache::Options{.host_capacity = chunk_bytes,
-                                                            .gpu_capacity = gpu.bytes,
-                                                            .device = device_.get(),
-                                                            .cuda_host_memory = gpu.cuda,
-                                                            .files = files_.get()});
+  cache_ = std::make_unique<ChunkCache>(ChunkCache::Options{.host_capacity = chunk_bytes, .files = files_.get()});
   reader_ = std::make_unique<SourceReader>(o.source);
   readahead_pool_ = std::make_unique<ThreadPool>(EffectiveThreads(o.threads));
   ctx_.cache = cache_.get();

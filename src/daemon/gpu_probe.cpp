@@ -9,7 +9,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include "cache_sizing.h"
 #include "ckptfs/build_info.h"
 
 namespace ckptfs::daemon {
@@ -35,7 +34,7 @@ Result<int> ChooseCudaDevice(const MountOptions& o) {
   const int devices = ProbeCudaDevices();
   if (o.gpu == "auto") {
     if (devices > 0) return 0;
-    spdlog::warn("gpu=auto: no usable CUDA device ({}); going on without a GPU tier",
+    spdlog::warn("gpu=auto: no usable CUDA device ({}); pinned copies are locked with mlock, not registered for DMA",
                  BuiltWithCuda() ? "no driver or no device" : "built without CUDA");
     return -1;
   }
@@ -48,23 +47,21 @@ Result<int> ChooseCudaDevice(const MountOptions& o) {
   return idx;
 }
 
-GpuTier OpenGpuTier(const MountOptions& o, int cuda_device) {
-  GpuTier tier;
+std::unique_ptr<DeviceMemory> OpenDevice(const MountOptions& o, int cuda_device) {
+  std::unique_ptr<DeviceMemory> device;
   if (o.gpu == "sim") {
-    tier.device = MakeSimulatedDevice(o.gpu_cache_size ? o.gpu_cache_size : 1ull << 30);
+    device = MakeSimulatedDevice();
   } else if (cuda_device >= 0) {
-    if (auto d = MakeCudaDevice(cuda_device); d.ok()) {
-      tier.device = std::move(*d);
-      tier.cuda = true;
-    } else {
-      spdlog::error("GPU tier disabled: {}", d.status().message());
+    auto d = MakeCudaDevice(cuda_device);
+    if (!d.ok()) {
+      spdlog::error("gpu={}: {}; pinned copies are locked with mlock, not registered for DMA", o.gpu,
+                    d.status().message());
+      return nullptr;
     }
+    device = std::move(*d);
   }
-  if (tier.device) {
-    tier.bytes = GpuCacheBytes(o, *tier.device);
-    spdlog::info("GPU tier: {} bytes on {}", tier.bytes, tier.device->Describe());
-  }
-  return tier;
+  if (device) spdlog::info("pinned host-tier copies are registered for DMA with {}", device->Describe());
+  return device;
 }
 
 }  // namespace ckptfs::daemon

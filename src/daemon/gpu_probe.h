@@ -1,10 +1,9 @@
-// The GPU tier's device, from the mount option gpu=INDEX|auto|sim: chosen
-// before mounting (so that a bad gpu= stops the start with its cause), and
-// opened after daemonizing (a process that has touched CUDA cannot use it
-// after fork).
+// The device that pinned host-tier copies are registered with for DMA, from
+// the mount option gpu=INDEX|auto|sim: chosen before mounting (so that a bad
+// gpu= stops the start with its cause), and opened after daemonizing (a
+// process that has touched CUDA cannot use it after fork).
 #pragma once
 
-#include <cstdint>
 #include <memory>
 
 #include "ckptfs/device_memory.h"
@@ -18,15 +17,9 @@ namespace ckptfs::daemon {
 // is no such device.
 Result<int> ChooseCudaDevice(const MountOptions& o);
 
-struct GpuTier {
-  std::unique_ptr<DeviceMemory> device;  // null: no GPU tier
-  uint64_t bytes = 0;
-  bool cuda = false;  // a real CUDA device: host chunks are registered for DMA
-};
-
 // Opens the device chosen before mounting (`cuda_device`, or the simulated
-// one for gpu=sim). A device that cannot be opened disables the tier, with
-// a log line; the daemon goes on.
-GpuTier OpenGpuTier(const MountOptions& o, int cuda_device);
+// one for gpu=sim); null without one. A device that cannot be opened is
+// logged, and pinned copies are then locked with mlock; the daemon goes on.
+std::unique_ptr<DeviceMemory> OpenDevice(const MountOptions& o, int cuda_device);
 
 }  // namespace ckptfs::daemon

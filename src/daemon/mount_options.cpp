@@ -13,6 +13,13 @@ namespace ckptfs {
 
 namespace {
 
+// Refused, not ignored: an fstab line that sized the removed tier should say
+// so at mount rather than silently lose what it asked for.
+constexpr char kRemovedGpuCacheSize[] =
+    "option gpu_cache_size= is gone: the GPU chunk tier was removed (its reads copied device memory back to the "
+    "host, slower than the host tier); pinned host-tier copies, registered with the gpu= device, are the "
+    "GPU-facing cache (see README)";
+
 // Options that mean something to mount(8), fstab or systemd, not to us; they
 // may reach us when mount.fuse3 passes them on, and are ignored.
 bool IsMountBookkeeping(const std::string& opt) {
@@ -72,22 +79,21 @@ Result<unsigned> ParseCount(const std::string& key, const std::string& value, lo
   return static_cast<unsigned>(n);
 }
 
-// cache_size= and gpu_cache_size=: a size, or a percentage of memory.
+// cache_size=: a size, or a percentage of memory.
 Status ApplyCacheSize(const std::string& key, const std::string& value, MountOptions& o) {
-  const bool gpu = key == "gpu_cache_size";
   if (value.back() == '%') {
     char* end = nullptr;
     double pct = std::strtod(value.c_str(), &end);
     if (end != value.c_str() + value.size() - 1 || !(pct > 0 && pct <= 100)) {
       return Status::Error("option " + key + "=" + value + ": expected a size (e.g. 32G) or a percentage (1% to 100%)");
     }
-    (gpu ? o.gpu_cache_percent : o.cache_percent) = pct;
+    o.cache_percent = pct;
     return Status::Ok();
   }
   auto v = ParseSize(value);
   if (!v.ok()) return Status::Error("option " + key + "=" + value + ": " + v.status().message());
   if (*v < kChunkSize * 4) return Status::Error("option " + key + "=" + value + ": at least 16M (four 4 MiB chunks)");
-  (gpu ? o.gpu_cache_size : o.cache_size) = *v;
+  o.cache_size = *v;
   return Status::Ok();
 }
 
@@ -154,9 +160,11 @@ std::optional<Status> ApplyKeyedOption(const std::string& key, const std::string
     if (!v.ok()) return Status::Error("option readahead=" + value + ": " + v.status().message());
     if (*v < 4096 || *v > (1ull << 30)) return Status::Error("option readahead=" + value + ": expected 4K to 1G");
     o.readahead = *v;
-  } else if (key == "cache_size" || key == "gpu_cache_size") {
+  } else if (key == "cache_size") {
     if (Status s = need_value(); !s.ok()) return s;
     if (Status s = ApplyCacheSize(key, value, o); !s.ok()) return s;
+  } else if (key == "gpu_cache_size") {
+    return Status::Error(kRemovedGpuCacheSize);
   } else if (key == "gpu") {
     if (Status s = need_value(); !s.ok()) return s;
     char* end = nullptr;
@@ -412,10 +420,12 @@ ckptfs options (-o):
                        tier's memfds get 2 MiB pages (loads and fills run
                        faster; only shmem mappings that ask are affected);
                        the setting stays after unmount; keep: leave it alone
-  gpu=INDEX|auto|sim   add a GPU tier on CUDA device INDEX; auto: the first
-                       device if there is one (else a warning); sim: a
-                       simulated device in host memory (testing)
-  gpu_cache_size=SIZE|N%   GPU tier size (default 50% of device memory)
+  gpu=INDEX|auto|sim   register pinned host-tier copies (preload --pin) with
+                       CUDA device INDEX (cudaHostRegister, read-only), so
+                       an engine's copy of them to the device is a DMA;
+                       auto: the first device if there is one (else a
+                       warning); sim: a simulated device (testing). Nothing
+                       is kept in device memory
   manifests=DIR        shared manifest store (on the filesystem that holds
                        SRC): before hashing a file, use a trusted record of
                        it (same path, size and mtime) that another node

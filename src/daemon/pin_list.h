@@ -20,7 +20,7 @@ class PinList {
  public:
   struct Pin {
     std::string path;  // as the preload request named it, relative to the mount
-    std::string tier;  // host or gpu
+    std::string tier;  // host (a pin of the removed GPU chunk tier, "gpu", is refused when replayed)
   };
 
   PinList(const std::string& state_dir, const std::string& canonical_mountpoint);

@@ -98,7 +98,6 @@ nlohmann::json StatusJson(const std::vector<CheckpointState>& visible, const Cat
           {kCache,
            {{kTierHost, ctx.files->GetStats().capacity},
             {kTierChunks, ctx.cache->Stats().host.capacity},
-            {kTierGpu, ctx.cache->Stats().gpu.capacity},
             {kPinnedMemory, ctx.cache->Stats().host_pinned_memory && ctx.files->GetStats().locked_memory}}},
           {kCheckpoints, list}};
 }

@@ -1,5 +1,5 @@
 // The verified chunk path under a real mount: preload, pins, stats,
-// corruption, the GPU tier (simulated device), and a stress test. Tests of
+// corruption, registration with gpu= (simulated device), and a stress test. Tests of
 // the chunk cache itself mount with fill=off, which keeps no whole files, so
 // that every read goes through it (tests/integration/passthrough_mount_test.cpp
 // covers the host tier of whole files and kernel passthrough).
@@ -192,49 +192,39 @@ TEST_F(CacheMountTest, SourceShrinkingUnderAnOpenReaderGivesEio) {
   ::close(fd);
 }
 
-TEST_F(CacheMountTest, GpuTierTakesEvictedChunksAndServesThemBack) {
-  const std::string data = RandomBytes(48 * kMiB, 6);
-  WriteFile(src_ + "/m/model.safetensors", data);
-  auto m = Mount("cache_size=16M,gpu=sim,gpu_cache_size=64M");
-  ASSERT_TRUE(WaitForLink("m")) << m->Log();
-  const std::string through = mnt_ + "/by-name/m/model.safetensors";
-  EXPECT_TRUE(ReadDirect(through) == data);
-  auto s1 = Stats(mnt_);
-  ASSERT_TRUE(s1["tiers"].contains("gpu"));
-  EXPECT_GT(s1["tiers"]["gpu"]["used"].get<uint64_t>(), 0u);
-  const uint64_t source_before = s1["source_bytes_read"];
-  EXPECT_TRUE(ReadDirect(through) == data);
-  auto s2 = Stats(mnt_);
-  EXPECT_GT(s2["tiers"]["gpu"]["hits"].get<uint64_t>(), 0u);
-  EXPECT_EQ(s2["source_bytes_read"].get<uint64_t>(), source_before);  // all from the two tiers
-  EXPECT_LE(s2["tiers"]["chunks"]["used"].get<uint64_t>(), 16 * kMiB);
-  EXPECT_LE(s2["tiers"]["gpu"]["used"].get<uint64_t>(), 64 * kMiB);
-
-  CommandResult pre = RunCommand(kCtl + " preload --tier gpu --pin " + mnt_ + "/by-name/m", true);
-  EXPECT_EQ(pre.exit_code, 0) << pre.out;
-  EXPECT_EQ(Stats(mnt_)["tiers"]["gpu"]["pinned"].get<uint64_t>(), 48 * kMiB);
-}
-
-// Issue 12: with the GPU tier on, a pinned host-tier copy is registered with
-// the device (the simulated one records it), and a GPU preload copies from
-// that copy instead of reading the source again.
-TEST_F(CacheMountTest, GpuPreloadCopiesFromThePinnedHostCopy) {
+// Issue 12: with gpu=, a pinned host-tier copy is registered with the device
+// (the simulated one records it) while it is pinned. Issue 23: the GPU chunk
+// tier is gone; a preload into it is refused with why, by ckptfsctl and by
+// the daemon (a client that speaks the protocol itself), and changes nothing.
+TEST_F(CacheMountTest, PinnedHostCopyIsRegisteredWithTheGpuDevice) {
   const std::string data = RandomBytes(10 * kMiB + 5, 8);
   WriteFile(src_ + "/m/model.safetensors", data);
-  auto m = Mount("cache_size=64M,fill=preload,gpu=sim,gpu_cache_size=64M");
+  auto m = Mount("cache_size=64M,fill=preload,gpu=sim");
   ASSERT_TRUE(WaitForLink("m")) << m->Log();
   CommandResult pin = RunCommand(kCtl + " preload --pin " + mnt_ + "/by-name/m", true);
   ASSERT_EQ(pin.exit_code, 0) << pin.out;
   auto s1 = Stats(mnt_);
   EXPECT_GE(s1["tiers"]["host"]["registered"].get<uint64_t>(), data.size());
   EXPECT_EQ(s1["tiers"]["host"]["registered"], s1["tiers"]["host"]["pinned"]);
+
   CommandResult gpu = RunCommand(kCtl + " preload --tier gpu " + mnt_ + "/by-name/m", true);
-  ASSERT_EQ(gpu.exit_code, 0) << gpu.out;
+  EXPECT_NE(gpu.exit_code, 0);
+  EXPECT_NE(gpu.out.find("--tier gpu is gone: the GPU chunk tier was removed"), std::string::npos) << gpu.out;
+  const std::string raw = RunCommand(
+      "python3 -c 'import json, os, socket, sys\n"
+      "s = socket.socket(socket.AF_UNIX)\n"
+      "s.connect(os.getxattr(sys.argv[1], \"user.ckptfs.control\").decode())\n"
+      "s.sendall(json.dumps({\"cmd\": \"preload\", \"path\": \"by-name/m\", \"tier\": \"gpu\"}).encode() + b\"\\n\")\n"
+      "print(s.makefile().readline())' " + ShellQuote(mnt_), true).out;
+  auto reply = nlohmann::json::parse(raw, nullptr, false);
+  ASSERT_TRUE(reply.is_object()) << raw;
+  EXPECT_EQ(reply["ok"], false) << raw;
+  EXPECT_NE(reply.value("error", std::string()).find("the GPU chunk tier was removed"), std::string::npos) << raw;
   auto s2 = Stats(mnt_);
-  EXPECT_EQ(s2["source_bytes_read"], s1["source_bytes_read"]);  // not one byte from the source again
-  EXPECT_EQ(s2["tiers"]["gpu"]["fills_from_host_copy"].get<uint64_t>(), 3u);
-  EXPECT_EQ(s2["tiers"]["gpu"]["used"].get<uint64_t>(), data.size());
-  EXPECT_EQ(s2["tiers"]["chunks"]["used"].get<uint64_t>(), 0u);  // no chunk slot on the way
+  EXPECT_EQ(s2["source_bytes_read"], s1["source_bytes_read"]);
+  EXPECT_EQ(s2["tiers"]["host"]["registered"], s1["tiers"]["host"]["registered"]);
+  EXPECT_FALSE(s2["tiers"].contains("gpu"));
+  EXPECT_FALSE(s2["checkpoints"][0].contains("gpu"));
   EXPECT_TRUE(ReadDirect(mnt_ + "/by-name/m/model.safetensors") == data);
   ASSERT_EQ(RunCommand(kCtl + " unpin " + mnt_ + "/by-name/m", true).exit_code, 0);
   EXPECT_EQ(Stats(mnt_)["tiers"]["host"]["registered"].get<uint64_t>(), 0u);
@@ -253,7 +243,19 @@ TEST_F(CacheMountTest, GpuOptionsWithoutADevice) {
   auto m = Mount("gpu=auto");
   EXPECT_TRUE(WaitForLink("m")) << m->Log();
   EXPECT_NE(m->Log().find("gpu=auto: no usable CUDA device"), std::string::npos) << m->Log();
-  EXPECT_FALSE(Stats(mnt_)["tiers"].contains("gpu"));
+}
+
+// Issue 23: an fstab line that still sizes the removed GPU chunk tier is
+// refused at mount, in one line that says why, and nothing is mounted.
+TEST_F(CacheMountTest, TheRemovedGpuCacheSizeIsRefusedAtMount) {
+  WriteFile(src_ + "/m/model.safetensors", "w");
+  MakeDirs(mnt_);
+  // MountedCkptfs unmounts in its destructor should a daemon mount after all.
+  MountedCkptfs m(kDaemon, src_, mnt_, "state=" + state_ + ",gpu=sim,gpu_cache_size=1G", tmp_ / "refused.log");
+  EXPECT_FALSE(m.ok());
+  EXPECT_FALSE(IsMounted(mnt_));
+  EXPECT_NE(m.Log().find("option gpu_cache_size= is gone: the GPU chunk tier was removed"), std::string::npos)
+      << m.Log();
 }
 
 TEST_F(CacheMountTest, CacheLargerThanMemoryDoesNotHurtTheDaemon) {

@@ -49,7 +49,7 @@ TEST(DocsTest, EveryDaemonOptionIsInTheManPageAndTheReadme) {
   const std::set<std::string> options = DaemonOptions();
   ASSERT_GE(options.size(), 12u);  // the parse found the option lists
   for (const char* expected : {"state=", "rescan=", "settle=", "symlinks=", "threads=", "log=", "log_file=",
-                               "readahead=", "cache_size=", "gpu=", "gpu_cache_size=", "allow_other", "fsname="}) {
+                               "readahead=", "cache_size=", "gpu=", "allow_other", "fsname="}) {
     EXPECT_TRUE(options.count(expected)) << expected << " is not in ckptfs --help";
   }
   const std::string man = ManText(kSource + "/packaging/man/ckptfs.8");
@@ -107,7 +107,7 @@ TEST(DocsTest, EveryCtlCommandIsInTheManPageAndTheReadme) {
     EXPECT_NE(readme.find("ckptfsctl " + c), std::string::npos) << c << " is missing from the README";
   }
   const std::set<std::string> options = CtlOptions(commands);
-  for (const char* expected : {"--state", "--manifest", "--no-nested", "--json", "--tier", "--pin", "--prometheus"}) {
+  for (const char* expected : {"--state", "--manifest", "--no-nested", "--json", "--pin", "--prometheus"}) {
     EXPECT_TRUE(options.count(expected)) << expected << " was not found in ckptfsctl's help";
   }
   for (const auto& o : options) {

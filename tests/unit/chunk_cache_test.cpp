@@ -1,5 +1,5 @@
 // The chunk cache on its own: capacity, eviction order, pins, single flight,
-// GPU tier demotion and promotion (simulated device), failed fills.
+// per-file unpin and evict, failed fills.
 #include "ckptfs/chunk_cache.h"
 
 #include <gtest/gtest.h>
@@ -82,7 +82,7 @@ TEST(ChunkCacheTest, ChunksInRepeatedUseSurviveALargeScan) {
 TEST(ChunkCacheTest, PreloadFillsAreCountedApartFromReadAhead) {
   ChunkCache cache({.host_capacity = 8 * kChunkSize});
   Source src;
-  ASSERT_TRUE(cache.Load(Key(1, 0), kChunkSize, src.For(Key(1, 0)), Tier::kHost, /*pin=*/false).ok());
+  ASSERT_TRUE(cache.Load(Key(1, 0), kChunkSize, src.For(Key(1, 0)), /*pin=*/false).ok());
   ASSERT_TRUE(cache.Get(Key(1, 1), kChunkSize, src.For(Key(1, 1)), /*readahead=*/true).ok());
   CacheStats s = cache.Stats();
   EXPECT_EQ(s.preload_fills, 1u);
@@ -110,10 +110,10 @@ TEST(ChunkCacheTest, PinnedChunksStayAndPinsCannotCrowdOutEverything) {
   ChunkCache cache({.host_capacity = 6 * kChunkSize});
   Source src;
   for (uint32_t i = 0; i < 4; ++i) {
-    ASSERT_TRUE(cache.Load(Key(7, i), kChunkSize, src.For(Key(7, i)), Tier::kHost, /*pin=*/true).ok());
+    ASSERT_TRUE(cache.Load(Key(7, i), kChunkSize, src.For(Key(7, i)), /*pin=*/true).ok());
   }
   // A fifth pin would leave fewer than two slots for reads: refused, clearly.
-  Status refused = cache.Load(Key(7, 4), kChunkSize, src.For(Key(7, 4)), Tier::kHost, true);
+  Status refused = cache.Load(Key(7, 4), kChunkSize, src.For(Key(7, 4)), true);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.message().find("pinning would exceed"), std::string::npos) << refused.message();
   for (uint32_t i = 0; i < 30; ++i) ASSERT_TRUE(cache.Get(Key(3, i), kChunkSize, src.For(Key(3, i))).ok());
@@ -163,58 +163,43 @@ TEST(ChunkCacheTest, FailedFillIsNeverPublished) {
   EXPECT_EQ(src.fills.load(), 1);
 }
 
-TEST(ChunkCacheTest, EvictedChunksMoveToTheGpuTierAndComeBack) {
-  auto device = MakeSimulatedDevice(64 * kMiB);
-  ChunkCache cache({.host_capacity = 2 * kChunkSize, .gpu_capacity = 8 * kChunkSize, .device = device.get()});
+TEST(ChunkCacheTest, UnpinAndEvictTouchOnlyTheNamedFile) {
+  ChunkCache cache({.host_capacity = 16 * kChunkSize});
   Source src;
-  for (uint32_t i = 0; i < 6; ++i) ASSERT_TRUE(cache.Get(Key(1, i), kChunkSize, src.For(Key(1, i))).ok());
-  CacheStats s = cache.Stats();
-  EXPECT_EQ(s.host.used, 2 * kChunkSize);
-  EXPECT_EQ(s.gpu.used, 4 * kChunkSize);  // the four evicted from the host tier
-  EXPECT_EQ(s.gpu.fills, 4u);
-  // A host miss that hits the GPU tier: no source fill, right bytes.
-  auto r = cache.Get(Key(1, 0), kChunkSize, src.For(Key(1, 0)));
-  ASSERT_TRUE(r.ok());
-  EXPECT_TRUE(Holds(*r, Key(1, 0)));
-  EXPECT_EQ(src.fills.load(), 6);
-  EXPECT_EQ(cache.Stats().gpu.hits, 1u);
-}
-
-TEST(ChunkCacheTest, GpuAllocationFailureShrinksTheTier) {
-  auto device = MakeSimulatedDevice(64 * kMiB, /*fail_allocation=*/3);
-  ChunkCache cache({.host_capacity = 2 * kChunkSize, .gpu_capacity = 8 * kChunkSize, .device = device.get()});
-  Source src;
-  for (uint32_t i = 0; i < 10; ++i) ASSERT_TRUE(cache.Get(Key(1, i), kChunkSize, src.For(Key(1, i))).ok());
-  CacheStats s = cache.Stats();
-  EXPECT_EQ(s.gpu.capacity, 2 * kChunkSize);  // shrunk to what it held when the third allocation failed
-  EXPECT_EQ(s.gpu.used, 2 * kChunkSize);      // and it goes on working within that
-  // Reads still work.
-  auto r = cache.Get(Key(1, 9), kChunkSize, src.For(Key(1, 9)));
-  ASSERT_TRUE(r.ok());
-  EXPECT_TRUE(Holds(*r, Key(1, 9)));
-}
-
-TEST(ChunkCacheTest, LoadIntoGpuTierWithPin) {
-  auto device = MakeSimulatedDevice(64 * kMiB);
-  ChunkCache cache({.host_capacity = 2 * kChunkSize, .gpu_capacity = 3 * kChunkSize, .device = device.get()});
-  Source src;
-  for (uint32_t i = 0; i < 3; ++i) {
-    ASSERT_TRUE(cache.Load(Key(6, i), kChunkSize, src.For(Key(6, i)), Tier::kGpu, true).ok());
+  const size_t short_len = 1000;  // a file's short last chunk counts its own bytes
+  for (uint8_t file : {1, 2}) {
+    for (uint32_t i = 0; i < 3; ++i) {
+      const size_t len = i == 2 ? short_len : kChunkSize;
+      ASSERT_TRUE(cache.Load(Key(file, i), len, src.For(Key(file, i)), /*pin=*/true).ok());
+    }
   }
-  Status refused = cache.Load(Key(6, 3), kChunkSize, src.For(Key(6, 3)), Tier::kGpu, true);
-  EXPECT_FALSE(refused.ok());
-  // Host churn cannot push pinned chunks out of the GPU tier.
-  for (uint32_t i = 0; i < 20; ++i) ASSERT_TRUE(cache.Get(Key(2, i), kChunkSize, src.For(Key(2, i))).ok());
-  EXPECT_EQ(cache.ResidentBytes(Key(6, 0).file).gpu, 3 * kChunkSize);
-  EXPECT_EQ(cache.Stats().gpu.pinned, 3 * kChunkSize);
-  EXPECT_EQ(cache.Evict(Key(6, 0).file), 3 * kChunkSize);  // their GPU copies (the host copies were evicted)
-  EXPECT_EQ(cache.ResidentBytes(Key(6, 0).file).gpu, 0u);
+  auto held = cache.Get(Key(3, 0), kChunkSize, src.For(Key(3, 0)));
+  ASSERT_TRUE(held.ok());
+  ASSERT_TRUE(cache.Get(Key(3, 1), kChunkSize, src.For(Key(3, 1))).ok());
+  const uint64_t file_bytes = 2 * kChunkSize + short_len;
+
+  EXPECT_EQ(cache.Unpin(Key(1, 0).file), file_bytes);
+  EXPECT_EQ(cache.Unpin(Key(1, 0).file), 0u);  // nothing left to unpin
+  EXPECT_EQ(cache.Stats().host.pinned, 3 * kChunkSize);  // file 2's pins are untouched (whole slots)
+  EXPECT_EQ(cache.ResidentBytes(Key(1, 0).file).host, file_bytes);  // unpinned, still resident
+  EXPECT_EQ(cache.ResidentBytes(Key(2, 0).file).pinned, file_bytes);
+
+  EXPECT_EQ(cache.Evict(Key(2, 0).file), file_bytes);  // pinned or not
+  EXPECT_EQ(cache.ResidentBytes(Key(2, 0).file).host, 0u);
+  EXPECT_EQ(cache.Stats().host.pinned, 0u);
+  EXPECT_EQ(cache.ResidentBytes(Key(1, 0).file).host, file_bytes);
+
+  // A chunk being read is not dropped; the other one is.
+  EXPECT_EQ(cache.Evict(Key(3, 0).file), kChunkSize);
+  EXPECT_TRUE(Holds(*held, Key(3, 0)));
+  EXPECT_EQ(cache.ResidentBytes(Key(3, 0).file).host, kChunkSize);
+  EXPECT_EQ(cache.ResidencyByFile().size(), 2u);  // files 1 and 3
 }
 
 TEST(ChunkCacheTest, AllPinnedHostTierServesReadsUncached) {
   ChunkCache cache({.host_capacity = 3 * kChunkSize});
   Source src;
-  ASSERT_TRUE(cache.Load(Key(1, 0), kChunkSize, src.For(Key(1, 0)), Tier::kHost, true).ok());
+  ASSERT_TRUE(cache.Load(Key(1, 0), kChunkSize, src.For(Key(1, 0)), true).ok());
   std::vector<ChunkCache::Ref> held;
   for (uint32_t i = 0; i < 2; ++i) {
     auto r = cache.Get(Key(2, i), kChunkSize, src.For(Key(2, i)));

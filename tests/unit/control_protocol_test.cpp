@@ -28,7 +28,7 @@ using Json = nlohmann::json;
 
 // Each command's request as ckptfsctl builds it.
 Json ClientRequest(std::string_view name) {
-  if (name == protocol::kPreload) return protocol::PreloadRequest("sha256-ab/model.safetensors", "gpu", true);
+  if (name == protocol::kPreload) return protocol::PreloadRequest("sha256-ab/model.safetensors", "host", true);
   if (name == protocol::kUnpin || name == protocol::kEvict) return protocol::PathRequest(name, "by-name/run7");
   return protocol::Request(name);
 }

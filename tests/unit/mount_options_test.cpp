@@ -54,7 +54,7 @@ TEST(MountOptionsTest, DefaultsAndPositionals) {
 TEST(MountOptionsTest, EveryOwnOptionIsApplied) {
   const MountOptions o = ParseOk(
       "state=/var/lib/x,rescan=0,settle=2.5,symlinks=follow,threads=8,fill_depth=3,log=debug,"
-      "log_file=/var/log/ckptfs.log,readahead=8M,cache_size=32G,gpu=1,gpu_cache_size=40%,passthrough=off,"
+      "log_file=/var/log/ckptfs.log,readahead=8M,cache_size=32G,gpu=1,passthrough=off,"
       "fill=wait,fsname=models,stamp_headers,allow_other");
   EXPECT_EQ(o.state_dir, "/var/lib/x");
   EXPECT_EQ(o.rescan_s, 0);
@@ -67,7 +67,6 @@ TEST(MountOptionsTest, EveryOwnOptionIsApplied) {
   EXPECT_EQ(o.readahead, 8ull << 20);
   EXPECT_EQ(o.cache_size, 32ull << 30);
   EXPECT_EQ(o.gpu, "1");
-  EXPECT_EQ(o.gpu_cache_percent, 40);
   EXPECT_FALSE(o.passthrough);
   EXPECT_EQ(o.fill, "wait");
   EXPECT_EQ(o.fsname, "models");
@@ -86,7 +85,6 @@ TEST(MountOptionsTest, EveryEnumeratedValueIsAccepted) {
   EXPECT_EQ(ParseOk("symlinks=contained").symlinks, SymlinkPolicy::kContained);
   EXPECT_TRUE(ParseOk("passthrough=auto").passthrough);
   EXPECT_EQ(ParseOk("cache_size=40%").cache_percent, 40);
-  EXPECT_EQ(ParseOk("gpu_cache_size=16M").gpu_cache_size, 16ull << 20);
 }
 
 // Storage shared with other nodes (manifests=) is checked against forgery by
@@ -150,7 +148,10 @@ TEST(MountOptionsTest, BadValuesAreRefusedNamingTheOption) {
       {"cache_size=0%", "option cache_size=0%: expected a size (e.g. 32G) or a percentage"},
       {"cache_size=101%", "option cache_size=101%: expected a size (e.g. 32G) or a percentage"},
       {"cache_size=-5G", "option cache_size=-5G: not a size"},
-      {"gpu_cache_size=1M", "option gpu_cache_size=1M: at least 16M"},
+      // The GPU chunk tier was removed: an fstab line that still sizes it
+      // is told so, in one line, instead of losing it silently.
+      {"gpu_cache_size=40G", "option gpu_cache_size= is gone: the GPU chunk tier was removed"},
+      {"gpu_cache_size=50%", "option gpu_cache_size= is gone: the GPU chunk tier was removed"},
       {"gpu=-1", "option gpu=-1: expected a device index, auto or sim"},
       {"gpu=first", "option gpu=first: expected a device index, auto or sim"},
       {"passthrough=on", "option passthrough=on: expected auto or off"},
