@@ -47,6 +47,14 @@ Ownership ReadOwnership(const std::string& path, const struct stat& st) {
   }
   std::unique_ptr<struct __acl_ext, AclFree> acl(acl_get_file(path.c_str(), ACL_TYPE_ACCESS));
   if (!acl) return errno == ENOENT ? o : FailClosed(o);
+  // The ACL is read by path after the walk's lstat: a file swapped in
+  // meanwhile (a rename by the directory's writer) would lend its ACL to the
+  // inode, owner and mode of `st`. The same inode, unchanged, or nothing.
+  struct stat now {};
+  if (::lstat(path.c_str(), &now) != 0 || now.st_dev != st.st_dev || now.st_ino != st.st_ino ||
+      now.st_ctim.tv_sec != st.st_ctim.tv_sec || now.st_ctim.tv_nsec != st.st_ctim.tv_nsec) {
+    return FailClosed(o);
+  }
   ExtendedAcl ext;
   acl_entry_t entry;
   for (int which = ACL_FIRST_ENTRY; acl_get_entry(acl.get(), which, &entry) == 1; which = ACL_NEXT_ENTRY) {
