@@ -209,9 +209,12 @@ class TreeWalker {
         // Told once per directory listing it, so the problems too stay
         // bounded by the tree, not by the paths through it.
         if (!std::exchange(node.too_many_paths, true)) {
-          node.problems.push_back(Plain("directory " + Quote(target) + " is reached by more than " +
-                                        std::to_string(kMaxPathsPerDirectory) + " paths through symlinks (one is " +
-                                        Quote(child) + "); it is not walked again"));
+          // Where the links lead is for those who may see it (FollowLink).
+          const std::string bound = " is reached by more than " + std::to_string(kMaxPathsPerDirectory) +
+                                    " paths through symlinks";
+          node.problems.push_back({"directory " + Quote(target) + bound + " (one is " + Quote(child) +
+                                       "); it is not walked again",
+                                   "a directory" + bound + " (one is " + Quote(child) + "); it is not walked again"});
         }
         return;
       }
