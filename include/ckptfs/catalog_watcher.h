@@ -151,6 +151,9 @@ class CatalogWatcher {
   // Has the plan's queue indexed concurrently (IndexScheduler), each
   // checkpoint shown when done; returns at once.
   void IndexQueued(const CatalogScan& scan, const ScanPlan& plan);
+  // mu_ held: forgets the jobs the plan no longer wants as they run (not
+  // queued now, or walked otherwise since); returns them, to be cancelled.
+  std::vector<IndexScheduler::JobId> ForgetSupersededJobsLocked(const ScanPlan& plan);
   // A shown exposure, reached as the latest walk says (see ScanPlan::Revalidate).
   static ExposedCheckpoint ReachedAsNow(const ExposedCheckpoint& shown, const CheckpointSource& now);
   IndexerOptions HashingOptions();

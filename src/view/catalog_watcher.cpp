@@ -369,6 +369,9 @@ bool CatalogWatcher::TakeWithdrawalsLocked() {
       auto& st = states_[it->first];
       st.phase = CheckpointState::Phase::kPending;
       st.reason = "withdrawn: " + reason;
+      st.revalidating = false;  // nothing is served for it now
+      st.name.clear();
+      unpublished_states_.erase(it->first);
       it = exposed_.erase(it);
     }
   }
@@ -499,6 +502,7 @@ void CatalogWatcher::Apply(const CatalogScan& scan, const ScanPlan& plan, std::v
                            ScanStats stats, double started) {
   const std::string settle = SecondsText(options_.settle_s);
   View::Changes changes;
+  std::vector<IndexScheduler::JobId> superseded;
   {
     std::lock_guard lock(mu_);
     last_dirs_ = scan.dirs;
@@ -543,6 +547,9 @@ void CatalogWatcher::Apply(const CatalogScan& scan, const ScanPlan& plan, std::v
     for (const auto* cp : plan.index) {
       PutStateLocked(StateOf(*cp, CheckpointState::Phase::kPending, "queued for indexing"));
     }
+    // A job of an older walk that ends from here on finds itself replaced,
+    // and shows nothing of what this walk decided otherwise.
+    superseded = ForgetSupersededJobsLocked(plan);
     // A digest withdrawn meanwhile is not shown again, not even for a moment.
     TakeWithdrawalsLocked();
     changes = PublishLocked();
@@ -550,6 +557,7 @@ void CatalogWatcher::Apply(const CatalogScan& scan, const ScanPlan& plan, std::v
     stats.nodes = view_->LastPublish();
     last_scan_ = stats;
   }
+  for (IndexScheduler::JobId job : superseded) scheduler_->Cancel(job);
   Notify(changes);
 }
 
@@ -680,27 +688,29 @@ double CatalogWatcher::TakeRetryRequest() {
 // watching at once. A checkpoint already being indexed as walked now keeps
 // its job; one walked differently since, or no longer queued (changed again,
 // gone, or known now), has its job cancelled.
-void CatalogWatcher::IndexQueued(const CatalogScan& scan, const ScanPlan& plan) {
+std::vector<IndexScheduler::JobId> CatalogWatcher::ForgetSupersededJobsLocked(const ScanPlan& plan) {
   std::vector<IndexScheduler::JobId> superseded;
+  for (auto it = indexing_.begin(); it != indexing_.end();) {
+    auto walked = plan.fingerprints.find(it->first);
+    const bool queued = std::any_of(plan.index.begin(), plan.index.end(),
+                                    [&](const CheckpointSource* cp) { return cp->abs_path == it->first; });
+    if (queued && walked != plan.fingerprints.end() && walked->second == it->second.fingerprint) {
+      ++it;
+      continue;
+    }
+    superseded.push_back(it->second.job);
+    it = indexing_.erase(it);
+  }
+  return superseded;
+}
+
+void CatalogWatcher::IndexQueued(const CatalogScan& scan, const ScanPlan& plan) {
   {
     std::lock_guard lock(mu_);
-    std::set<std::string> queued;
-    for (const CheckpointSource* cp : plan.index) queued.insert(cp->abs_path);
-    for (auto it = indexing_.begin(); it != indexing_.end();) {
-      if (queued.count(it->first)) {
-        ++it;
-        continue;
-      }
-      superseded.push_back(it->second.job);
-      it = indexing_.erase(it);
-    }
     for (const CheckpointSource* cp : plan.index) {
       const Sha256Digest& fingerprint = plan.fingerprints.at(cp->abs_path);
-      auto it = indexing_.find(cp->abs_path);
-      if (it != indexing_.end()) {
-        if (it->second.fingerprint == fingerprint) continue;
-        superseded.push_back(it->second.job);
-      }
+      // Kept by Apply only while it is indexed as walked now.
+      if (indexing_.count(cp->abs_path) != 0) continue;
       spdlog::info("indexing checkpoint {} ({} files, {} bytes)", cp->abs_path, cp->members.size(), cp->TotalSize());
       auto one = std::make_shared<const CatalogScan>(Only(scan, {cp}));
       // Under mu_, so that the job is known before its end can be reported.
@@ -712,7 +722,6 @@ void CatalogWatcher::IndexQueued(const CatalogScan& scan, const ScanPlan& plan) 
       indexing_[cp->abs_path] = {fingerprint, token, job};
     }
   }
-  for (IndexScheduler::JobId job : superseded) scheduler_->Cancel(job);
 }
 
 ExposedCheckpoint CatalogWatcher::ReachedAsNow(const ExposedCheckpoint& shown, const CheckpointSource& now) {
