@@ -100,7 +100,7 @@ class IndexScheduler {
   void Remove(const Job& job);                            // mu_ held
   void MoveToBack(const Job& job);                        // mu_ held
   void Remember(const Key& key, std::shared_ptr<indexing::SharedFile> file);  // mu_ held
-  bool ShouldYield(const Job& job, std::chrono::steady_clock::time_point since) const;
+  bool ShouldYield(const Job& job, std::chrono::steady_clock::time_point& since) const;
 
   Index* const index_;
   const unsigned threads_;

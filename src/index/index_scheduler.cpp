@@ -116,6 +116,14 @@ void IndexScheduler::CancelLocked(Job& job) {
     // gives up at its next chunk, and is dropped when it returns).
     if (s->waiters.empty() && s->file->state != SharedFile::State::kRunning) shared_.erase(s->key);
   }
+  // A file still to run that another job waits for goes on to that job's
+  // turns: this job's list may have been the only one holding it (another
+  // waiter's turn found it running, or it was paused back onto this one).
+  for (auto& s : job.runnable) {
+    if (s->waiters.empty() || s->file->state == SharedFile::State::kDone) continue;
+    auto& next = s->waiters.front()->runnable;
+    if (std::find(next.begin(), next.end(), s) == next.end()) next.push_front(s);
+  }
   job.needs.clear();
   job.runnable.clear();
   if (job.busy == 0) Remove(job);
@@ -267,7 +275,7 @@ void IndexScheduler::RunFiles(std::unique_lock<std::mutex>& lock, Job& job,
     SharedFile& f = *s->file;
     if (!f.work) f.work = std::make_unique<FileWork>(f, job.job->context());
     lock.unlock();
-    const auto since = std::chrono::steady_clock::now();
+    auto since = std::chrono::steady_clock::now();
     const bool finished = f.work->Advance([&] { return ShouldYield(job, since); });
     lock.lock();
     if (finished) {
@@ -318,8 +326,12 @@ void IndexScheduler::Remember(const Key& key, std::shared_ptr<SharedFile> file) 
   }
 }
 
-bool IndexScheduler::ShouldYield(const Job& job, std::chrono::steady_clock::time_point since) const {
-  if (std::chrono::steady_clock::now() - since < kMinSlice) return false;
+bool IndexScheduler::ShouldYield(const Job& job, std::chrono::steady_clock::time_point& since) const {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - since < kMinSlice) return false;
+  // Asked again a slice from now, not at every chunk: a file hashed alone
+  // for hours takes the scheduler's lock once a slice.
+  since = now;
   std::lock_guard lock(mu_);
   if (idle_ > 0 || stopping_) return false;
   for (const auto& other : jobs_) {
