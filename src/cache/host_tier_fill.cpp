@@ -1,5 +1,7 @@
 #include "ckptfs/host_tier_fill.h"
 
+#include "ckptfs/safetensors_name.h"
+
 namespace ckptfs {
 
 class HostTierFill::Copy : public HashCopy {
@@ -42,11 +44,7 @@ const char* HostTierFill::PolicyName(Policy policy) { return policy == Policy::k
 
 std::unique_ptr<HashCopy> HostTierFill::Begin(const std::string& rel_path, const FileStamp& stamp) {
   if (policy_ == Policy::kOff || cache_ == nullptr) return nullptr;
-  constexpr std::string_view kSafetensors = ".safetensors";
-  if (skip_safetensors_ && rel_path.size() >= kSafetensors.size() &&
-      rel_path.compare(rel_path.size() - kSafetensors.size(), kSafetensors.size(), kSafetensors) == 0) {
-    return nullptr;
-  }
+  if (skip_safetensors_ && IsSafetensorsName(rel_path)) return nullptr;
   // Unique while the file is hashed: the same file is hashed once at a time.
   const FileKey provisional{{}, "indexing:" + stamp.ToString()};
   auto claim = cache_->Claim(provisional, stamp.size, /*pin=*/false, /*wait=*/false, FileCache::Room::kFreeOnly);

@@ -495,12 +495,11 @@ void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info
     return;
   }
   // A copy made since the open serves the reads that follow.
-  const FileCache::CopyPtr copy = f->copy ? f->copy : ctx.files ? ctx.files->Find(f->key, /*use=*/false) : nullptr;
-  if (copy) {
-    ReadFromCopy(ctx, req, *copy, size, off);
+  if (f->copy) {
+    ReadFromCopy(ctx, req, *f->copy, size, off);
     return;
   }
-  // And one being made serves what it has verified, rather than the source
+  // A copy being made serves what it has verified, rather than the source
   // being read twice.
   if (ctx.filler != nullptr && off >= 0) {
     if (auto streamed = ctx.filler->Stream(f->key, static_cast<uint64_t>(off), size)) {
@@ -509,12 +508,13 @@ void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info
       fuse_reply_buf(req, reinterpret_cast<const char*>(streamed->data), streamed->len);
       return;
     }
-    // No fill in flight: it may have been published since the look above,
-    // and then the source must not be read again.
-    if (const FileCache::CopyPtr made = ctx.files ? ctx.files->Find(f->key, /*use=*/false) : nullptr) {
-      ReadFromCopy(ctx, req, *made, size, off);
-      return;
-    }
+  }
+  // A copy made since the open serves the reads that follow. Looked for
+  // after the fill, which publishes its copy before it leaves the filler:
+  // no fill in flight means any copy there is is published by now.
+  if (const FileCache::CopyPtr made = ctx.files ? ctx.files->Find(f->key, /*use=*/false) : nullptr) {
+    ReadFromCopy(ctx, req, *made, size, off);
+    return;
   }
   // With stamp_headers a safetensors file is served as the stamped header
   // followed by the source's tensor bytes, shifted by the header's growth.

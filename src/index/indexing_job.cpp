@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "ckptfs/checkpoint_digest.h"
+#include "ckptfs/safetensors_name.h"
 #include "ckptfs/source_reader.h"
 #include "ckptfs/stamped_size.h"
 
@@ -33,11 +34,6 @@ void ParallelFor(size_t n, unsigned threads, const std::function<void(size_t)>& 
   for (unsigned t = 1; t < count; ++t) workers.emplace_back(worker);
   worker();
   for (auto& w : workers) w.join();
-}
-
-bool NamedSafetensors(const std::string& rel_path) {
-  constexpr std::string_view kExt = ".safetensors";
-  return rel_path.size() > kExt.size() && rel_path.compare(rel_path.size() - kExt.size(), kExt.size(), kExt) == 0;
 }
 
 // Looks the index's misses up in the manifest store, several at a time: on a
@@ -179,7 +175,7 @@ std::vector<FileJob*> IndexingJob::Prepare(unsigned threads) {
         it->second.stamp = m.stamp;
         it->second.owner = m.owner;
       }
-      if (NamedSafetensors(m.rel_path)) it->second.safetensors = true;
+      if (IsSafetensorsName(m.rel_path)) it->second.safetensors = true;
     }
   }
   const IndexerOptions& o = ctx_->options;

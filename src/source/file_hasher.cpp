@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <limits>
 #include <vector>
@@ -115,7 +116,7 @@ Status FileHashTask::Open() {
     return Status::Changed(path_ + ": changed since it was listed (" + FileStamp::FromStat(observed_).ToString() + ")");
   }
   fd_ = std::move(opened->fd);
-  if (pipelined_ && !opened_once_) ::posix_fadvise(fd_.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  if (pipelined_) ::posix_fadvise(fd_.get(), 0, 0, POSIX_FADV_SEQUENTIAL);  // the hint is the descriptor's
   opened_once_ = true;
   region_valid_ = false;
   return Status::Ok();
@@ -171,7 +172,7 @@ void FileHashTask::Submit(uint64_t chunk) {
   if (slot.data == nullptr) {
     // One byte more than a chunk, so that the last read can ask for a byte
     // past the end and see a file that grew without another read.
-    if (!slot.buffer) slot.buffer.reset(new uint8_t[(pipelined_ ? kChunkSize : expected_.size) + 1]);
+    if (!slot.buffer) slot.buffer.reset(new uint8_t[std::min<uint64_t>(kChunkSize, expected_.size) + 1]);
     slot.data = slot.buffer.get();
   }
   slot.got = -ECANCELED;  // stays so if the pool drops the read (shutdown)

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "ckptfs/fingerprint.h"
+#include "ckptfs/safetensors_name.h"
 
 namespace ckptfs {
 
@@ -278,7 +279,7 @@ void ViewBuilder::AddDigestFile(const std::string& name, size_t index,
   n->stamp = n->copies.front().stamp;
   n->sha256 = f.sha256;
   n->chunks = n->copies.front().chunks;
-  n->safetensors = f.rel_path.size() > 12 && f.rel_path.compare(f.rel_path.size() - 12, 12, ".safetensors") == 0;
+  n->safetensors = IsSafetensorsName(f.rel_path);
   if (n->safetensors) n->stamped_size = f.stamped_size;
   n->xattrs = {{"user.ckptfs.sha256", ToHex(f.sha256)}};
   parent->children[LastComponent(f.rel_path)] = n->ino;
