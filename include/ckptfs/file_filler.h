@@ -79,6 +79,7 @@ class FileFiller {
   // it would have without it.
   struct Streamed {
     std::shared_ptr<const SealedCopy> copy;
+    SealedCopy::MappingHold mapping;  // until the reply has been sent
     const uint8_t* data = nullptr;
     size_t len = 0;
   };

@@ -27,11 +27,13 @@
 // 0.63-0.67 GB/s; read into a 2 MiB-page mapping 3.5-3.6 GB/s.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "ckptfs/status.h"
 #include "ckptfs/unique_fd.h"
@@ -95,6 +97,28 @@ class SealedCopy {
   // stays valid, with the same bytes, after Seal, for as long as the copy
   // lives.
   const uint8_t* ReadableAt(uint64_t offset, size_t len) const;
+
+  // Held by a reader of ReadableAt's bytes before Seal for as long as it
+  // uses them (a FUSE reply in flight from a copy being made). Seal waits
+  // for the holds there are and makes new ones wait while it replaces the
+  // mapping at that address: the bytes are the same before and after, but
+  // the replacement is a write of the range for anyone reasoning about
+  // memory (ThreadSanitizer among them), so it must be ordered with the
+  // reads. Seal goes first: a steady stream of readers cannot keep it off.
+  class MappingHold {
+   public:
+    MappingHold() = default;
+    explicit MappingHold(const SealedCopy* copy) : copy_(copy) {}
+    MappingHold(MappingHold&& other) noexcept : copy_(std::exchange(other.copy_, nullptr)) {}
+    MappingHold& operator=(MappingHold&& other) noexcept;
+    MappingHold(const MappingHold&) = delete;
+    MappingHold& operator=(const MappingHold&) = delete;
+    ~MappingHold();
+
+   private:
+    const SealedCopy* copy_ = nullptr;
+  };
+  MappingHold HoldMapping() const;
   // Seals the memfd (and maps it read-only, huge pages requested for the
   // mapping where the kernel's shmem_enabled allows them, in place of the
   // mapping it was written or read through, so that ReadableAt's addresses
@@ -129,6 +153,8 @@ class SealedCopy {
       : name_(std::move(name)), fd_(std::move(fd)), size_(size), how_(how) {}
   Status MapForWriting();
   Status MapReadOnly(int flags);
+  Status RemapSealed();
+  void ReleaseHold() const;
   void Unmap();
 
   const std::string name_;
@@ -143,6 +169,12 @@ class SealedCopy {
   bool sealed_ = false;
   mutable bool locked_ = false;
   mutable std::mutex attach_mu_;
+  // MappingHold's: how many readers hold the mapping, and whether Seal is
+  // replacing it (then new holds wait).
+  mutable std::mutex remap_mu_;
+  mutable std::condition_variable remap_cv_;
+  mutable int mapping_holds_ = 0;
+  bool remapping_ = false;
   mutable std::shared_ptr<CopyAttachment> attachment_;
 };
 

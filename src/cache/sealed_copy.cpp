@@ -156,6 +156,19 @@ Status SealedCopy::Seal() {
     sealed_ = true;
     return Status::Ok();
   }
+  std::unique_lock lock(remap_mu_);
+  remapping_ = true;
+  remap_cv_.wait(lock, [this] { return mapping_holds_ == 0; });
+  lock.unlock();
+  Status s = RemapSealed();
+  lock.lock();
+  remapping_ = false;
+  remap_cv_.notify_all();
+  return s;
+}
+
+// Seal's work, once no reader holds the mapping.
+Status SealedCopy::RemapSealed() {
   // A writable mapping would make the kernel refuse F_SEAL_WRITE: replace
   // it with a private read-only one first (the pages stay).
   if (how_ == WriteBy::kHugePageMapping && size_ > 0) {
@@ -170,6 +183,30 @@ Status SealedCopy::Seal() {
   }
   sealed_ = true;
   return Status::Ok();
+}
+
+SealedCopy::MappingHold SealedCopy::HoldMapping() const {
+  std::unique_lock lock(remap_mu_);
+  remap_cv_.wait(lock, [this] { return !remapping_; });
+  ++mapping_holds_;
+  return MappingHold(this);
+}
+
+void SealedCopy::ReleaseHold() const {
+  std::lock_guard lock(remap_mu_);
+  if (--mapping_holds_ == 0) remap_cv_.notify_all();
+}
+
+SealedCopy::MappingHold& SealedCopy::MappingHold::operator=(MappingHold&& other) noexcept {
+  if (this != &other) {
+    if (copy_ != nullptr) copy_->ReleaseHold();
+    copy_ = std::exchange(other.copy_, nullptr);
+  }
+  return *this;
+}
+
+SealedCopy::MappingHold::~MappingHold() {
+  if (copy_ != nullptr) copy_->ReleaseHold();
 }
 
 int SealedCopy::Lock() const {

@@ -404,7 +404,7 @@ std::optional<FileFiller::Streamed> FileFiller::Stream(const FileKey& key, uint6
   auto job = InFlight(key);
   if (!job) return std::nullopt;
   const uint64_t end = std::min<uint64_t>(job->form.size, offset + len);
-  if (offset >= end) return Streamed{job->copy, nullptr, 0};
+  if (offset >= end) return Streamed{job->copy, {}, nullptr, 0};
   // The source chunks under [offset, end) of the served form.
   const uint64_t prefix = job->form.prefix ? job->form.prefix->size() : 0;
   const uint64_t header = job->form.source_prefix_len;
@@ -432,7 +432,8 @@ std::optional<FileFiller::Streamed> FileFiller::Stream(const FileKey& key, uint6
     return std::nullopt;
   }
   ++streamed_;
-  return Streamed{job->copy, job->copy->ReadableAt(offset, end - offset), static_cast<size_t>(end - offset)};
+  return Streamed{job->copy, job->copy->HoldMapping(), job->copy->ReadableAt(offset, end - offset),
+                  static_cast<size_t>(end - offset)};
 }
 
 Result<ProvenChunkTables::Table> FileFiller::Prove(const View::NodePtr& file) {
