@@ -16,7 +16,7 @@ packages=(
   libacl1-dev acl             # POSIX ACLs of the source (the access rule), setfacl for the tests
   libgtest-dev                # the test suite
   libsystemd-dev              # the fd store that keeps a mount across a supervisor restart (ckptfs@.service)
-  clang libclang-rt-14-dev    # the libFuzzer target (tests/fuzz)
+  clang libclang-rt-14-dev    # the libFuzzer target (tests/fuzz), -Wthread-safety (scripts/check-thread-safety.sh)
   coreutils findutils attr util-linux python3   # tools the tests compare against
   lintian python3-debian      # the package test: Debian's checks, and a DEP-5 parser for the copyright file
   python3-venv                # the huggingface_hub test's virtual environment (build/venv)

@@ -24,11 +24,9 @@
 #include <sys/inotify.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -39,6 +37,7 @@
 #include "ckptfs/index.h"
 #include "ckptfs/index_scheduler.h"
 #include "ckptfs/manifest_store.h"
+#include "ckptfs/mutex.h"
 #include "ckptfs/scan_planner.h"
 #include "ckptfs/unique_fd.h"
 #include "ckptfs/view.h"
@@ -153,7 +152,7 @@ class CatalogWatcher {
   void IndexQueued(const CatalogScan& scan, const ScanPlan& plan);
   // mu_ held: forgets the jobs the plan no longer wants as they run (not
   // queued now, or walked otherwise since); returns them, to be cancelled.
-  std::vector<IndexScheduler::JobId> ForgetSupersededJobsLocked(const ScanPlan& plan);
+  std::vector<IndexScheduler::JobId> ForgetSupersededJobsLocked(const ScanPlan& plan) REQUIRES(mu_);
   // A shown exposure, reached as the latest walk says (see ScanPlan::Revalidate).
   static ExposedCheckpoint ReachedAsNow(const ExposedCheckpoint& shown, const CheckpointSource& now);
   IndexerOptions HashingOptions();
@@ -164,7 +163,8 @@ class CatalogWatcher {
   // Shows a freshly indexed checkpoint (published now, or by the scanning
   // thread within kPublishEveryS). False if the job was replaced.
   bool Expose(const CheckpointSource& cp, ExposedCheckpoint e, const Sha256Digest& fingerprint, uint64_t token);
-  bool TakeJobLocked(const std::string& path, uint64_t token);  // mu_ held: the job is current; forgets it
+  // The job is current; forgets it.
+  bool TakeJobLocked(const std::string& path, uint64_t token) REQUIRES(mu_);
   void PublishIfDue();          // a deferred publish, once due
   double NextPublishDue() const;  // monotonic seconds; infinity when none waits
   double TakeRetryRequest();    // when an unsettled checkpoint is to be walked again; 0: none
@@ -173,8 +173,8 @@ class CatalogWatcher {
   // once; true if any was waiting. Safe from any thread but a FUSE handler's.
   bool ApplyWithdrawals();
   void Publish();                         // the exposed checkpoints, less any withdrawn meanwhile
-  bool TakeWithdrawalsLocked();           // mu_ held; true if any was waiting
-  View::Changes PublishLocked();          // mu_ held
+  bool TakeWithdrawalsLocked() REQUIRES(mu_);  // true if any was waiting
+  View::Changes PublishLocked() REQUIRES(mu_);
   void Notify(const View::Changes& changes);  // mu_ not held: it calls into the kernel
   bool DrainInotify();  // true if any event arrived
   void NoteDirty(const inotify_event& ev);
@@ -182,7 +182,7 @@ class CatalogWatcher {
   void SetState(CheckpointState state);
   // As SetState, mu_ held; a path whose digest is still shown keeps naming
   // it (revalidating) in every phase but invalid.
-  void PutStateLocked(CheckpointState state);
+  void PutStateLocked(CheckpointState state) REQUIRES(mu_);
 
   Options options_;
   Index* index_;
@@ -207,32 +207,33 @@ class CatalogWatcher {
   std::atomic<uint64_t> scans_{0};
   double next_settle_deadline_ = 0;  // monotonic seconds; 0 = none
 
-  mutable std::mutex mu_;
-  std::map<std::string, CheckpointState> states_;          // by source path
-  std::map<std::string, ExposedCheckpoint> exposed_;       // by source path
-  // The walk each exposed checkpoint was last shown from (see ScanTriage::keep).
-  std::map<std::string, Sha256Digest> shown_fingerprints_;  // by source path
-  ScanStats last_scan_;                                      // guarded by mu_
+  mutable Mutex mu_;
+  std::map<std::string, CheckpointState> states_ GUARDED_BY(mu_);     // by source path
+  std::map<std::string, ExposedCheckpoint> exposed_ GUARDED_BY(mu_);  // by source path
+  // The walk each exposed checkpoint was last shown from (see
+  // ScanTriage::keep), by source path.
+  std::map<std::string, Sha256Digest> shown_fingerprints_ GUARDED_BY(mu_);
+  ScanStats last_scan_ GUARDED_BY(mu_);
   std::string last_scan_error_;  // used only on the thread that scans
-  // Of the last scan, published with every change (guarded by mu_: the
+  // Of the last scan, published with every change (under mu_: the
   // indexer's workers publish withdrawals too).
-  std::map<std::string, AccessPath> last_dirs_;
-  std::vector<HubRef> last_hub_refs_;
-  std::map<std::string, std::string> withdrawals_;  // digest -> reason; guarded by mu_
-  // The indexer's job for each checkpoint path it works on (guarded by mu_).
+  std::map<std::string, AccessPath> last_dirs_ GUARDED_BY(mu_);
+  std::vector<HubRef> last_hub_refs_ GUARDED_BY(mu_);
+  std::map<std::string, std::string> withdrawals_ GUARDED_BY(mu_);  // digest -> reason
+  // The indexer's job for each checkpoint path it works on.
   struct Indexing {
     Sha256Digest fingerprint;  // of the walk it indexes
     uint64_t token = 0;        // which submission: a replaced one's end is ignored
     IndexScheduler::JobId job = 0;
   };
-  std::map<std::string, Indexing> indexing_;
-  uint64_t next_token_ = 1;          // guarded by mu_
-  double last_publish_ = 0;          // monotonic; guarded by mu_
-  bool publish_deferred_ = false;    // guarded by mu_
+  std::map<std::string, Indexing> indexing_ GUARDED_BY(mu_);
+  uint64_t next_token_ GUARDED_BY(mu_) = 1;
+  double last_publish_ GUARDED_BY(mu_) = 0;  // monotonic
+  bool publish_deferred_ GUARDED_BY(mu_) = false;
   // Exposed since the last publish: their state becomes exposed with the
-  // publish that shows them (guarded by mu_).
-  std::map<std::string, CheckpointState> unpublished_states_;
-  double retry_at_ = 0;              // guarded by mu_; see TakeRetryRequest
+  // publish that shows them.
+  std::map<std::string, CheckpointState> unpublished_states_ GUARDED_BY(mu_);
+  double retry_at_ GUARDED_BY(mu_) = 0;  // see TakeRetryRequest
   // Made by the first IndexQueued (on the scanning thread); stopped by Stop().
   std::unique_ptr<IndexScheduler> scheduler_;
 };

@@ -36,18 +36,17 @@
 #include <atomic>
 #include <chrono>
 #include <compare>
-#include <condition_variable>
 #include <cstdint>
 #include <list>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "ckptfs/device_memory.h"
 #include "ckptfs/hashes.h"
+#include "ckptfs/mutex.h"
 #include "ckptfs/sealed_copy.h"
 #include "ckptfs/status.h"
 
@@ -177,33 +176,34 @@ class FileCache {
     ~Released();
   };
   class PageLock;
-  void Abandon(Reservation& fill);
-  Status PinRefused() const;
-  bool MakeRoom(uint64_t bytes, bool descriptor, const FileKey& keep, Released& released);
-  bool EvictOldest(bool holding_descriptor, const FileKey& keep, Released& released);
-  void Drop(std::map<FileKey, Entry>::iterator it, Released& released);
-  CopyPtr PublishLocked(std::unique_ptr<Reservation> fill, std::shared_ptr<SealedCopy> copy);
-  void MarkPinned(Entry& e);
-  void LockPages(const FileKey& key);
+  void Abandon(Reservation& fill) EXCLUDES(mu_);
+  Status PinRefused() const REQUIRES(mu_);
+  bool MakeRoom(uint64_t bytes, bool descriptor, const FileKey& keep, Released& released) REQUIRES(mu_);
+  bool EvictOldest(bool holding_descriptor, const FileKey& keep, Released& released) REQUIRES(mu_);
+  void Drop(std::map<FileKey, Entry>::iterator it, Released& released) REQUIRES(mu_);
+  // Makes the reserved fill's copy resident (takes mu_).
+  CopyPtr Admit(std::unique_ptr<Reservation> fill, std::shared_ptr<SealedCopy> copy) EXCLUDES(mu_);
+  void MarkPinned(Entry& e) REQUIRES(mu_);
+  void LockPages(const FileKey& key) EXCLUDES(mu_, pin_mu_);
 
   const uint64_t capacity_;
   DeviceMemory* const device_;
   const uint64_t descriptor_budget_;
   // Taken before mu_, never while holding it; guards page_locks_.
-  std::mutex pin_mu_;
-  std::map<const SealedCopy*, std::unique_ptr<PageLock>> page_locks_;
+  Mutex pin_mu_ ACQUIRED_BEFORE(mu_);
+  std::map<const SealedCopy*, std::unique_ptr<PageLock>> page_locks_ GUARDED_BY(pin_mu_);
   std::atomic<uint64_t> registered_{0};
   std::atomic<bool> locked_memory_{true};
   std::atomic<bool> lock_warned_{false}, register_warned_{false};
-  mutable std::mutex mu_;
-  std::condition_variable filled_;
-  std::map<FileKey, Entry> entries_;
-  std::list<FileKey> lru_;  // front: most recently used
-  std::set<FileKey> filling_;
-  uint64_t used_ = 0, reserved_ = 0, pinned_ = 0;
-  uint64_t descriptors_ = 0;  // of resident copies and reserved by fills
-  mutable std::vector<std::weak_ptr<const SealedCopy>> evicted_;
-  Stats counters_;
+  mutable Mutex mu_;
+  CondVar filled_;
+  std::map<FileKey, Entry> entries_ GUARDED_BY(mu_);
+  std::list<FileKey> lru_ GUARDED_BY(mu_);  // front: most recently used
+  std::set<FileKey> filling_ GUARDED_BY(mu_);
+  uint64_t used_ GUARDED_BY(mu_) = 0, reserved_ GUARDED_BY(mu_) = 0, pinned_ GUARDED_BY(mu_) = 0;
+  uint64_t descriptors_ GUARDED_BY(mu_) = 0;  // of resident copies and reserved by fills
+  mutable std::vector<std::weak_ptr<const SealedCopy>> evicted_ GUARDED_BY(mu_);
+  Stats counters_ GUARDED_BY(mu_);
 };
 
 // Memory a copy of `size` bytes takes: whole pages.

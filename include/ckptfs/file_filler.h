@@ -24,17 +24,16 @@
 // waiting for it (an open that must not wait: its reads Stream).
 #pragma once
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
 
 #include "ckptfs/file_cache.h"
 #include "ckptfs/fuse_ops.h"
+#include "ckptfs/mutex.h"
 #include "ckptfs/source_reader.h"
 
 namespace ckptfs::daemon {
@@ -115,7 +114,8 @@ class FileFiller {
   std::shared_ptr<FillJob> Begin(const View::NodePtr& file, const ServedForm& form, bool pin, bool wait,
                                  FileCache::CopyPtr* resident, Status* refused);
   void ReadChunks();
-  std::pair<std::shared_ptr<FillJob>, uint64_t> NextChunk();
+  std::pair<std::shared_ptr<FillJob>, uint64_t> NextChunk() EXCLUDES(jobs_mu_);
+  bool StreamReady(const FillJob& job, bool none, uint64_t first, uint64_t last) const REQUIRES(jobs_mu_);
   Status CopyChunk(FillJob& job, uint64_t chunk, uint8_t* buf);
   void ChunkDone(const std::shared_ptr<FillJob>& job, uint64_t chunk, const Status& s);
   // `cancelled`: given up by the caller or at a stop, not worth a warning.
@@ -129,25 +129,27 @@ class FileFiller {
   const SourceReader::Io io_;
 
   // Fills in flight, and the threads that read their chunks.
-  std::mutex jobs_mu_;
-  std::condition_variable work_;
-  std::map<FileKey, std::shared_ptr<FillJob>> jobs_;
-  std::deque<std::shared_ptr<FillJob>> turns_;  // whose chunk comes next, round-robin
-  bool readers_stopping_ = false;
+  Mutex jobs_mu_;
+  CondVar work_;
+  std::map<FileKey, std::shared_ptr<FillJob>> jobs_ GUARDED_BY(jobs_mu_);
+  // Whose chunk comes next, round-robin.
+  std::deque<std::shared_ptr<FillJob>> turns_ GUARDED_BY(jobs_mu_);
+  bool readers_stopping_ GUARDED_BY(jobs_mu_) = false;
   std::vector<std::thread> readers_;
 
   // Proving passes in flight (verify=sha256), by file.
-  std::mutex prove_mu_;
-  std::condition_variable proved_;
-  std::set<Sha256Digest> proving_;
+  Mutex prove_mu_;
+  CondVar proved_;
+  std::set<Sha256Digest> proving_ GUARDED_BY(prove_mu_);
 
   // The background queue.
-  std::mutex mu_;
-  std::condition_variable wake_;
-  std::deque<std::pair<View::NodePtr, FileKey>> queue_;
-  std::set<FileKey> queued_;
-  std::deque<View::NodePtr> sibling_requests_;  // files whose siblings are to be queued
-  bool stopping_ = false;
+  Mutex mu_;
+  CondVar wake_;
+  std::deque<std::pair<View::NodePtr, FileKey>> queue_ GUARDED_BY(mu_);
+  std::set<FileKey> queued_ GUARDED_BY(mu_);
+  // Files whose siblings are to be queued.
+  std::deque<View::NodePtr> sibling_requests_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
   std::atomic<bool> cancel_{false};
   std::atomic<uint64_t> skipped_{0}, failed_{0}, streamed_{0};
   std::thread worker_;

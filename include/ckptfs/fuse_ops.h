@@ -14,11 +14,11 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "ckptfs/chunk_cache.h"
+#include "ckptfs/mutex.h"
 #include "ckptfs/refused_files.h"
 #include "ckptfs/file_cache.h"
 #include "ckptfs/host_tier_fill.h"
@@ -53,8 +53,8 @@ class OpenCounts {
   std::map<std::string, uint64_t> Get() const;
 
  private:
-  mutable std::mutex mu_;
-  std::map<std::string, uint64_t> counts_;
+  mutable Mutex mu_;
+  std::map<std::string, uint64_t> counts_ GUARDED_BY(mu_);
 };
 
 // What every byte served is checked against (mount option verify=).

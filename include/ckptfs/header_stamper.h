@@ -8,12 +8,12 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 
 #include "ckptfs/fuse_ops.h"
+#include "ckptfs/mutex.h"
 
 namespace ckptfs::daemon {
 
@@ -31,8 +31,9 @@ class HeaderStamper {
   Result<std::optional<StampedFile>> For(FsContext& ctx, const View::NodePtr& file);
 
  private:
-  std::mutex mu_;
-  std::map<std::string, std::optional<StampedFile>> memo_;  // digest + "/" + file sha
+  Mutex mu_;
+  // By digest + "/" + file sha.
+  std::map<std::string, std::optional<StampedFile>> memo_ GUARDED_BY(mu_);
 };
 
 }  // namespace ckptfs::daemon

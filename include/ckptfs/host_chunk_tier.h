@@ -17,20 +17,21 @@
 //
 // Locking: one mutex and one condition variable, for the index, the LRU
 // segments, references, pins and counters. What takes time runs outside
-// them: the fill itself and growing HostMemory by a slab (mmap + mlock, under
-// HostMemory's own lock only). A hit therefore waits for no disk. Entries are ordered by (file, chunk), so Unpin and
-// Evict of a file cost its own chunks, not the whole tier.
+// them: the fill itself, and growing HostMemory by a slab (HostMemory
+// reserves the room under its own lock, then maps and mlocks the slab with
+// no lock held). A hit therefore waits for no disk and no mmap. Entries are
+// ordered by (file, chunk), so Unpin and Evict of a file cost its own
+// chunks, not the whole tier.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <list>
 #include <map>
 #include <memory>
-#include <mutex>
 
 #include "ckptfs/chunk_tier.h"
 #include "ckptfs/host_memory.h"
+#include "ckptfs/mutex.h"
 #include "ckptfs/status.h"
 
 namespace ckptfs {
@@ -90,21 +91,21 @@ class HostChunkTier {
  private:
   using Entries = std::map<ChunkKey, std::unique_ptr<Entry>>;
   uint8_t* TakeSlot();
-  uint8_t* TakeVictimLocked();
-  void CountHitLocked(Entry& e, Use use);
-  void Touch(Entry& e);
-  void Unlink(Entry& e);
-  void PushProbation(Entry& e);
+  uint8_t* TakeVictimLocked() REQUIRES(mu_);
+  void CountHitLocked(Entry& e, Use use) REQUIRES(mu_);
+  void Touch(Entry& e) REQUIRES(mu_);
+  void Unlink(Entry& e) REQUIRES(mu_);
+  void PushProbation(Entry& e) REQUIRES(mu_);
 
   const Options options_;
   HostMemory memory_;
-  mutable std::mutex mu_;
-  std::condition_variable filled_;
-  Entries entries_;
-  std::list<Entry*> probation_, protected_;
-  uint64_t protected_bytes_ = 0;
-  uint64_t pinned_ = 0;
-  Counters counters_;
+  mutable Mutex mu_;
+  CondVar filled_;
+  Entries entries_ GUARDED_BY(mu_);
+  std::list<Entry*> probation_ GUARDED_BY(mu_), protected_ GUARDED_BY(mu_);
+  uint64_t protected_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t pinned_ GUARDED_BY(mu_) = 0;
+  Counters counters_ GUARDED_BY(mu_);
 };
 
 }  // namespace ckptfs

@@ -10,8 +10,9 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <vector>
+
+#include "ckptfs/mutex.h"
 
 namespace ckptfs {
 
@@ -37,7 +38,7 @@ class HostMemory {
  private:
   uint8_t* MapSlab(size_t bytes);
 
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   const uint64_t capacity_;
   const size_t slot_size_;
   std::atomic<bool> pinned_{true};
@@ -46,9 +47,9 @@ class HostMemory {
     uint8_t* base;
     size_t bytes;
   };
-  std::vector<Slab> slabs_;
-  std::vector<uint8_t*> free_;
-  uint64_t reserved_ = 0;
+  std::vector<Slab> slabs_ GUARDED_BY(mu_);
+  std::vector<uint8_t*> free_ GUARDED_BY(mu_);
+  uint64_t reserved_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ckptfs

@@ -18,13 +18,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "ckptfs/file_stamp.h"
 #include "ckptfs/hashes.h"
+#include "ckptfs/mutex.h"
 #include "ckptfs/status.h"
 
 namespace ckptfs {
@@ -109,18 +109,19 @@ class Index {
   Status Exec(const char* sql);
   // The prepared statement of `sql` (a literal: cached by its address),
   // prepared once; null when it cannot be. With mu_ held.
-  sqlite3_stmt* Cached(const char* sql);
+  sqlite3_stmt* Cached(const char* sql) REQUIRES(mu_);
   // The statements of one row each, with mu_ held (PutFile, PutBatch...).
-  Status PutFileLocked(const FileStamp& stamp, const std::string& path, const FileHashes& hashes);
+  Status PutFileLocked(const FileStamp& stamp, const std::string& path, const FileHashes& hashes) REQUIRES(mu_);
   Status PutCheckpointLocked(const std::string& name, const std::string& manifest, uint64_t total_size,
-                             uint64_t file_count);
-  Status PutSourceLocked(const std::string& real_root, const std::string& rel_path, const std::string& name);
+                             uint64_t file_count) REQUIRES(mu_);
+  Status PutSourceLocked(const std::string& real_root, const std::string& rel_path, const std::string& name)
+      REQUIRES(mu_);
   // "index PATH: WHAT: SQLite's message" (call with mu_ held).
   Status SqlError(const std::string& what) const;
 
-  std::mutex mu_;  // one connection, used by many indexer threads
+  mutable Mutex mu_;  // one connection, used by many indexer threads
   sqlite3* db_;
-  std::map<const char*, sqlite3_stmt*> cached_;  // guarded by mu_
+  std::map<const char*, sqlite3_stmt*> cached_ GUARDED_BY(mu_);
   std::string path_;
 };
 

@@ -20,13 +20,11 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <list>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -35,6 +33,7 @@
 #include "ckptfs/catalog.h"
 #include "ckptfs/index.h"
 #include "ckptfs/indexer.h"
+#include "ckptfs/mutex.h"
 #include "ckptfs/thread_pool.h"
 
 namespace ckptfs {
@@ -91,32 +90,33 @@ class IndexScheduler {
   };
 
   void Work();
-  Turn NextTurn();                                        // mu_ held
-  bool HasWork(const Job& job) const;                     // mu_ held
-  void Attach(Job& job, const std::vector<indexing::FileJob*>& misses);  // mu_ held
-  void RunFiles(std::unique_lock<std::mutex>& lock, Job& job, std::vector<std::shared_ptr<Shared>> files);
-  void Complete(const std::shared_ptr<Shared>& s);        // mu_ held
-  void CancelLocked(Job& job);                            // mu_ held
-  void Remove(const Job& job);                            // mu_ held
-  void MoveToBack(const Job& job);                        // mu_ held
-  void Remember(const Key& key, std::shared_ptr<indexing::SharedFile> file);  // mu_ held
+  Turn NextTurn() REQUIRES(mu_);
+  bool HasWork(const Job& job) const REQUIRES(mu_);
+  void Attach(Job& job, const std::vector<indexing::FileJob*>& misses) REQUIRES(mu_);
+  // Hashes `files` for `job`, letting go of mu_ while each one is hashed.
+  void RunFiles(Job& job, std::vector<std::shared_ptr<Shared>> files) REQUIRES(mu_);
+  void Complete(const std::shared_ptr<Shared>& s) REQUIRES(mu_);
+  void CancelLocked(Job& job) REQUIRES(mu_);
+  void Remove(const Job& job) REQUIRES(mu_);
+  void MoveToBack(const Job& job) REQUIRES(mu_);
+  void Remember(const Key& key, std::shared_ptr<indexing::SharedFile> file) REQUIRES(mu_);
   bool ShouldYield(const Job& job, std::chrono::steady_clock::time_point& since) const;
 
   Index* const index_;
   const unsigned threads_;
   ThreadPool io_;  // reads ahead of SHA-256, and runs the chunk hashes
   std::unique_ptr<indexing::RowBatch> rows_;
-  mutable std::mutex mu_;
-  std::condition_variable wake_;
-  std::list<std::shared_ptr<Job>> jobs_;  // the front is next in turn
-  std::map<Key, std::shared_ptr<Shared>> shared_;  // files being hashed
+  mutable Mutex mu_;
+  CondVar wake_;
+  std::list<std::shared_ptr<Job>> jobs_ GUARDED_BY(mu_);  // the front is next in turn
+  std::map<Key, std::shared_ptr<Shared>> shared_ GUARDED_BY(mu_);  // files being hashed
   // Files hashed lately, for a job whose lookups raced their completion.
-  std::map<Key, std::shared_ptr<indexing::SharedFile>> recent_;
-  std::list<Key> recent_order_;
-  uint64_t recent_bytes_ = 0;
-  unsigned idle_ = 0;
-  bool stopping_ = false;
-  JobId next_id_ = 1;
+  std::map<Key, std::shared_ptr<indexing::SharedFile>> recent_ GUARDED_BY(mu_);
+  std::list<Key> recent_order_ GUARDED_BY(mu_);
+  uint64_t recent_bytes_ GUARDED_BY(mu_) = 0;
+  unsigned idle_ GUARDED_BY(mu_) = 0;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  JobId next_id_ GUARDED_BY(mu_) = 1;
   std::vector<std::thread> workers_;
 };
 

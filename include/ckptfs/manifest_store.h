@@ -27,7 +27,6 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -37,6 +36,7 @@
 #include "ckptfs/hashes.h"
 #include "ckptfs/manifest_keys.h"
 #include "ckptfs/manifest_record.h"
+#include "ckptfs/mutex.h"
 #include "ckptfs/status.h"
 #include "ckptfs/unique_fd.h"
 
@@ -94,8 +94,8 @@ class ManifestStore {
   Keyring keyring_;
   const std::optional<SigningKey> signer_;
 
-  mutable std::mutex mu_;
-  std::set<std::tuple<std::string, uint64_t, int64_t>> distrusted_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::set<std::tuple<std::string, uint64_t, int64_t>> distrusted_ GUARDED_BY(mu_);
   std::atomic<uint64_t> used_{0}, ignored_{0}, published_{0}, already_{0}, distrusted_count_{0};
 };
 

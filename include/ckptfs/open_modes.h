@@ -14,12 +14,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "ckptfs/file_cache.h"
+#include "ckptfs/mutex.h"
 #include "ckptfs/sealed_copy.h"
 
 namespace ckptfs::daemon {
@@ -67,8 +67,8 @@ class OpenModes {
   void SetObserver(Observer observer);
 
  private:
-  mutable std::mutex mu_;
-  std::unordered_map<uint64_t, Held> held_;
+  mutable Mutex mu_;
+  std::unordered_map<uint64_t, Held> held_ GUARDED_BY(mu_);
   Observer observer_;
 };
 

@@ -6,11 +6,11 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <thread>
+
+#include "ckptfs/mutex.h"
 
 namespace ckptfs {
 
@@ -35,17 +35,17 @@ class ProgressBar {
 
  private:
   void Run();
-  void Draw();
+  void Draw() REQUIRES(mu_);
 
   std::string label_;
   std::atomic<uint64_t> done_{0};
   std::atomic<uint64_t> total_{0};
   std::chrono::steady_clock::time_point start_;
   bool enabled_;
-  bool drawn_ = false;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  bool drawn_ GUARDED_BY(mu_) = false;
+  bool stop_ GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -16,10 +16,10 @@
 #include <list>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "ckptfs/hashes.h"
+#include "ckptfs/mutex.h"
 
 namespace ckptfs {
 
@@ -40,10 +40,10 @@ class ProvenChunkTables {
     std::list<Sha256Digest>::iterator lru;
   };
   const uint64_t max_chunks_;
-  mutable std::mutex mu_;
-  std::map<Sha256Digest, Entry> tables_;
-  std::list<Sha256Digest> lru_;  // front: most recently used
-  uint64_t chunks_ = 0;
+  mutable Mutex mu_;
+  std::map<Sha256Digest, Entry> tables_ GUARDED_BY(mu_);
+  std::list<Sha256Digest> lru_ GUARDED_BY(mu_);  // front: most recently used
+  uint64_t chunks_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ckptfs

@@ -16,7 +16,6 @@
 #include <cstddef>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <tuple>
 #include <utility>
@@ -24,6 +23,7 @@
 
 #include "ckptfs/file_stamp.h"
 #include "ckptfs/hashes.h"
+#include "ckptfs/mutex.h"
 
 namespace ckptfs {
 
@@ -45,10 +45,10 @@ class RefusedFiles {
   // Read on every chunk fetch: while nothing was ever refused (the usual
   // case) Contains() takes no lock.
   std::atomic<bool> any_{false};
-  mutable std::mutex mu_;
-  std::set<Key, Less> keys_;
+  mutable Mutex mu_;
+  std::set<Key, Less> keys_ GUARDED_BY(mu_);
   // Oldest first, to stay within capacity; holds each key's chunk table.
-  std::deque<std::pair<Key, ChunkTable>> order_;
+  std::deque<std::pair<Key, ChunkTable>> order_ GUARDED_BY(mu_);
 };
 
 }  // namespace ckptfs

@@ -27,14 +27,13 @@
 // 0.63-0.67 GB/s; read into a 2 MiB-page mapping 3.5-3.6 GB/s.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 
+#include "ckptfs/mutex.h"
 #include "ckptfs/status.h"
 #include "ckptfs/unique_fd.h"
 
@@ -155,10 +154,15 @@ class SealedCopy {
   Status MapReadOnly(int flags);
   Status RemapSealed();
   void ReleaseHold() const;
+  // The memfd, for the copy's writer (Write, Seal and the mappings they
+  // make) without attach_mu_: until the copy is published nobody else has
+  // it, and ReleaseDescriptor, the only other writer of fd_, runs only on a
+  // published copy.
+  int WriterFd() const NO_THREAD_SAFETY_ANALYSIS { return fd_.get(); }
   void Unmap();
 
   const std::string name_;
-  mutable UniqueFd fd_;  // guarded by attach_mu_ once the copy is shared
+  mutable UniqueFd fd_ GUARDED_BY(attach_mu_);
   const uint64_t size_;
   const WriteBy how_;
   // kHugePageMapping: writable before Seal; kPwrite: a private read-only
@@ -168,14 +172,14 @@ class SealedCopy {
   std::unique_ptr<uint8_t[]> memory_;
   bool sealed_ = false;
   mutable bool locked_ = false;
-  mutable std::mutex attach_mu_;
+  mutable Mutex attach_mu_;
   // MappingHold's: how many readers hold the mapping, and whether Seal is
   // replacing it (then new holds wait).
-  mutable std::mutex remap_mu_;
-  mutable std::condition_variable remap_cv_;
-  mutable int mapping_holds_ = 0;
-  bool remapping_ = false;
-  mutable std::shared_ptr<CopyAttachment> attachment_;
+  mutable Mutex remap_mu_;
+  mutable CondVar remap_cv_;
+  mutable int mapping_holds_ GUARDED_BY(remap_mu_) = 0;
+  bool remapping_ GUARDED_BY(remap_mu_) = false;
+  mutable std::shared_ptr<CopyAttachment> attachment_ GUARDED_BY(attach_mu_);
 };
 
 }  // namespace ckptfs

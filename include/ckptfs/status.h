@@ -9,7 +9,10 @@
 
 namespace ckptfs {
 
-class Status {
+// [[nodiscard]]: a Status or Result dropped on the floor is an error
+// ignored; the compiler says so. Where ignoring one is right, say why and
+// cast it to void.
+class [[nodiscard]] Status {
  public:
   enum class Code {
     kOk,
@@ -49,7 +52,7 @@ class Status {
 
 // A value or the Status that explains why there is none.
 template <typename T>
-class Result {
+class [[nodiscard]] Result {
  public:
   Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit on purpose
   Result(Status status) : v_(std::move(status)) { assert(!std::get<Status>(v_).ok()); }  // NOLINT

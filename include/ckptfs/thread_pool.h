@@ -1,13 +1,13 @@
 // A fixed set of worker threads running submitted tasks in FIFO order.
 #pragma once
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <future>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "ckptfs/mutex.h"
 
 namespace ckptfs {
 
@@ -29,11 +29,11 @@ class ThreadPool {
  private:
   void Run();
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::packaged_task<void()>> queue_;
-  bool stopping_ = false;
-  bool cancelled_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::packaged_task<void()>> queue_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
+  bool cancelled_ GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };
 

@@ -30,7 +30,6 @@
 #include <ctime>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -42,6 +41,7 @@
 #include "ckptfs/file_stamp.h"
 #include "ckptfs/hashes.h"
 #include "ckptfs/hub_refs.h"
+#include "ckptfs/mutex.h"
 #include "ckptfs/ownership.h"
 
 namespace ckptfs {
@@ -224,20 +224,20 @@ class View {
   // it outlives the snapshots that no longer list it. Striped so that
   // concurrent lookups rarely share a lock.
   struct HeldStripe {
-    std::mutex mu;
-    std::unordered_map<InodeId, std::pair<NodePtr, uint64_t>> nodes;
+    Mutex mu;
+    std::unordered_map<InodeId, std::pair<NodePtr, uint64_t>> nodes GUARDED_BY(mu);
   };
   static constexpr size_t kHeldStripes = 16;
   HeldStripe& StripeOf(InodeId ino) const { return held_[ino % kHeldStripes]; }
 
   SnapshotPtr Current() const {
-    std::lock_guard lock(current_mu_);
+    MutexLock lock(current_mu_);
     return current_;
   }
   void SetCurrent(SnapshotPtr next);
   SnapshotPtr Build(const std::vector<ExposedCheckpoint>& checkpoints,
                     const std::map<std::string, AccessPath>& source_dirs,
-                    const std::vector<HubRef>& hub_refs);
+                    const std::vector<HubRef>& hub_refs) REQUIRES(publish_mu_);
   static Changes Diff(const Snapshot& before, const Snapshot& after);
   static NodePtr LookupIn(const Snapshot& snap, InodeId parent, const std::string& name);
 
@@ -245,14 +245,14 @@ class View {
   const Ownership root_owner_;
   const struct timespec mount_time_;
   // Serialises publishes (and the root xattrs they copy); readers never take it.
-  std::mutex publish_mu_;
-  std::vector<std::pair<std::string, std::string>> root_xattrs_;
+  Mutex publish_mu_;
+  std::vector<std::pair<std::string, std::string>> root_xattrs_ GUARDED_BY(publish_mu_);
   // The current snapshot, copied out under a short lock rather than held in
   // std::atomic<shared_ptr>: GCC 12's load() releases its internal lock with
   // memory_order_relaxed, so a publish's store races the last load in the
   // memory model (ThreadSanitizer reports it on every mount).
-  mutable std::mutex current_mu_;
-  SnapshotPtr current_;
+  mutable Mutex current_mu_;
+  SnapshotPtr current_ GUARDED_BY(current_mu_);
   std::atomic<uint64_t> last_built_{0}, last_reused_{0};
   mutable std::array<HeldStripe, kHeldStripes> held_;
 };

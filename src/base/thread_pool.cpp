@@ -1,3 +1,4 @@
+#include "ckptfs/mutex.h"
 #include "ckptfs/thread_pool.h"
 
 namespace ckptfs {
@@ -10,10 +11,10 @@ ThreadPool::ThreadPool(unsigned threads) {
 
 ThreadPool::~ThreadPool() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   for (auto& t : workers_) {
     if (t.joinable()) t.join();
   }
@@ -22,12 +23,12 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::Cancel() {
   std::deque<std::packaged_task<void()>> dropped;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
     cancelled_ = true;
     dropped.swap(queue_);
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   for (auto& t : workers_) {
     if (t.joinable()) t.join();
   }
@@ -37,11 +38,11 @@ std::future<void> ThreadPool::Submit(std::function<void()> task) {
   std::packaged_task<void()> pt(std::move(task));
   auto fut = pt.get_future();
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (cancelled_) return fut;  // `pt` dies here: the future reports a broken promise
     queue_.push_back(std::move(pt));
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
   return fut;
 }
 
@@ -49,8 +50,8 @@ void ThreadPool::Run() {
   for (;;) {
     std::packaged_task<void()> task;
     {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      MutexLock lock(mu_);
+      while (!stopping_ && queue_.empty()) cv_.Wait(mu_);
       if (queue_.empty()) return;  // stopping and drained
       task = std::move(queue_.front());
       queue_.pop_front();

@@ -1,13 +1,13 @@
 #include "ckptfs/device_memory.h"
 
 #include <map>
-#include <mutex>
 
 #ifdef CKPTFS_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
 
 #include "ckptfs/build_info.h"
+#include "ckptfs/mutex.h"
 
 namespace ckptfs {
 
@@ -17,18 +17,18 @@ class SimulatedDevice final : public DeviceMemory {
  public:
   std::string Describe() const override { return "simulated device"; }
   Status RegisterHost(const void* host, size_t n) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!registered_.emplace(host, n).second) return Status::Error("host memory already registered");
     return Status::Ok();
   }
   void UnregisterHost(const void* host) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     registered_.erase(host);
   }
 
  private:
-  std::mutex mu_;
-  std::map<const void*, size_t> registered_;
+  Mutex mu_;
+  std::map<const void*, size_t> registered_ GUARDED_BY(mu_);
 };
 
 #ifdef CKPTFS_HAVE_CUDA

@@ -1,4 +1,5 @@
 #include "ckptfs/file_cache.h"
+#include "ckptfs/mutex.h"
 
 #include <unistd.h>
 
@@ -73,7 +74,7 @@ FileCache::Reservation::~Reservation() {
 }
 
 FileCache::CopyPtr FileCache::Find(const FileKey& key, bool use) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = entries_.find(key);
   if (it == entries_.end()) {
     if (use) ++counters_.misses;
@@ -127,7 +128,7 @@ Result<FileCache::Claimed> FileCache::Claim(const FileKey& key, uint64_t size, b
   const uint64_t bytes = PageBytes(size);
   const bool descriptor = SealedCopy::NeedsDescriptor(size);
   Released released;  // declared before the lock: let go of after it
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   for (;;) {
     if (auto it = entries_.find(key); it != entries_.end()) {
       lru_.splice(lru_.begin(), lru_, it->second.lru);
@@ -135,7 +136,7 @@ Result<FileCache::Claimed> FileCache::Claim(const FileKey& key, uint64_t size, b
     }
     if (!filling_.count(key)) break;
     if (!wait) return Claimed{};
-    filled_.wait(lock);
+    filled_.Wait(mu_);
   }
   if (pin && pinned_ + bytes > capacity_) return PinRefused();
   if (bytes > capacity_) {
@@ -168,12 +169,12 @@ Status FileCache::PinRefused() const {
 }
 
 void FileCache::Abandon(Reservation& fill) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   reserved_ -= fill.bytes_;
   if (fill.descriptor_) --descriptors_;
   filling_.erase(fill.key_);
   ++counters_.fills_abandoned;
-  filled_.notify_all();
+  filled_.NotifyAll();
 }
 
 void FileCache::MarkPinned(Entry& e) {
@@ -185,10 +186,10 @@ void FileCache::MarkPinned(Entry& e) {
 // Locks the pages of `key`'s copy if it is (still) pinned and not locked
 // yet. Under pin_mu_ only: Unpin and Evict, which unlock, wait for it.
 void FileCache::LockPages(const FileKey& key) {
-  std::lock_guard pin_lock(pin_mu_);
+  MutexLock pin_lock(pin_mu_);
   CopyPtr copy;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = entries_.find(key);
     if (it == entries_.end() || !it->second.pinned) return;
     copy = it->second.copy;
@@ -204,7 +205,7 @@ FileCache::CopyPtr FileCache::Publish(std::unique_ptr<Reservation> fill, std::un
 FileCache::CopyPtr FileCache::Publish(std::unique_ptr<Reservation> fill, std::shared_ptr<SealedCopy> copy) {
   const bool pin = fill->pin_;
   const FileKey key = fill->key_;
-  CopyPtr published = PublishLocked(std::move(fill), std::move(copy));
+  CopyPtr published = Admit(std::move(fill), std::move(copy));
   if (pin) LockPages(key);
   return published;
 }
@@ -214,7 +215,7 @@ FileCache::CopyPtr FileCache::PublishAs(std::unique_ptr<Reservation> fill, const
   bool taken = false;
   CopyPtr resident;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = entries_.find(key);
     taken = it != entries_.end() || filling_.count(key) > 0;
     if (taken) {
@@ -229,8 +230,8 @@ FileCache::CopyPtr FileCache::PublishAs(std::unique_ptr<Reservation> fill, const
   return Publish(std::move(fill), std::move(copy));
 }
 
-FileCache::CopyPtr FileCache::PublishLocked(std::unique_ptr<Reservation> fill, std::shared_ptr<SealedCopy> copy) {
-  std::lock_guard lock(mu_);
+FileCache::CopyPtr FileCache::Admit(std::unique_ptr<Reservation> fill, std::shared_ptr<SealedCopy> copy) {
+  MutexLock lock(mu_);
   fill->published_ = true;
   reserved_ -= fill->bytes_;
   // The reserved descriptor becomes the copy's; a copy made otherwise than
@@ -238,7 +239,7 @@ FileCache::CopyPtr FileCache::PublishLocked(std::unique_ptr<Reservation> fill, s
   const bool descriptor = copy->holds_descriptor();
   if (fill->descriptor_ != descriptor) descriptor ? ++descriptors_ : --descriptors_;
   filling_.erase(fill->key_);
-  filled_.notify_all();
+  filled_.NotifyAll();
   ++counters_.fills;
   counters_.fill_bytes += copy->size();
   counters_.fill_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - fill->start_).count();
@@ -254,7 +255,7 @@ FileCache::CopyPtr FileCache::PublishLocked(std::unique_ptr<Reservation> fill, s
 
 Status FileCache::Pin(const FileKey& key) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = entries_.find(key);
     if (it == entries_.end()) return Status::NotFound("not resident in the host tier");
     if (!it->second.pinned && pinned_ + PageBytes(it->second.copy->size()) > capacity_) return PinRefused();
@@ -265,11 +266,11 @@ Status FileCache::Pin(const FileKey& key) {
 }
 
 uint64_t FileCache::Unpin(const Sha256Digest& sha256) {
-  std::lock_guard pin_lock(pin_mu_);
+  MutexLock pin_lock(pin_mu_);
   std::vector<const SealedCopy*> unpinned;
   uint64_t bytes = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (auto it = entries_.lower_bound(FileKey{sha256, ""}); it != entries_.end() && it->first.sha256 == sha256;
          ++it) {
       if (!it->second.pinned) continue;
@@ -284,11 +285,11 @@ uint64_t FileCache::Unpin(const Sha256Digest& sha256) {
 }
 
 uint64_t FileCache::Evict(const Sha256Digest& sha256) {
-  std::lock_guard pin_lock(pin_mu_);
+  MutexLock pin_lock(pin_mu_);
   Released dropped;
   uint64_t bytes = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (auto it = entries_.lower_bound(FileKey{sha256, ""}); it != entries_.end() && it->first.sha256 == sha256;) {
       bytes += it->second.copy->size();
       Drop(it++, dropped);
@@ -300,14 +301,14 @@ uint64_t FileCache::Evict(const Sha256Digest& sha256) {
 
 size_t FileCache::ShedDescriptors(size_t count) {
   Released released;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   size_t shed = 0;
   while (shed < count && EvictOldest(/*holding_descriptor=*/true, FileKey{}, released)) ++shed;
   return shed;
 }
 
 FileCache::Stats FileCache::GetStats() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Stats s = counters_;
   s.locked_memory = locked_memory_.load();
   s.registered = registered_.load();
@@ -327,7 +328,7 @@ FileCache::Stats FileCache::GetStats() const {
 }
 
 std::map<Sha256Digest, FileCache::Residency> FileCache::ResidencyByFile() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::map<Sha256Digest, Residency> out;
   for (const auto& [key, e] : entries_) {
     Residency& r = out[key.sha256];

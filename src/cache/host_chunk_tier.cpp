@@ -1,4 +1,5 @@
 #include "ckptfs/host_chunk_tier.h"
+#include "ckptfs/mutex.h"
 
 namespace ckptfs {
 
@@ -98,18 +99,18 @@ uint8_t* HostChunkTier::TakeVictimLocked() {
 // mapped without this tier's lock), else a victim's.
 uint8_t* HostChunkTier::TakeSlot() {
   if (uint8_t* slot = memory_.Take()) return slot;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return TakeVictimLocked();
 }
 
 Result<HostChunkTier::Claimed> HostChunkTier::Claim(const ChunkKey& key, size_t len, Use use) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   for (;;) {
     auto it = entries_.find(key);
     if (it == entries_.end()) break;
     Entry& e = *it->second;
     if (e.filling) {
-      filled_.wait(lock);
+      filled_.Wait(mu_);
       continue;
     }
     CountHitLocked(e, use);
@@ -123,12 +124,12 @@ Result<HostChunkTier::Claimed> HostChunkTier::Claim(const ChunkKey& key, size_t 
   e->len = len;
   e->filling = true;
   entries_.emplace(key, std::move(owned));
-  lock.unlock();
+  lock.Unlock();
   uint8_t* slot = TakeSlot();
-  lock.lock();
+  lock.Lock();
   if (slot == nullptr) {
     entries_.erase(key);
-    filled_.notify_all();
+    filled_.NotifyAll();
     return Status::Full("host tier full of pinned or busy chunks");
   }
   e->slot = slot;
@@ -137,7 +138,7 @@ Result<HostChunkTier::Claimed> HostChunkTier::Claim(const ChunkKey& key, size_t 
 }
 
 void HostChunkTier::Commit(Entry* e, Use use, bool from_source) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   e->filling = false;
   e->readahead = use == Use::kReadAhead && from_source;
   PushProbation(*e);
@@ -147,27 +148,27 @@ void HostChunkTier::Commit(Entry* e, Use use, bool from_source) {
     if (use == Use::kPreload) ++counters_.preload_fills;
   }
   ++e->refs;
-  filled_.notify_all();
+  filled_.NotifyAll();
 }
 
 void HostChunkTier::Abort(Entry* e) {
   uint8_t* slot = e->slot;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     counters_.tier.used -= kChunkSize;
     entries_.erase(e->key);
-    filled_.notify_all();
+    filled_.NotifyAll();
   }
   memory_.Give(slot);
 }
 
 void HostChunkTier::Release(Entry* e) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   --e->refs;
 }
 
 Status HostChunkTier::CheckPinRoom(const ChunkKey& key) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = entries_.find(key);
   if (it != entries_.end() && it->second->pinned) return Status::Ok();
   if (pinned_ + kChunkSize + kUnpinnedReserveSlots * kChunkSize > options_.capacity) {
@@ -179,14 +180,14 @@ Status HostChunkTier::CheckPinRoom(const ChunkKey& key) const {
 }
 
 void HostChunkTier::Pin(Entry* e) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (e->pinned) return;
   e->pinned = true;
   pinned_ += kChunkSize;
 }
 
 uint64_t HostChunkTier::Unpin(const Sha256Digest& file) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   uint64_t bytes = 0;
   for (auto it = entries_.lower_bound(ChunkKey{file, 0}); it != entries_.end() && it->first.file == file; ++it) {
     Entry& e = *it->second;
@@ -202,7 +203,7 @@ uint64_t HostChunkTier::Evict(const Sha256Digest& file) {
   std::vector<uint8_t*> slots;
   uint64_t bytes = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (auto it = entries_.lower_bound(ChunkKey{file, 0}); it != entries_.end() && it->first.file == file;) {
       Entry& e = *it->second;
       if (e.refs > 0 || e.filling) {
@@ -222,7 +223,7 @@ uint64_t HostChunkTier::Evict(const Sha256Digest& file) {
 }
 
 void HostChunkTier::AddResidency(const Sha256Digest& file, ChunkResidency& r) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (auto it = entries_.lower_bound(ChunkKey{file, 0}); it != entries_.end() && it->first.file == file; ++it) {
     if (it->second->filling) continue;
     r.host += it->second->len;
@@ -231,7 +232,7 @@ void HostChunkTier::AddResidency(const Sha256Digest& file, ChunkResidency& r) co
 }
 
 void HostChunkTier::AddResidency(std::map<Sha256Digest, ChunkResidency>& out) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (const auto& [key, e] : entries_) {
     if (e->filling) continue;
     ChunkResidency& r = out[key.file];
@@ -241,7 +242,7 @@ void HostChunkTier::AddResidency(std::map<Sha256Digest, ChunkResidency>& out) co
 }
 
 HostChunkTier::Counters HostChunkTier::Stats() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Counters c = counters_;
   c.tier.pinned = pinned_;
   c.memory_locked = memory_.pinned();

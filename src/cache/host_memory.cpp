@@ -1,4 +1,5 @@
 #include "ckptfs/host_memory.h"
+#include "ckptfs/mutex.h"
 
 #include <sys/mman.h>
 
@@ -19,7 +20,7 @@ HostMemory::~HostMemory() {
 bool HostMemory::pinned() const { return pinned_.load(); }
 
 uint64_t HostMemory::reserved_bytes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return reserved_;
 }
 
@@ -45,7 +46,7 @@ uint8_t* HostMemory::MapSlab(size_t bytes) {
 uint8_t* HostMemory::Take() {
   size_t bytes = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!free_.empty()) {
       uint8_t* slot = free_.back();
       free_.pop_back();
@@ -57,7 +58,7 @@ uint8_t* HostMemory::Take() {
     reserved_ += bytes;  // claimed now, so that concurrent growth cannot pass the capacity
   }
   uint8_t* base = MapSlab(bytes);
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (base == nullptr) {  // the system is short of memory: the cache stops growing
     reserved_ -= bytes;
     return nullptr;
@@ -68,7 +69,7 @@ uint8_t* HostMemory::Take() {
 }
 
 void HostMemory::Give(uint8_t* slot) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   free_.push_back(slot);
 }
 

@@ -1,9 +1,10 @@
+#include "ckptfs/mutex.h"
 #include "ckptfs/proven_chunk_tables.h"
 
 namespace ckptfs {
 
 ProvenChunkTables::Table ProvenChunkTables::Find(const Sha256Digest& file) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = tables_.find(file);
   if (it == tables_.end()) return nullptr;
   lru_.splice(lru_.begin(), lru_, it->second.lru);
@@ -12,7 +13,7 @@ ProvenChunkTables::Table ProvenChunkTables::Find(const Sha256Digest& file) {
 
 void ProvenChunkTables::Put(const Sha256Digest& file, Table table) {
   if (!table || table->size() > max_chunks_) return;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (auto it = tables_.find(file); it != tables_.end()) {
     chunks_ -= it->second.table->size();
     lru_.erase(it->second.lru);
@@ -30,7 +31,7 @@ void ProvenChunkTables::Put(const Sha256Digest& file, Table table) {
 }
 
 uint64_t ProvenChunkTables::tables() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return tables_.size();
 }
 

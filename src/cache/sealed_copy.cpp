@@ -1,3 +1,4 @@
+#include "ckptfs/mutex.h"
 #include "ckptfs/sealed_copy.h"
 
 #include <fcntl.h>
@@ -88,7 +89,7 @@ Status SealedCopy::MapForWriting() {
   if (size_ == 0) return Status::Ok();
   const bool writable = how_ == WriteBy::kHugePageMapping;
   void* p = ::mmap(nullptr, static_cast<size_t>(size_), writable ? PROT_READ | PROT_WRITE : PROT_READ,
-                   writable ? MAP_SHARED : MAP_PRIVATE, fd_.get(), 0);
+                   writable ? MAP_SHARED : MAP_PRIVATE, WriterFd(), 0);
   if (p == MAP_FAILED) return CopyRefused("cannot map the memfd for " + name_, errno);
   map_ = static_cast<uint8_t*>(p);
   if (writable) ::madvise(p, static_cast<size_t>(size_), MADV_HUGEPAGE);
@@ -98,7 +99,7 @@ Status SealedCopy::MapForWriting() {
 // The same pages, read-only, at the same address (MAP_FIXED replaces the
 // old mapping in one step: a reader of ReadableAt never finds it unmapped).
 Status SealedCopy::MapReadOnly(int flags) {
-  void* p = ::mmap(map_, static_cast<size_t>(size_), PROT_READ, flags | MAP_FIXED, fd_.get(), 0);
+  void* p = ::mmap(map_, static_cast<size_t>(size_), PROT_READ, flags | MAP_FIXED, WriterFd(), 0);
   if (p == MAP_FAILED) return Status::FromErrno("cannot map the memfd for " + name_ + " read-only", errno);
   ::madvise(p, static_cast<size_t>(size_), MADV_HUGEPAGE);
   return Status::Ok();
@@ -115,12 +116,12 @@ void SealedCopy::Unmap() {
 }
 
 int SealedCopy::fd() const {
-  std::lock_guard lock(attach_mu_);
+  MutexLock lock(attach_mu_);
   return fd_.get();
 }
 
 void SealedCopy::ReleaseDescriptor() const {
-  std::lock_guard lock(attach_mu_);
+  MutexLock lock(attach_mu_);
   fd_.reset();
 }
 
@@ -132,7 +133,7 @@ Status SealedCopy::Write(uint64_t offset, const uint8_t* data, size_t len) {
     return Status::Ok();
   }
   for (size_t done = 0; done < len;) {
-    const ssize_t n = ::pwrite(fd_.get(), data + done, len - done, static_cast<off_t>(offset + done));
+    const ssize_t n = ::pwrite(WriterFd(), data + done, len - done, static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return Status::FromErrno("cannot write the memfd for " + name_, n < 0 ? errno : ENOSPC);
     done += static_cast<size_t>(n);
@@ -156,14 +157,14 @@ Status SealedCopy::Seal() {
     sealed_ = true;
     return Status::Ok();
   }
-  std::unique_lock lock(remap_mu_);
+  MutexLock lock(remap_mu_);
   remapping_ = true;
-  remap_cv_.wait(lock, [this] { return mapping_holds_ == 0; });
-  lock.unlock();
+  while (mapping_holds_ != 0) remap_cv_.Wait(remap_mu_);
+  lock.Unlock();
   Status s = RemapSealed();
-  lock.lock();
+  lock.Lock();
   remapping_ = false;
-  remap_cv_.notify_all();
+  remap_cv_.NotifyAll();
   return s;
 }
 
@@ -174,8 +175,8 @@ Status SealedCopy::RemapSealed() {
   if (how_ == WriteBy::kHugePageMapping && size_ > 0) {
     if (Status s = MapReadOnly(MAP_PRIVATE); !s.ok()) return s;
   }
-  if (::fcntl(fd_.get(), F_ADD_SEALS, kAllSeals) != 0) return Status::FromErrno("cannot seal the memfd for " + name_, errno);
-  if (static_cast<unsigned>(::fcntl(fd_.get(), F_GET_SEALS)) != kAllSeals) {
+  if (::fcntl(WriterFd(), F_ADD_SEALS, kAllSeals) != 0) return Status::FromErrno("cannot seal the memfd for " + name_, errno);
+  if (static_cast<unsigned>(::fcntl(WriterFd(), F_GET_SEALS)) != kAllSeals) {
     return Status::Error("the memfd for " + name_ + " did not keep its seals");
   }
   if (size_ > 0) {
@@ -186,15 +187,15 @@ Status SealedCopy::RemapSealed() {
 }
 
 SealedCopy::MappingHold SealedCopy::HoldMapping() const {
-  std::unique_lock lock(remap_mu_);
-  remap_cv_.wait(lock, [this] { return !remapping_; });
+  MutexLock lock(remap_mu_);
+  while (remapping_) remap_cv_.Wait(remap_mu_);
   ++mapping_holds_;
   return MappingHold(this);
 }
 
 void SealedCopy::ReleaseHold() const {
-  std::lock_guard lock(remap_mu_);
-  if (--mapping_holds_ == 0) remap_cv_.notify_all();
+  MutexLock lock(remap_mu_);
+  if (--mapping_holds_ == 0) remap_cv_.NotifyAll();
 }
 
 SealedCopy::MappingHold& SealedCopy::MappingHold::operator=(MappingHold&& other) noexcept {
@@ -224,7 +225,7 @@ void SealedCopy::Unlock() const {
 
 std::shared_ptr<CopyAttachment> SealedCopy::Attachment(
     const std::function<std::shared_ptr<CopyAttachment>(int fd)>& make) const {
-  std::lock_guard lock(attach_mu_);
+  MutexLock lock(attach_mu_);
   if (!attachment_ && fd_.valid()) attachment_ = make(fd_.get());
   return attachment_;
 }

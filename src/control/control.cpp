@@ -15,12 +15,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <mutex>
 
 #include <spdlog/spdlog.h>
 
 #include "ckptfs/hashes.h"
 #include "ckptfs/json_path.h"
+#include "ckptfs/mutex.h"
 #include "ckptfs/thread_pool.h"
 #include "fair_pool.h"
 
@@ -185,7 +185,7 @@ class ControlServer::Admissions {
   explicit Admissions(const ControlLimits& limits) : limits_(limits) {}
 
   Result<Ticket> Admit(uid_t uid, bool privileged) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     const auto it = per_uid_.find(uid);
     if (it != per_uid_.end() && it->second >= limits_.per_uid) {
       return Status::Error("too many control connections from uid " + std::to_string(uid) + " (limit " +
@@ -201,15 +201,15 @@ class ControlServer::Admissions {
 
  private:
   void Release(uid_t uid, bool in_total) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (auto it = per_uid_.find(uid); it != per_uid_.end() && --it->second == 0) per_uid_.erase(it);
     if (in_total) --total_;
   }
 
   const ControlLimits limits_;
-  std::mutex mu_;
-  std::map<uid_t, size_t> per_uid_;
-  size_t total_ = 0;
+  Mutex mu_;
+  std::map<uid_t, size_t> per_uid_ GUARDED_BY(mu_);
+  size_t total_ GUARDED_BY(mu_) = 0;
 };
 
 struct ControlServer::Connection {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "ckptfs/mutex.h"
+
 namespace ckptfs {
 
 FairPool::FairPool(unsigned threads, unsigned per_uid)
@@ -9,7 +11,7 @@ FairPool::FairPool(unsigned threads, unsigned per_uid)
 
 void FairPool::Submit(uid_t uid, std::function<void()> task) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     Share& share = shares_[uid];
     if (share.running >= per_uid_) {
       share.waiting.push_back(std::move(task));
@@ -30,7 +32,7 @@ void FairPool::Start(uid_t uid, std::function<void()> task) {
 void FairPool::Finished(uid_t uid) {
   std::function<void()> next;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = shares_.find(uid);
     if (it == shares_.end()) return;
     Share& share = it->second;

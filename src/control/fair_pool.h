@@ -10,8 +10,8 @@
 #include <deque>
 #include <functional>
 #include <map>
-#include <mutex>
 
+#include "ckptfs/mutex.h"
 #include "ckptfs/thread_pool.h"
 
 namespace ckptfs {
@@ -37,8 +37,9 @@ class FairPool {
   void Finished(uid_t uid);
 
   const unsigned per_uid_;
-  std::mutex mu_;
-  std::map<uid_t, Share> shares_;  // guarded by mu_; a uid with nothing running or waiting has no entry
+  Mutex mu_;
+  // A uid with nothing running or waiting has no entry.
+  std::map<uid_t, Share> shares_ GUARDED_BY(mu_);
   // Declared last, so destroyed first: its workers drain, and submit the
   // waiting tasks to it, while the shares still live.
   ThreadPool pool_;

@@ -1,3 +1,4 @@
+#include "ckptfs/mutex.h"
 #include "ckptfs/progress.h"
 
 #include <sys/ioctl.h>
@@ -66,11 +67,12 @@ ProgressBar::ProgressBar(std::string label, bool enabled)
 ProgressBar::~ProgressBar() {
   if (!enabled_) return;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   thread_.join();
+  MutexLock lock(mu_);
   if (drawn_) {
     std::fputs("\r\033[K", stderr);  // leave the terminal as we found it
     std::fflush(stderr);
@@ -78,11 +80,14 @@ ProgressBar::~ProgressBar() {
 }
 
 void ProgressBar::Run() {
-  std::unique_lock lock(mu_);
-  if (cv_.wait_for(lock, kFirstDrawAfter, [this] { return stop_; })) return;
-  while (!stop_) {
+  MutexLock lock(mu_);
+  auto next_draw = std::chrono::steady_clock::now() + kFirstDrawAfter;
+  for (;;) {
+    while (!stop_ && cv_.WaitUntil(mu_, next_draw)) {
+    }
+    if (stop_) return;
     Draw();
-    cv_.wait_for(lock, kRedrawEvery, [this] { return stop_; });
+    next_draw = std::chrono::steady_clock::now() + kRedrawEvery;
   }
 }
 

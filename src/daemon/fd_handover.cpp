@@ -12,6 +12,7 @@
 #include "ckptfs/build_info.h"
 #include "ckptfs/control_protocol.h"
 #include "ckptfs/handover_protocol.h"
+#include "ckptfs/mutex.h"
 
 namespace ckptfs::daemon {
 
@@ -61,7 +62,7 @@ FdHandover::~FdHandover() {
 }
 
 void FdHandover::Send(const nlohmann::json& message) {
-  std::lock_guard lock(send_mu_);
+  MutexLock lock(send_mu_);
   if (Status s = handover::Send(link_.get(), message); !s.ok()) spdlog::warn("{}", s.message());
 }
 
@@ -75,7 +76,7 @@ void FdHandover::Listen(FsContext& ctx) {
   // Every change of an inode's open count, for the successor should this
   // daemon crash; never blocking an open on a lagging supervisor.
   WatchOpenInodes(ctx, [this](const InheritedInode& i) {
-    std::lock_guard lock(send_mu_);
+    MutexLock lock(send_mu_);
     const nlohmann::json m{{"type", "open-inode"}, {"inode", {i.ino, i.opens, i.backing_id}}};
     if (Status s = handover::Send(link_.get(), m, /*wait=*/false); !s.ok() && !open_inodes_lost_.exchange(true)) {
       spdlog::warn("{}: a daemon that replaces this one after a crash may not know every open file", s.message());
@@ -93,7 +94,7 @@ void FdHandover::Listen(FsContext& ctx) {
       } else if (type == "handover-failed") {
         const std::string why = msg->value("error", std::string("?"));
         spdlog::error("restart failed, this daemon goes on serving: {}", why);
-        std::lock_guard lock(failures_mu_);
+        MutexLock lock(failures_mu_);
         ++handover_failures_;
         last_handover_error_ = why;
       } else if (type == "resend") {
@@ -143,7 +144,7 @@ nlohmann::json FdHandover::HandleRestart(const ControlServer::Request& r) {
 }
 
 nlohmann::json FdHandover::StatusJson() const {
-  std::lock_guard lock(failures_mu_);
+  MutexLock lock(failures_mu_);
   using namespace protocol;
   return {{kVersion, BuildDescription()},
           {kSupervised, true},

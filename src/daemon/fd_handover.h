@@ -7,7 +7,6 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,6 +15,7 @@
 
 #include "ckptfs/control.h"
 #include "ckptfs/fuse_ops.h"
+#include "ckptfs/mutex.h"
 #include "ckptfs/unique_fd.h"
 
 namespace ckptfs::daemon {
@@ -57,7 +57,7 @@ class FdHandover {
 
   int fuse_fd_ = -1;  // owned by the session once attached
   UniqueFd link_;
-  std::mutex send_mu_;
+  Mutex send_mu_;  // one message at a time on link_
   std::vector<uint8_t> adopted_init_;
   uint64_t restarts_ = 0;
   std::string last_exit_;
@@ -69,9 +69,9 @@ class FdHandover {
   std::thread listener_;
   std::atomic<bool> drained_{false};
   std::atomic<bool> open_inodes_lost_{false};
-  mutable std::mutex failures_mu_;
-  uint64_t handover_failures_ = 0;
-  std::string last_handover_error_;
+  mutable Mutex failures_mu_;
+  uint64_t handover_failures_ GUARDED_BY(failures_mu_) = 0;
+  std::string last_handover_error_ GUARDED_BY(failures_mu_);
 };
 
 // Test seam (tests/integration/restart_test.cpp): CKPTFS_TEST_FAIL_START=FILE

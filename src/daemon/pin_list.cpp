@@ -12,6 +12,7 @@
 
 #include "cache_commands.h"
 #include "ckptfs/hashes.h"
+#include "ckptfs/mutex.h"
 
 namespace ckptfs::daemon {
 
@@ -29,7 +30,7 @@ PinList::PinList(const std::string& state_dir, const std::string& canonical_moun
     : path_(state_dir + "/pins-" + ToHex(Sha256Of(canonical_mountpoint)).substr(0, 16) + ".json") {}
 
 std::vector<PinList::Pin> PinList::Load() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return ReadLocked();
 }
 
@@ -51,7 +52,7 @@ std::vector<PinList::Pin> PinList::ReadLocked() const {
 }
 
 void PinList::Clear() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (::unlink(path_.c_str()) != 0 && errno != ENOENT) {
     spdlog::warn("cannot remove the pin list {}: {}", path_, std::strerror(errno));
   }
@@ -78,7 +79,7 @@ void PinList::Record(const ControlServer::Request& r, const nlohmann::json& repl
   const std::string path = r.body["path"];
   const bool pin = cmd == "preload" && r.body.value("pin", false);
   if (!pin && cmd != "unpin" && cmd != "evict") return;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::vector<Pin> pins = ReadLocked();
   if (pin) {
     const std::string tier = r.body.value("tier", std::string("host"));

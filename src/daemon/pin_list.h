@@ -5,13 +5,13 @@
 #pragma once
 
 #include <atomic>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "ckptfs/control.h"
+#include "ckptfs/mutex.h"
 #include "ckptfs/status.h"
 
 namespace ckptfs::daemon {
@@ -37,11 +37,11 @@ class PinList {
   const std::string& path() const { return path_; }
 
  private:
-  std::vector<Pin> ReadLocked() const;  // mu_ held
+  std::vector<Pin> ReadLocked() const REQUIRES(mu_);
   Status Save(const std::vector<Pin>& pins) const;
 
   const std::string path_;
-  mutable std::mutex mu_;
+  mutable Mutex mu_;  // serialises reads and rewrites of the file
 };
 
 struct FsContext;

@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ckptfs/fuse_ops.h"
+#include "ckptfs/mutex.h"
 #include "passthrough_shim.h"
 
 namespace ckptfs::daemon {
@@ -62,9 +63,9 @@ Status ConnectionIo::Install(fuse_session* se, int fd) {
 }
 
 void ConnectionIo::Admit() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   admitted_ = true;
-  init_cv_.notify_all();
+  init_cv_.NotifyAll();
 }
 
 void ConnectionIo::Drain() {
@@ -73,8 +74,8 @@ void ConnectionIo::Drain() {
   if (::write(drain_.get(), &one, sizeof one) < 0) {
     // The eventfd cannot be full after one write; draining_ is set anyway.
   }
-  std::lock_guard lock(mu_);
-  init_cv_.notify_all();
+  MutexLock lock(mu_);
+  init_cv_.NotifyAll();
 }
 
 Status ConnectionIo::Resend() {
@@ -90,7 +91,7 @@ Status ConnectionIo::Resend() {
 }
 
 std::vector<uint8_t> ConnectionIo::init_request() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return init_request_;
 }
 
@@ -104,16 +105,16 @@ void ConnectionIo::SeeInitRequest(const uint8_t* p, size_t n) {
   }
   if (options_.passthrough != nullptr) options_.passthrough->OnInitRequest(p, n);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     init_request_.assign(p, p + n);
   }
   if (options_.adopted_init.empty() && options_.on_init_request) options_.on_init_request(init_request());
 }
 
 void ConnectionIo::InitDone() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   init_done_ = true;
-  init_cv_.notify_all();
+  init_cv_.NotifyAll();
 }
 
 ssize_t ConnectionIo::Read(int fd, void* buf, size_t len) {
@@ -131,15 +132,20 @@ ssize_t ConnectionIo::Read(int fd, void* buf, size_t len) {
     // libfuse answers EIO to anything read before INIT is processed. A
     // supervisor that never admits (it died) must not leave us deaf for
     // ever: after a while we serve anyway.
-    std::unique_lock lock(mu_);
-    const bool admitted = init_cv_.wait_for(lock, kAdmitTimeout, [&] {
-      return (init_done_ && admitted_) || draining_.load();
-    });
+    MutexLock lock(mu_);
+    const auto deadline = std::chrono::steady_clock::now() + kAdmitTimeout;
+    bool admitted = true;
+    while (!((init_done_ && admitted_) || draining_.load())) {
+      if (!init_cv_.WaitUntil(mu_, deadline)) {
+        admitted = (init_done_ && admitted_) || draining_.load();
+        break;
+      }
+    }
     if (!admitted && !admitted_) {
       admitted_ = true;
       spdlog::warn("the supervisor did not admit this daemon within {} s; serving anyway", kAdmitTimeout.count());
     }
-    init_cv_.wait(lock, [&] { return init_done_ || draining_.load(); });
+    while (!init_done_ && !draining_.load()) init_cv_.Wait(mu_);
   }
   return ReadDevice(fd, buf, len);
 }
@@ -168,7 +174,7 @@ ssize_t ConnectionIo::ReadDevice(int fd, void* buf, size_t len) {
 ssize_t ConnectionIo::Writev(int fd, struct iovec* iov, int count) {
   bool init_pending;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     init_pending = !init_done_ && init_unique_.load() != 0;
   }
   if (!init_pending || count < 1 || iov[0].iov_len < kOutHeaderSize ||

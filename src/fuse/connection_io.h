@@ -34,12 +34,11 @@
 #include <sys/uio.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <vector>
 
+#include "ckptfs/mutex.h"
 #include "ckptfs/status.h"
 #include "ckptfs/unique_fd.h"
 
@@ -96,11 +95,11 @@ class ConnectionIo {
   std::atomic<bool> adopted_handed_{false};  // the adopted INIT went to libfuse
   std::atomic<bool> has_resend_{false};
   std::atomic<uint64_t> init_unique_{0};
-  mutable std::mutex mu_;
-  std::condition_variable init_cv_;
-  bool init_done_ = false;
-  bool admitted_ = false;
-  std::vector<uint8_t> init_request_;
+  mutable Mutex mu_;
+  CondVar init_cv_;
+  bool init_done_ GUARDED_BY(mu_) = false;
+  bool admitted_ GUARDED_BY(mu_) = false;
+  std::vector<uint8_t> init_request_ GUARDED_BY(mu_);
 };
 
 }  // namespace ckptfs::daemon

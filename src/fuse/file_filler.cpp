@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ckptfs/header_stamper.h"
+#include "ckptfs/mutex.h"
 
 namespace ckptfs::daemon {
 
@@ -82,7 +83,7 @@ class FillJob {
   const bool prove;  // verify=sha256: the whole copy's SHA-256 is checked before it is sealed
 
   // Under jobs_mu_.
-  std::condition_variable changed;
+  CondVar changed;
   std::vector<uint8_t> state;
   uint64_t next = 0;            // the next chunk in order not yet taken (or past)
   std::deque<uint64_t> wanted;  // chunks a streaming reader waits for
@@ -99,7 +100,7 @@ class FillJob {
   // far in order, taken by whoever holds hash_mu (see AdvanceHash).
   std::vector<Sha256Digest> chunk_sha;
   std::string original_prefix;
-  std::mutex hash_mu;
+  Mutex hash_mu;
   Sha256 whole;
   std::atomic<uint64_t> hashed{0};
   std::atomic<bool> hash_complete{false};
@@ -114,21 +115,21 @@ FileFiller::~FileFiller() { Stop(); }
 
 void FileFiller::Stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
     queue_.clear();
     queued_.clear();
     sibling_requests_.clear();
   }
   cancel_ = true;
-  wake_.notify_all();
+  wake_.NotifyAll();
   std::vector<std::shared_ptr<FillJob>> running;
   {
-    std::lock_guard lock(jobs_mu_);
+    MutexLock lock(jobs_mu_);
     readers_stopping_ = true;
     for (const auto& [key, job] : jobs_) running.push_back(job);
   }
-  work_.notify_all();
+  work_.NotifyAll();
   for (const auto& job : running) {
     Finish(job, Status::Error(job->file->source_path + ": fill cancelled (stopping)"), /*cancelled=*/true);
   }
@@ -139,7 +140,7 @@ void FileFiller::Stop() {
 }
 
 std::shared_ptr<FillJob> FileFiller::InFlight(const FileKey& key) {
-  std::lock_guard lock(jobs_mu_);
+  MutexLock lock(jobs_mu_);
   auto it = jobs_.find(key);
   return it == jobs_.end() ? nullptr : it->second;
 }
@@ -189,11 +190,11 @@ std::shared_ptr<FillJob> FileFiller::Begin(const View::NodePtr& file, const Serv
     return job;
   }
   {
-    std::lock_guard lock(jobs_mu_);
+    MutexLock lock(jobs_mu_);
     jobs_[form.key] = job;
     turns_.push_back(job);
   }
-  work_.notify_all();
+  work_.NotifyAll();
   return job;
 }
 
@@ -206,14 +207,14 @@ Result<FileCache::CopyPtr> FileFiller::Fill(const View::NodePtr& file, bool pin,
   auto job = Begin(file, *form, pin, /*wait=*/true, &resident, &refused);
   if (!job && !resident) return refused;
   if (job) {
-    std::unique_lock lock(jobs_mu_);
+    MutexLock lock(jobs_mu_);
     while (job->end == FillJob::End::kRunning) {
-      job->changed.wait_for(lock, std::chrono::milliseconds(200));
+      job->changed.WaitFor(jobs_mu_, std::chrono::milliseconds(200));
       if (!progress || job->end != FillJob::End::kRunning) continue;
-      lock.unlock();
+      lock.Unlock();
       const bool go_on = progress(job->done_bytes.load());
       if (!go_on) Finish(job, Status::Error(file->source_path + ": fill cancelled"), /*cancelled=*/true);
-      lock.lock();
+      lock.Lock();
     }
     if (job->end == FillJob::End::kFailed) return job->error;
     resident = job->published;
@@ -240,7 +241,7 @@ void FileFiller::Start(const View::NodePtr& file) {
 // else the next in order of each fill in turn. Blocks until there is one;
 // {null, 0} once stopping.
 std::pair<std::shared_ptr<FillJob>, uint64_t> FileFiller::NextChunk() {
-  std::unique_lock lock(jobs_mu_);
+  MutexLock lock(jobs_mu_);
   for (;;) {
     if (readers_stopping_) return {nullptr, 0};
     for (const auto& [key, job] : jobs_) {
@@ -262,7 +263,7 @@ std::pair<std::shared_ptr<FillJob>, uint64_t> FileFiller::NextChunk() {
       turns_.push_back(job);
       return {job, c};
     }
-    work_.wait(lock);
+    work_.Wait(jobs_mu_);
   }
 }
 
@@ -317,14 +318,14 @@ void HashInOrder(FillJob& job, uint64_t c) {
 void FileFiller::ChunkDone(const std::shared_ptr<FillJob>& job, uint64_t chunk, const Status& s) {
   bool complete = false;
   {
-    std::lock_guard lock(jobs_mu_);
+    MutexLock lock(jobs_mu_);
     if (job->finishing) return;
     if (s.ok()) {
       job->state[chunk] = kDone;
       job->done_bytes += job->ChunkLen(chunk);
       complete = ++job->done == job->chunks;
     }
-    job->changed.notify_all();
+    job->changed.NotifyAll();
   }
   if (!s.ok()) {
     Finish(job, s);
@@ -338,19 +339,19 @@ void FileFiller::ChunkDone(const std::shared_ptr<FillJob>& job, uint64_t chunk, 
   // thread at a time; one that finds the lock taken leaves its chunk to the
   // holder, which looks again before it lets go.
   auto next_done = [&] {
-    std::lock_guard lock(jobs_mu_);
+    MutexLock lock(jobs_mu_);
     const uint64_t h = job->hashed.load();
     return h < job->chunks && job->state[h] == kDone;
   };
   while (next_done()) {
-    std::unique_lock hashing(job->hash_mu, std::try_to_lock);
-    if (!hashing) return;
+    if (!job->hash_mu.TryLock()) return;
     while (next_done()) {
       HashInOrder(*job, job->hashed.load());
       ++job->hashed;
     }
-    if (job->hashed.load() == job->chunks && !job->hash_complete.exchange(true)) {
-      hashing.unlock();
+    const bool hashed_all = job->hashed.load() == job->chunks && !job->hash_complete.exchange(true);
+    job->hash_mu.Unlock();
+    if (hashed_all) {
       Finish(job, Status::Ok());
       return;
     }
@@ -362,7 +363,7 @@ void FileFiller::ChunkDone(const std::shared_ptr<FillJob>& job, uint64_t chunk, 
 // is kept for the chunk path); any other is dropped with its reservation.
 void FileFiller::Finish(const std::shared_ptr<FillJob>& job, Status s, bool cancelled) {
   {
-    std::lock_guard lock(jobs_mu_);
+    MutexLock lock(jobs_mu_);
     if (job->finishing) return;
     job->finishing = true;
   }
@@ -382,13 +383,13 @@ void FileFiller::Finish(const std::shared_ptr<FillJob>& job, Status s, bool canc
     job->reservation.reset();
   }
   {
-    std::lock_guard lock(jobs_mu_);
+    MutexLock lock(jobs_mu_);
     job->end = s.ok() ? FillJob::End::kPublished : FillJob::End::kFailed;
     job->error = s;
     job->published = published;
     if (auto it = jobs_.find(job->form.key); it != jobs_.end() && it->second == job) jobs_.erase(it);
     std::erase(turns_, job);
-    job->changed.notify_all();
+    job->changed.NotifyAll();
   }
   if (!s.ok() && s.code() != Status::Code::kFull && !cancelled) {
     ++failed_;
@@ -398,6 +399,18 @@ void FileFiller::Finish(const std::shared_ptr<FillJob>& job, Status s, bool canc
     spdlog::warn("{}: the copy of {} for the host tier was abandoned{}{}; nothing of it is served", job->file->digest,
                  job->file->source_path, reported ? "" : ": ", reported ? "" : s.message());
   }
+}
+
+// Whether a streaming reader of chunks [first, last] of `job` may go on:
+// they are verified, or it will not be served from the copy at all.
+bool FileFiller::StreamReady(const FillJob& job, bool none, uint64_t first, uint64_t last) const {
+  if (job.end != FillJob::End::kRunning || readers_stopping_) return true;
+  if (!job.prove && none) return true;
+  if (job.prove) return false;  // served only once the whole copy passed
+  for (uint64_t c = first; c <= last; ++c) {
+    if (job.state[c] != kDone) return false;
+  }
+  return true;
 }
 
 std::optional<FileFiller::Streamed> FileFiller::Stream(const FileKey& key, uint64_t offset, size_t len) {
@@ -411,23 +424,14 @@ std::optional<FileFiller::Streamed> FileFiller::Stream(const FileKey& key, uint6
   const bool none = end <= prefix;
   const uint64_t first = (std::max(offset, prefix) - prefix + header) / kChunkSize;
   const uint64_t last = none ? first : (end - 1 - prefix + header) / kChunkSize;
-  std::unique_lock lock(jobs_mu_);
-  auto ready = [&] {
-    if (job->end != FillJob::End::kRunning || readers_stopping_) return true;
-    if (!job->prove && none) return true;
-    if (job->prove) return false;  // served only once the whole copy passed
-    for (uint64_t c = first; c <= last; ++c) {
-      if (job->state[c] != kDone) return false;
-    }
-    return true;
-  };
+  MutexLock lock(jobs_mu_);
   if (!job->prove && !none) {
     for (uint64_t c = first; c <= last; ++c) {
       if (job->state[c] == kPending) job->wanted.push_back(c);
     }
-    work_.notify_all();
+    work_.NotifyAll();
   }
-  job->changed.wait(lock, ready);
+  while (!StreamReady(*job, none, first, last)) job->changed.Wait(jobs_mu_);
   if (job->end == FillJob::End::kFailed || readers_stopping_ || (job->prove && job->end != FillJob::End::kPublished)) {
     return std::nullopt;
   }
@@ -440,17 +444,17 @@ Result<ProvenChunkTables::Table> FileFiller::Prove(const View::NodePtr& file) {
   if (ctx_.proven == nullptr) return Status::Error("no proven chunk tables on this mount");
   if (auto table = ctx_.proven->Find(file->sha256)) return table;
   {
-    std::unique_lock lock(prove_mu_);
-    proved_.wait(lock, [&] { return !proving_.count(file->sha256); });
+    MutexLock lock(prove_mu_);
+    while (proving_.count(file->sha256)) proved_.Wait(prove_mu_);
     if (auto table = ctx_.proven->Find(file->sha256)) return table;
     proving_.insert(file->sha256);
   }
   auto table = ProveByReading(file);
   {
-    std::lock_guard lock(prove_mu_);
+    MutexLock lock(prove_mu_);
     proving_.erase(file->sha256);
   }
-  proved_.notify_all();
+  proved_.NotifyAll();
   return table;
 }
 

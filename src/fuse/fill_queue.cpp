@@ -6,6 +6,7 @@
 
 #include "ckptfs/catalog.h"
 #include "ckptfs/file_filler.h"
+#include "ckptfs/mutex.h"
 
 namespace ckptfs::daemon {
 
@@ -15,21 +16,21 @@ constexpr size_t kMaxQueued = 4096;  // an open storm must not grow memory witho
 
 void FileFiller::Enqueue(const View::NodePtr& file, const FileKey& key) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_ || queued_.count(key) || queue_.size() >= kMaxQueued) return;
     queued_.insert(key);
     queue_.emplace_back(file, key);
   }
-  wake_.notify_one();
+  wake_.NotifyOne();
 }
 
 void FileFiller::EnqueueSiblings(const View::NodePtr& file) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_ || sibling_requests_.size() >= kMaxQueued) return;
     sibling_requests_.push_back(file);
   }
-  wake_.notify_one();
+  wake_.NotifyOne();
 }
 
 void FileFiller::QueueSiblingsOf(const View::NodePtr& file) {
@@ -66,8 +67,8 @@ void FileFiller::RunQueue() {
     std::pair<View::NodePtr, FileKey> job;
     View::NodePtr siblings_of;
     {
-      std::unique_lock lock(mu_);
-      wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || !sibling_requests_.empty(); });
+      MutexLock lock(mu_);
+      while (!stopping_ && queue_.empty() && sibling_requests_.empty()) wake_.Wait(mu_);
       if (stopping_) return;
       // Sibling requests first: they only queue fills, behind any queued before.
       if (!sibling_requests_.empty()) {
@@ -89,7 +90,7 @@ void FileFiller::RunQueue() {
         spdlog::debug("{}: not copied into the host tier: {}", job.first->source_path, filled.status().message());
       }
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     queued_.erase(job.second);
   }
 }

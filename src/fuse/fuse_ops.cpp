@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -19,6 +18,7 @@
 
 #include "ckptfs/file_filler.h"
 #include "ckptfs/header_stamper.h"
+#include "ckptfs/mutex.h"
 #include "ckptfs/unique_fd.h"
 #include "connection_io.h"
 #include "open_handles.h"
@@ -130,10 +130,14 @@ void ReplyEntry(fuse_req_t req, const View::NodePtr& n) {
   e.generation = n->generation;
   e.attr = *attr;
   e.attr_timeout = e.entry_timeout = Timeout(Ctx(req), *n);
-  // Counted only once the kernel has the entry: it will forget it as often.
-  // (The reply frees `req`: take the view first.)
+  // Counted before the reply, as passthrough_hp does: once the kernel has
+  // the entry it may FORGET it at once, on another thread, and a count
+  // taken after that would never be given back (the node would be held for
+  // ever). A reply the kernel did not take (the request was interrupted)
+  // gives the count back. (The reply frees `req`: take the view first.)
   View* view = Ctx(req).view;
-  if (fuse_reply_entry(req, &e) == 0) view->Remember(n);
+  view->Remember(n);
+  if (fuse_reply_entry(req, &e) != 0) view->Forget(n->ino, 1);
 }
 
 void Init(void* userdata, fuse_conn_info* conn) {
@@ -671,12 +675,12 @@ Result<ChunkCache::Ref> FetchChunk(FsContext& ctx, const View::NodePtr& file, ui
 
 
 void OpenCounts::Count(const std::string& how) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   ++counts_[how];
 }
 
 std::map<std::string, uint64_t> OpenCounts::Get() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return counts_;
 }
 

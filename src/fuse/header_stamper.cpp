@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "ckptfs/mutex.h"
 #include "ckptfs/safetensors_header.h"
 
 namespace ckptfs::daemon {
@@ -27,7 +28,7 @@ Result<std::optional<StampedFile>> HeaderStamper::For(FsContext& ctx, const View
   if (!file->safetensors) return std::optional<StampedFile>();
   const std::string key = file->digest + "/" + ToHex(file->sha256);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (auto it = memo_.find(key); it != memo_.end()) return it->second;
   }
   std::string why;
@@ -52,7 +53,7 @@ Result<std::optional<StampedFile>> HeaderStamper::For(FsContext& ctx, const View
                   file->digest, file->source_path, served, *file->stamped_size);
     return Status::Corrupt(file->source_path + ": stamped size differs from the index");
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   memo_[key] = result;
   return result;
 }

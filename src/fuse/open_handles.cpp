@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "ckptfs/fuse_ops.h"
+#include "ckptfs/mutex.h"
 
 namespace ckptfs::daemon {
 
@@ -27,26 +28,26 @@ OpenHandles::OpenHandles() : next_(RandomBase()) {}
 
 uint64_t OpenHandles::AddFile(std::shared_ptr<OpenFile> file) {
   const uint64_t fh = next_++;
-  std::unique_lock lock(mu_);
+  WriterLock lock(mu_);
   files_[fh] = std::move(file);
   return fh;
 }
 
 bool OpenHandles::AdoptFile(uint64_t fh, std::shared_ptr<OpenFile>& file) {
-  std::unique_lock lock(mu_);
+  WriterLock lock(mu_);
   auto [it, inserted] = files_.emplace(fh, file);
   if (!inserted) file = it->second;
   return inserted;
 }
 
 std::shared_ptr<OpenFile> OpenHandles::File(uint64_t fh) const {
-  std::shared_lock lock(mu_);
+  ReaderLock lock(mu_);
   auto it = files_.find(fh);
   return it == files_.end() ? nullptr : it->second;
 }
 
 std::shared_ptr<OpenFile> OpenHandles::TakeFile(uint64_t fh) {
-  std::unique_lock lock(mu_);
+  WriterLock lock(mu_);
   auto it = files_.find(fh);
   if (it == files_.end()) return nullptr;
   auto f = std::move(it->second);
@@ -56,24 +57,24 @@ std::shared_ptr<OpenFile> OpenHandles::TakeFile(uint64_t fh) {
 
 uint64_t OpenHandles::AddDir(std::shared_ptr<DirHandle> dir) {
   const uint64_t fh = next_++;
-  std::unique_lock lock(mu_);
+  WriterLock lock(mu_);
   dirs_[fh] = std::move(dir);
   return fh;
 }
 
 void OpenHandles::AdoptDir(uint64_t fh, std::shared_ptr<DirHandle> dir) {
-  std::unique_lock lock(mu_);
+  WriterLock lock(mu_);
   dirs_.emplace(fh, std::move(dir));
 }
 
 std::shared_ptr<DirHandle> OpenHandles::Dir(uint64_t fh) const {
-  std::shared_lock lock(mu_);
+  ReaderLock lock(mu_);
   auto it = dirs_.find(fh);
   return it == dirs_.end() ? nullptr : it->second;
 }
 
 void OpenHandles::RemoveDir(uint64_t fh) {
-  std::unique_lock lock(mu_);
+  WriterLock lock(mu_);
   dirs_.erase(fh);
 }
 

@@ -13,14 +13,13 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
-#include <shared_mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "ckptfs/file_cache.h"
+#include "ckptfs/mutex.h"
 #include "ckptfs/view.h"
 
 namespace ckptfs::daemon {
@@ -64,10 +63,10 @@ class OpenHandles {
   void RemoveDir(uint64_t fh);
 
  private:
-  mutable std::shared_mutex mu_;
+  mutable SharedMutex mu_;
   std::atomic<uint64_t> next_;
-  std::unordered_map<uint64_t, std::shared_ptr<OpenFile>> files_;
-  std::unordered_map<uint64_t, std::shared_ptr<DirHandle>> dirs_;
+  std::unordered_map<uint64_t, std::shared_ptr<OpenFile>> files_ GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, std::shared_ptr<DirHandle>> dirs_ GUARDED_BY(mu_);
 };
 
 }  // namespace ckptfs::daemon

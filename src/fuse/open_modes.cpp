@@ -1,10 +1,11 @@
+#include "ckptfs/mutex.h"
 #include "ckptfs/open_modes.h"
 
 namespace ckptfs::daemon {
 
 OpenModes::Choice OpenModes::Open(uint64_t ino, const std::function<Choice()>& decide,
                                   const std::function<FileCache::CopyPtr()>& resident) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Held& h = held_[ino];
   if (h.opens++ == 0) {
     h.choice = decide();
@@ -20,12 +21,12 @@ OpenModes::Choice OpenModes::Open(uint64_t ino, const std::function<Choice()>& d
 }
 
 bool OpenModes::IsOpen(uint64_t ino) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return held_.count(ino) != 0;
 }
 
 bool OpenModes::Release(uint64_t ino) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = held_.find(ino);
   if (it == held_.end()) return false;
   --it->second.opens;
@@ -37,12 +38,12 @@ bool OpenModes::Release(uint64_t ino) {
 }
 
 std::vector<std::pair<uint64_t, OpenModes::Held>> OpenModes::Snapshot() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return {held_.begin(), held_.end()};
 }
 
 void OpenModes::Inherit(uint64_t ino, uint64_t opens, Choice choice) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Held& h = held_[ino];
   if (h.opens == 0) h.choice = std::move(choice);
   h.opens += opens;
@@ -51,19 +52,19 @@ void OpenModes::Inherit(uint64_t ino, uint64_t opens, Choice choice) {
 }
 
 bool OpenModes::HasInherited(uint64_t ino) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = held_.find(ino);
   return it != held_.end() && it->second.inherited > 0;
 }
 
 void OpenModes::SetObserver(Observer observer) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   observer_ = std::move(observer);
 }
 
 void OpenModes::ReleaseInherited(uint64_t ino) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = held_.find(ino);
     if (it == held_.end() || it->second.inherited == 0) return;  // a crash's leftovers: nothing was inherited
     --it->second.inherited;
@@ -72,7 +73,7 @@ void OpenModes::ReleaseInherited(uint64_t ino) {
 }
 
 size_t OpenModes::inodes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return held_.size();
 }
 

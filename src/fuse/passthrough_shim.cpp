@@ -1,6 +1,7 @@
 #include "passthrough_shim.h"
 
 #include "ckptfs/fuse_ops.h"
+#include "ckptfs/mutex.h"
 
 #include <linux/capability.h>
 #include <sys/ioctl.h>
@@ -84,13 +85,13 @@ KernelPassthrough::KernelPassthrough(bool wanted) : wanted_(wanted) {
 }
 
 std::string KernelPassthrough::reason() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return reason_;
 }
 
 void KernelPassthrough::Settle(Mode mode, const std::string& why) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (mode_.load() == Mode::kOff) return;  // off stays off, with its first reason
     reason_ = why;
     mode_ = mode;

@@ -42,10 +42,10 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "ckptfs/mutex.h"
 #include "ckptfs/sealed_copy.h"
 #include "ckptfs/status.h"
 #include "ckptfs/unique_fd.h"
@@ -112,11 +112,11 @@ class KernelPassthrough : public std::enable_shared_from_this<KernelPassthrough>
   const bool wanted_;
   UniqueFd dev_;  // a dup of the session's /dev/fuse descriptor
   std::atomic<Mode> mode_{Mode::kPending};
-  mutable std::mutex mu_;
-  std::string reason_;
-  std::atomic<bool> ask_{false};
-  std::atomic<bool> keep_backings_{false};
-  std::atomic<int> probe_id_{0};  // the id the probe got: a predecessor's lie below it  // the INIT reply is to ask for passthrough
+  mutable Mutex mu_;
+  std::string reason_ GUARDED_BY(mu_);
+  std::atomic<bool> ask_{false};            // the INIT reply is to ask for passthrough
+  std::atomic<bool> keep_backings_{false};  // KeepBackingsOpen: a successor may inherit them
+  std::atomic<int> probe_id_{0};            // the id the probe got: a predecessor's ids lie below it
   friend class KernelBacking;
 };
 

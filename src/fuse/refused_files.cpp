@@ -1,3 +1,4 @@
+#include "ckptfs/mutex.h"
 #include "ckptfs/refused_files.h"
 
 #include <tuple>
@@ -11,7 +12,7 @@ bool RefusedFiles::Less::operator()(const Key& a, const Key& b) const {
 }
 
 bool RefusedFiles::Add(const Sha256Digest& sha256, const FileStamp& stamp, const ChunkTable& chunks) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Key key{sha256, stamp, chunks.get()};
   if (!keys_.insert(key).second) return false;
   any_ = true;
@@ -26,7 +27,7 @@ bool RefusedFiles::Add(const Sha256Digest& sha256, const FileStamp& stamp, const
 bool RefusedFiles::Contains(const Sha256Digest& sha256, const FileStamp& stamp,
                             const std::vector<ChunkHash>* chunks) const {
   if (!any_.load(std::memory_order_acquire)) return false;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return keys_.count({sha256, stamp, chunks}) != 0;
 }
 

@@ -1,4 +1,5 @@
 #include "ckptfs/index.h"
+#include "ckptfs/mutex.h"
 
 #include <pwd.h>
 #include <sys/stat.h>
@@ -353,7 +354,7 @@ Result<std::optional<Index::StoredFile>> ReadFileRow(Stmt& s, uint64_t dev, uint
 }  // namespace
 
 Result<std::optional<Index::StoredFile>> Index::LookupInode(uint64_t dev, uint64_t ino) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Stmt s(Cached(kSelectFile));
   if (!s.ok()) return SqlError("cannot look up a file");
   return ReadFileRow(s, dev, ino, [&] { return SqlError("cannot look up a file"); });
@@ -362,7 +363,7 @@ Result<std::optional<Index::StoredFile>> Index::LookupInode(uint64_t dev, uint64
 Result<std::vector<std::optional<FileHashes>>> Index::LookupFiles(const std::vector<FileStamp>& stamps) {
   std::vector<std::optional<FileHashes>> out;
   out.reserve(stamps.size());
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   // One read transaction and one statement for them all.
   if (Status s = Exec("BEGIN"); !s.ok()) return s;
   Stmt s(Cached(kSelectFile));
@@ -376,19 +377,21 @@ Result<std::vector<std::optional<FileHashes>>> Index::LookupFiles(const std::vec
     if (*row && (*row)->stamp == stamps[i]) out.push_back(std::move((*row)->hashes));
     else out.push_back(std::nullopt);
   }
-  Exec("COMMIT");
+  // A read transaction ends either way; one left open would make the next
+  // BEGIN fail, so a failed COMMIT is an error too.
+  if (Status committed = Exec("COMMIT"); failed.ok()) failed = committed;
   if (!failed.ok()) return failed;
   return out;
 }
 
 Status Index::PutFile(const FileStamp& stamp, const std::string& path, const FileHashes& hashes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return PutFileLocked(stamp, path, hashes);
 }
 
 Status Index::PutBatch(const std::vector<FileRow>& files, const std::vector<CheckpointRow>& checkpoints) {
   if (files.empty() && checkpoints.empty()) return Status::Ok();
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
   Status failed;
   for (const auto& f : files) {
@@ -400,7 +403,11 @@ Status Index::PutBatch(const std::vector<FileRow>& files, const std::vector<Chec
     if (failed.ok()) failed = PutSourceLocked(c.real_root, c.rel_path, c.name);
   }
   if (failed.ok()) failed = Exec("COMMIT");
-  if (!failed.ok()) Exec("ROLLBACK");  // nothing of the batch stays; its files are hashed again
+  if (!failed.ok()) {  // nothing of the batch stays; its files are hashed again
+    if (Status undone = Exec("ROLLBACK"); !undone.ok()) {
+      return Status::Error(failed.message() + "; and then " + undone.message());
+    }
+  }
   return failed;
 }
 
@@ -429,7 +436,7 @@ Status Index::PutFileLocked(const FileStamp& stamp, const std::string& path, con
 }
 
 Status Index::ForgetFile(uint64_t dev, uint64_t ino) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Stmt s(db_, "DELETE FROM files WHERE dev=?1 AND ino=?2");
   if (!s.ok()) return Status::Error("index " + path_ + ": " + sqlite3_errmsg(db_));
   s.Bind(1, dev);
@@ -439,7 +446,7 @@ Status Index::ForgetFile(uint64_t dev, uint64_t ino) {
 }
 
 Result<std::optional<uint64_t>> Index::LookupStampedSize(const Sha256Digest& file) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Stmt s(db_, "SELECT size, row_sum FROM stamped_sizes WHERE sha256=?1");
   if (!s.ok()) return SqlError("cannot look up a stamped size");
   s.BindBlob(1, file.data(), file.size());
@@ -456,7 +463,7 @@ Result<std::optional<uint64_t>> Index::LookupStampedSize(const Sha256Digest& fil
 }
 
 Status Index::PutStampedSize(const Sha256Digest& file, uint64_t size) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Stmt s(db_, "INSERT OR REPLACE INTO stamped_sizes(sha256, size, row_sum) VALUES (?1, ?2, ?3)");
   if (!s.ok()) return Status::Error("index " + path_ + ": " + sqlite3_errmsg(db_));
   s.BindBlob(1, file.data(), file.size());
@@ -469,7 +476,7 @@ Status Index::PutStampedSize(const Sha256Digest& file, uint64_t size) {
 
 Status Index::PutCheckpoint(const std::string& name, const std::string& manifest, uint64_t total_size,
                             uint64_t file_count) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return PutCheckpointLocked(name, manifest, total_size, file_count);
 }
 
@@ -489,7 +496,7 @@ Status Index::PutCheckpointLocked(const std::string& name, const std::string& ma
 }
 
 Status Index::PutSource(const std::string& real_root, const std::string& rel_path, const std::string& name) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return PutSourceLocked(real_root, rel_path, name);
 }
 
@@ -505,7 +512,7 @@ Status Index::PutSourceLocked(const std::string& real_root, const std::string& r
 }
 
 Result<std::optional<std::string>> Index::LookupSource(const std::string& real_root, const std::string& rel_path) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Stmt s(db_, "SELECT name FROM sources WHERE root=?1 AND rel_path=?2");
   if (!s.ok()) return SqlError("cannot look up a source");
   s.Bind(1, real_root);
@@ -514,7 +521,7 @@ Result<std::optional<std::string>> Index::LookupSource(const std::string& real_r
 }
 
 Result<std::optional<std::string>> Index::LookupManifest(const std::string& name) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Stmt s(db_, "SELECT manifest FROM checkpoints WHERE name=?1");
   if (!s.ok()) return SqlError("cannot look up a manifest");
   s.Bind(1, name);
@@ -522,7 +529,7 @@ Result<std::optional<std::string>> Index::LookupManifest(const std::string& name
 }
 
 std::optional<int64_t> Index::CheckpointIndexedAt(const std::string& name) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Stmt s(db_, "SELECT indexed_at FROM checkpoints WHERE name=?1");
   if (!s.ok()) return std::nullopt;
   s.Bind(1, name);

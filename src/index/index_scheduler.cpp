@@ -1,4 +1,5 @@
 #include "ckptfs/index_scheduler.h"
+#include "ckptfs/mutex.h"
 
 #include <algorithm>
 #include <deque>
@@ -60,15 +61,15 @@ IndexScheduler::~IndexScheduler() { Stop(); }
 
 void IndexScheduler::Stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_ && workers_.empty()) return;
     stopping_ = true;
     for (auto& job : std::list<std::shared_ptr<Job>>(jobs_)) CancelLocked(*job);
   }
-  wake_.notify_all();
+  wake_.NotifyAll();
   for (auto& w : workers_) w.join();
   workers_.clear();
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   shared_.clear();  // paused tasks let go of their copies here
   if (Status s = rows_->Flush(); !s.ok()) {
     // Rows not written are files hashed again next time; nothing to tell.
@@ -83,18 +84,18 @@ IndexScheduler::JobId IndexScheduler::Submit(std::shared_ptr<const CatalogScan> 
   job->job = std::make_unique<indexing::IndexingJob>(std::move(scan), std::move(ctx));
   job->done = std::move(done);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     job->id = next_id_++;
     if (stopping_) return job->id;  // never runs
     jobs_.push_back(job);
   }
-  wake_.notify_one();
+  wake_.NotifyOne();
   return job->id;
 }
 
 void IndexScheduler::Cancel(JobId id) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (auto& job : jobs_) {
       if (job->id == id) {
         CancelLocked(*job);
@@ -102,7 +103,7 @@ void IndexScheduler::Cancel(JobId id) {
       }
     }
   }
-  wake_.notify_all();
+  wake_.NotifyAll();
 }
 
 void IndexScheduler::CancelLocked(Job& job) {
@@ -183,40 +184,40 @@ IndexScheduler::Turn IndexScheduler::NextTurn() {
 }
 
 void IndexScheduler::Work() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   for (;;) {
     Turn turn = NextTurn();
     if (turn.kind == Turn::Kind::kNone) {
       if (stopping_) return;
       ++idle_;
-      wake_.wait(lock);
+      wake_.Wait(mu_);
       --idle_;
       continue;
     }
     Job& job = *turn.job;
     switch (turn.kind) {
       case Turn::Kind::kPrepare: {
-        lock.unlock();
+        lock.Unlock();
         const std::vector<FileJob*> misses = job.job->Prepare(threads_);
-        lock.lock();
+        lock.Lock();
         job.phase = Job::Phase::kHashing;
         if (!job.cancelled) Attach(job, misses);
         break;
       }
       case Turn::Kind::kHash:
-        RunFiles(lock, job, std::move(turn.files));
+        RunFiles(job, std::move(turn.files));
         break;
       case Turn::Kind::kFinish: {
-        lock.unlock();
+        lock.Unlock();
         IndexReport report = job.job->Finish();
-        lock.lock();
+        lock.Lock();
         if (!job.cancelled) {
           Remove(job);
           --job.busy;
-          lock.unlock();
-          wake_.notify_all();
+          lock.Unlock();
+          wake_.NotifyAll();
           job.done(std::move(report));
-          lock.lock();
+          lock.Lock();
           continue;
         }
         break;
@@ -227,7 +228,7 @@ void IndexScheduler::Work() {
     --job.busy;
     if (job.cancelled && job.busy == 0) Remove(job);
     else MoveToBack(job);  // its turn is over: every other job's comes first
-    wake_.notify_all();
+    wake_.NotifyAll();
   }
 }
 
@@ -269,15 +270,14 @@ void IndexScheduler::Attach(Job& job, const std::vector<FileJob*>& misses) {
   }
 }
 
-void IndexScheduler::RunFiles(std::unique_lock<std::mutex>& lock, Job& job,
-                              std::vector<std::shared_ptr<Shared>> files) {
+void IndexScheduler::RunFiles(Job& job, std::vector<std::shared_ptr<Shared>> files) {
   for (auto& s : files) {
     SharedFile& f = *s->file;
     if (!f.work) f.work = std::make_unique<FileWork>(f, job.job->context());
-    lock.unlock();
+    mu_.Unlock();
     auto since = std::chrono::steady_clock::now();
     const bool finished = f.work->Advance([&] { return ShouldYield(job, since); });
-    lock.lock();
+    mu_.Lock();
     if (finished) {
       Complete(s);
     } else if (!s->waiters.empty()) {
@@ -332,7 +332,7 @@ bool IndexScheduler::ShouldYield(const Job& job, std::chrono::steady_clock::time
   // Asked again a slice from now, not at every chunk: a file hashed alone
   // for hours takes the scheduler's lock once a slice.
   since = now;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (idle_ > 0 || stopping_) return false;
   for (const auto& other : jobs_) {
     if (other.get() != &job && HasWork(*other)) return true;
@@ -341,7 +341,7 @@ bool IndexScheduler::ShouldYield(const Job& job, std::chrono::steady_clock::time
 }
 
 std::optional<IndexScheduler::Progress> IndexScheduler::ProgressOf(JobId id) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (const auto& job : jobs_) {
     if (job->id != id || job->cancelled) continue;
     Progress p;

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "ckptfs/checkpoint_digest.h"
+#include "ckptfs/mutex.h"
 #include "ckptfs/safetensors_name.h"
 #include "ckptfs/source_reader.h"
 #include "ckptfs/stamped_size.h"
@@ -40,13 +41,13 @@ void ParallelFor(size_t n, unsigned threads, const std::function<void(size_t)>& 
 // network filesystem each is a round trip to the server. Files found are
 // remembered in the index under their local stamp.
 void TakeFromManifests(JobContext& ctx, unsigned threads, std::vector<FileJob*>& misses, IndexReport& report) {
-  std::mutex mu;
+  Mutex mu;
   ParallelFor(misses.size(), threads, [&](size_t i) {
     FileJob& job = *misses[i];
     auto rel = PathBelow(ctx.real_root, job.open_path);
     if (!rel) return;
     auto found = ctx.options.manifests->Lookup(*rel, job.stamp);
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     if (!found.ok()) {
       if (found.status().code() != Status::Code::kNotFound) report.warnings.push_back(found.status().message());
       return;
@@ -64,17 +65,17 @@ void TakeFromManifests(JobContext& ctx, unsigned threads, std::vector<FileJob*>&
 void RowBatch::Add(Index::FileRow row) {
   bool due = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (rows_.empty()) oldest_ = std::chrono::steady_clock::now();
     rows_.push_back(std::move(row));
     due = rows_.size() >= kRows || std::chrono::steady_clock::now() - oldest_ >= kAge;
   }
-  if (due) Flush();  // a failure is reported by the next flush, which writes these again
+  if (due) (void)Flush();  // a failure is reported by the next flush, which writes these again
 }
 
 Status RowBatch::Flush(const std::vector<Index::CheckpointRow>& checkpoints) {
   if (index_ == nullptr) return Status::Ok();
-  std::lock_guard lock(mu_);  // held while writing: rows are never written out of order with their checkpoints
+  MutexLock lock(mu_);  // held while writing: rows are never written out of order with their checkpoints
   Status s = index_->PutBatch(rows_, checkpoints);
   if (s.ok()) rows_.clear();
   return s;

@@ -18,7 +18,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,6 +25,7 @@
 #include "ckptfs/file_hasher.h"
 #include "ckptfs/index.h"
 #include "ckptfs/indexer.h"
+#include "ckptfs/mutex.h"
 
 namespace ckptfs::indexing {
 
@@ -46,9 +46,9 @@ class RowBatch {
   static constexpr size_t kRows = 512;
   static constexpr auto kAge = std::chrono::seconds(1);
   Index* index_;
-  std::mutex mu_;
-  std::vector<Index::FileRow> rows_;
-  std::chrono::steady_clock::time_point oldest_;
+  Mutex mu_;
+  std::vector<Index::FileRow> rows_ GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point oldest_ GUARDED_BY(mu_);
 };
 
 // What the files of one job are hashed with: its options, a hasher with its

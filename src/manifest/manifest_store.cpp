@@ -7,6 +7,7 @@
 #include <cerrno>
 
 #include "atomic_file.h"
+#include "ckptfs/mutex.h"
 #include "ckptfs/open_beneath.h"
 #include "ckptfs/unique_fd.h"
 
@@ -121,7 +122,7 @@ Result<ManifestRecord> ManifestStore::ReadTrusted(const std::string& rel, const 
 
 Result<FileHashes> ManifestStore::Lookup(const std::string& rel_path, const FileStamp& stamp) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (distrusted_.count({rel_path, stamp.size, stamp.mtime_ns})) {
       return Status::NotFound(rel_path + ": its record did not match the file; not trusted again");
     }
@@ -172,7 +173,7 @@ Status ManifestStore::Publish(const std::string& rel_path, const FileStamp& stam
 }
 
 void ManifestStore::Distrust(const std::string& rel_path, const FileStamp& stamp) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (distrusted_.insert({rel_path, stamp.size, stamp.mtime_ns}).second) ++distrusted_count_;
 }
 

@@ -28,7 +28,7 @@ using Message = std::unique_ptr<sd_bus_message, MessageUnref>;
 
 // Owns what sd-bus fills in on failure.
 struct BusError {
-  sd_bus_error e = SD_BUS_ERROR_NULL;
+  sd_bus_error e{};  // SD_BUS_ERROR_NULL, without its C99 compound literal
   ~BusError() { sd_bus_error_free(&e); }
   std::string Describe(int rc) const {
     return e.message != nullptr ? std::string(e.message) : std::string(std::strerror(-rc));

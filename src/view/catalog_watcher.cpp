@@ -17,6 +17,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ckptfs/indexer.h"
+#include "ckptfs/mutex.h"
 #include "ckptfs/scan_planner.h"
 
 namespace ckptfs {
@@ -164,7 +165,7 @@ void CatalogWatcher::RequestRescanSoon() {
 
 void CatalogWatcher::Withdraw(const std::string& name, const std::string& reason) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     withdrawals_[name] = reason;
   }
   RequestRescan();
@@ -295,7 +296,7 @@ void CatalogWatcher::UpdateWatches(const CatalogScan& scan) {
 }
 
 void CatalogWatcher::SetState(CheckpointState state) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   PutStateLocked(std::move(state));
 }
 
@@ -312,7 +313,7 @@ void CatalogWatcher::PutStateLocked(CheckpointState state) {
 // With how far the indexer is with each checkpoint it works on: a queued
 // one is "indexing" from its first lookup on, with the files begun.
 std::vector<CheckpointState> CatalogWatcher::States() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::vector<CheckpointState> out;
   for (const auto& [path, s] : states_) {
     out.push_back(s);
@@ -333,7 +334,7 @@ std::vector<CheckpointState> CatalogWatcher::States() const {
 }
 
 CatalogWatcher::ScanStats CatalogWatcher::LastScan() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return last_scan_;
 }
 
@@ -382,7 +383,7 @@ bool CatalogWatcher::TakeWithdrawalsLocked() {
 void CatalogWatcher::Publish() {
   View::Changes changes;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     TakeWithdrawalsLocked();
     changes = PublishLocked();
   }
@@ -391,7 +392,7 @@ void CatalogWatcher::Publish() {
 
 bool CatalogWatcher::ApplyWithdrawals() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (withdrawals_.empty()) return false;
   }
   Publish();
@@ -414,7 +415,7 @@ void CatalogWatcher::WithdrawEverything(const Status& why) {
   View::Changes changes;
   std::vector<IndexScheduler::JobId> cancelled;  // nothing they find is shown now
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     exposed_.clear();
     states_.clear();
     unpublished_states_.clear();
@@ -453,7 +454,7 @@ std::optional<CatalogScan> CatalogWatcher::Walk(bool incremental) {
 }
 
 KnownCheckpoints CatalogWatcher::Known() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   KnownCheckpoints known;
   for (const auto& [path, st] : states_) known[path].reason = st.reason;
   for (const auto& [path, e] : exposed_) known[path].shown_name = e.name;
@@ -504,7 +505,7 @@ void CatalogWatcher::Apply(const CatalogScan& scan, const ScanPlan& plan, std::v
   View::Changes changes;
   std::vector<IndexScheduler::JobId> superseded;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     last_dirs_ = scan.dirs;
     last_hub_refs_ = scan.hub_refs;
     for (const auto& w : plan.withdraw) {
@@ -574,7 +575,7 @@ IndexerOptions CatalogWatcher::HashingOptions() {
   options.on_bytes = [this](uint64_t) {
     bool withdrawn = false;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       withdrawn = !withdrawals_.empty();
     }
     if (withdrawn) ApplyWithdrawals();
@@ -613,7 +614,7 @@ void CatalogWatcher::RecordIndexingFailure(const CheckpointSource& cp, const Ind
   const std::string reason = st.reason;
   View::Changes changes;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!TakeJobLocked(cp.abs_path, token)) return;
     if (indexed.unsettled) {
       // Still changing: a digest it showed stays while it settles.
@@ -645,7 +646,7 @@ bool CatalogWatcher::Expose(const CheckpointSource& cp, ExposedCheckpoint e, con
   View::Changes changes;
   bool deferred = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!TakeJobLocked(cp.abs_path, token)) return false;
     unpublished_states_[cp.abs_path] = ExposedState(cp, e);
     exposed_[cp.abs_path] = std::move(e);
@@ -667,19 +668,19 @@ bool CatalogWatcher::Expose(const CheckpointSource& cp, ExposedCheckpoint e, con
 
 void CatalogWatcher::PublishIfDue() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!publish_deferred_ || MonotonicSeconds() - last_publish_ < kPublishEveryS) return;
   }
   Publish();
 }
 
 double CatalogWatcher::NextPublishDue() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return publish_deferred_ ? last_publish_ + kPublishEveryS : std::numeric_limits<double>::infinity();
 }
 
 double CatalogWatcher::TakeRetryRequest() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return std::exchange(retry_at_, 0);
 }
 
@@ -706,7 +707,7 @@ std::vector<IndexScheduler::JobId> CatalogWatcher::ForgetSupersededJobsLocked(co
 
 void CatalogWatcher::IndexQueued(const CatalogScan& scan, const ScanPlan& plan) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (const CheckpointSource* cp : plan.index) {
       const Sha256Digest& fingerprint = plan.fingerprints.at(cp->abs_path);
       // Kept by Apply only while it is indexed as walked now.

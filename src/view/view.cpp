@@ -1,3 +1,4 @@
+#include "ckptfs/mutex.h"
 #include "ckptfs/view.h"
 
 #include "view_builder.h"
@@ -26,7 +27,7 @@ View::Changes View::Publish(const std::vector<ExposedCheckpoint>& checkpoints,
                             const std::vector<HubRef>& hub_refs) {
   // Only publishes wait here; lookups go on reading the current snapshot
   // while the next one is built.
-  std::lock_guard publishing(publish_mu_);
+  MutexLock publishing(publish_mu_);
   SnapshotPtr next = Build(checkpoints, source_dirs, hub_refs);
   SnapshotPtr before = Current();
   Changes changes = before ? Diff(*before, *next) : Changes{};
@@ -72,14 +73,14 @@ View::NodePtr View::Get(InodeId ino) const {
   if (auto it = snap->nodes.find(ino); it != snap->nodes.end()) return it->second;
   // Withdrawn from the listing, but the kernel may still hold it.
   HeldStripe& stripe = StripeOf(ino);
-  std::lock_guard lock(stripe.mu);
+  MutexLock lock(stripe.mu);
   auto it = stripe.nodes.find(ino);
   return it == stripe.nodes.end() ? nullptr : it->second.first;
 }
 
 void View::Remember(const NodePtr& node) {
   HeldStripe& stripe = StripeOf(node->ino);
-  std::lock_guard lock(stripe.mu);
+  MutexLock lock(stripe.mu);
   auto& [held, count] = stripe.nodes[node->ino];
   held = node;  // the version the kernel was last told about
   ++count;
@@ -87,7 +88,7 @@ void View::Remember(const NodePtr& node) {
 
 void View::Forget(InodeId ino, uint64_t count) {
   HeldStripe& stripe = StripeOf(ino);
-  std::lock_guard lock(stripe.mu);
+  MutexLock lock(stripe.mu);
   // A count this process never gave (a forget meant for an earlier daemon
   // of the same mount) finds nothing, or less, and is harmless.
   auto it = stripe.nodes.find(ino);
@@ -103,7 +104,7 @@ size_t View::NodeCount() const {
   SnapshotPtr snap = Current();
   size_t count = snap->nodes.size();
   for (auto& stripe : held_) {
-    std::lock_guard lock(stripe.mu);
+    MutexLock lock(stripe.mu);
     for (const auto& [ino, held] : stripe.nodes) count += snap->nodes.count(ino) == 0;
   }
   return count;
@@ -130,7 +131,7 @@ View::NodePtr View::Lookup(InodeId parent, const std::string& name) const {
 }
 
 void View::SetRootXattr(const std::string& name, const std::string& value) {
-  std::lock_guard publishing(publish_mu_);
+  MutexLock publishing(publish_mu_);
   root_xattrs_.emplace_back(name, value);
   auto next = std::make_shared<Snapshot>(*Current());
   auto root = std::make_shared<Node>(*next->nodes.at(kRootInode));
@@ -176,7 +177,7 @@ std::vector<View::NodePtr> View::FilesUnder(const NodePtr& node) const {
 
 void View::SetCurrent(SnapshotPtr next) {
   {
-    std::lock_guard lock(current_mu_);
+    MutexLock lock(current_mu_);
     current_.swap(next);
   }
   // `next` now holds the old snapshot: freed here, outside the lock.

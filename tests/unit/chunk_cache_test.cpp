@@ -13,8 +13,6 @@
 namespace ckptfs::testing {
 namespace {
 
-constexpr uint64_t kMiB = 1 << 20;
-
 ChunkKey Key(uint8_t file, uint32_t index) {
   ChunkKey k;
   k.file.fill(file);
