@@ -24,6 +24,7 @@
 #include "ckptfs/host_tier_fill.h"
 #include "ckptfs/open_modes.h"
 #include "ckptfs/proven_chunk_tables.h"
+#include "ckptfs/serving_policy.h"
 #include "ckptfs/source_reader.h"
 #include "ckptfs/thread_pool.h"
 #include "ckptfs/view.h"
@@ -36,14 +37,6 @@ class KernelPassthrough;
 class ConnectionIo;
 class OpenHandles;
 
-// When a file is copied into the host tier (mount option fill=).
-enum class FillPolicy {
-  kOpen,     // at its first open (in the background; that open takes the chunk path)
-  kWait,     // at its first open, which waits for the copy and then passes through
-  kPreload,  // only by ckptfsctl preload
-  kOff,      // never: no host tier of whole files, every read takes the chunk path
-};
-
 std::shared_ptr<OpenHandles> MakeOpenHandles();
 
 // How opens were answered, for stats: passthrough, or the chunk path and why.
@@ -55,13 +48,6 @@ class OpenCounts {
  private:
   mutable std::mutex mu_;
   std::map<std::string, uint64_t> counts_;
-};
-
-// What every byte served is checked against (mount option verify=).
-enum class Verify {
-  kXxh3,    // each chunk's XXH3-128 from the index: catches corruption, not forgery
-  kSha256,  // and the file's SHA-256: a whole copy before it is sealed, and
-            // on the chunk path each chunk's SHA-256 from a ProvenChunkTables table
 };
 
 struct FsContext {
