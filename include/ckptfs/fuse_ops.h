@@ -56,7 +56,7 @@ struct FsContext {
   FileCache* files = nullptr;   // the host tier of whole files
   FileFiller* filler = nullptr;
   const HostTierFill* index_fill = nullptr;  // fill_on_index, for stats
-  FillPolicy fill = FillPolicy::kOpen;
+  FillPolicy fill = kDefaultFillPolicy;
   Verify verify = Verify::kXxh3;
   ProvenChunkTables* proven = nullptr;  // set with verify=sha256
   std::shared_ptr<KernelPassthrough> passthrough;  // set by AttachConnection

@@ -13,7 +13,7 @@ enum class FillPolicy {
   kPreload,  // only by ckptfsctl preload
   kOff,      // never: no host tier of whole files, every read takes the chunk path
 };
-// fill='s default.
+// fill='s default, and an FsContext's: one default, the option's.
 inline constexpr FillPolicy kDefaultFillPolicy = FillPolicy::kWait;
 inline constexpr OptionWord<FillPolicy> kFillPolicyWords[] = {
     {FillPolicy::kOpen, "open"}, {FillPolicy::kWait, "wait"}, {FillPolicy::kPreload, "preload"}, {FillPolicy::kOff, "off"}};

@@ -4,6 +4,8 @@
 // comma or backslash in SRC cannot inject an option.
 #include "ckptfs/mount_options.h"
 
+#include "ckptfs/fuse_ops.h"
+
 #define FUSE_USE_VERSION 312
 #include <fuse_opt.h>
 
@@ -141,6 +143,14 @@ TEST(MountOptionsTest, DefaultsOfTheEnumeratedOptions) {
   EXPECT_EQ(o.fill_on_index, HostTierFill::Policy::kFree);
   EXPECT_TRUE(o.shmem_huge_advise);
   EXPECT_TRUE(o.supervise);
+}
+
+// One default fill policy: what the FUSE operations do with a context no
+// one set the policy of is what the mount option's default says.
+TEST(MountOptionsTest, TheFsContextsFillPolicyIsTheOptionsDefault) {
+  const daemon::FsContext ctx;
+  EXPECT_EQ(ctx.fill, ParseOk("settle=1").fill);
+  EXPECT_EQ(ctx.fill, MountOptions{}.fill);
 }
 
 // Storage shared with other nodes (manifests=) is checked against forgery by
