@@ -23,6 +23,7 @@
 #include "ckptfs/file_stamp.h"
 #include "ckptfs/hashes.h"
 #include "ckptfs/hub_refs.h"
+#include "ckptfs/option_words.h"
 #include "ckptfs/ownership.h"
 #include "ckptfs/status.h"
 
@@ -32,6 +33,10 @@ enum class SymlinkPolicy {
   kContained,  // follow links whose resolved target lies inside the root
   kFollow,     // follow every link (trusted trees)
 };
+
+// SymlinkPolicy as the symlinks= option spells it.
+inline constexpr OptionWord<SymlinkPolicy> kSymlinkPolicyWords[] = {{SymlinkPolicy::kContained, "contained"},
+                                                                    {SymlinkPolicy::kFollow, "follow"}};
 
 // Parses "contained" or "follow".
 std::optional<SymlinkPolicy> ParseSymlinkPolicy(std::string_view text);

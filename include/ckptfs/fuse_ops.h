@@ -24,6 +24,7 @@
 #include "ckptfs/host_tier_fill.h"
 #include "ckptfs/open_modes.h"
 #include "ckptfs/proven_chunk_tables.h"
+#include "ckptfs/serving_policy.h"
 #include "ckptfs/source_reader.h"
 #include "ckptfs/thread_pool.h"
 #include "ckptfs/view.h"
@@ -35,14 +36,6 @@ class FileFiller;
 class KernelPassthrough;
 class ConnectionIo;
 class OpenHandles;
-
-// When a file is copied into the host tier (mount option fill=).
-enum class FillPolicy {
-  kOpen,     // at its first open (in the background; that open takes the chunk path)
-  kWait,     // at its first open, which waits for the copy and then passes through
-  kPreload,  // only by ckptfsctl preload
-  kOff,      // never: no host tier of whole files, every read takes the chunk path
-};
 
 std::shared_ptr<OpenHandles> MakeOpenHandles();
 
@@ -57,20 +50,13 @@ class OpenCounts {
   std::map<std::string, uint64_t> counts_ GUARDED_BY(mu_);
 };
 
-// What every byte served is checked against (mount option verify=).
-enum class Verify {
-  kXxh3,    // each chunk's XXH3-128 from the index: catches corruption, not forgery
-  kSha256,  // and the file's SHA-256: a whole copy before it is sealed, and
-            // on the chunk path each chunk's SHA-256 from a ProvenChunkTables table
-};
-
 struct FsContext {
   View* view = nullptr;
   ChunkCache* cache = nullptr;  // the chunk path
   FileCache* files = nullptr;   // the host tier of whole files
   FileFiller* filler = nullptr;
   const HostTierFill* index_fill = nullptr;  // fill_on_index, for stats
-  FillPolicy fill = FillPolicy::kOpen;
+  FillPolicy fill = kDefaultFillPolicy;
   Verify verify = Verify::kXxh3;
   ProvenChunkTables* proven = nullptr;  // set with verify=sha256
   std::shared_ptr<KernelPassthrough> passthrough;  // set by AttachConnection

@@ -18,20 +18,17 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 
 #include "ckptfs/file_cache.h"
 #include "ckptfs/hash_copy.h"
+#include "ckptfs/option_words.h"
 
 namespace ckptfs {
 
 class HostTierFill : public HashCopyMaker {
  public:
   enum class Policy { kOff, kFree };
-  // "free" or "off"; nothing for anything else.
-  static std::optional<Policy> ParsePolicy(const std::string& text);
-  static const char* PolicyName(Policy policy);
 
   // `skip_safetensors`: with stamp_headers those files are served in a
   // stamped form, which a copy of the source's bytes is not.
@@ -55,5 +52,9 @@ class HostTierFill : public HashCopyMaker {
   const bool skip_safetensors_;
   std::atomic<uint64_t> fills_{0}, bytes_{0}, skipped_{0}, abandoned_{0};
 };
+
+// HostTierFill::Policy as the fill_on_index= option spells it.
+inline constexpr OptionWord<HostTierFill::Policy> kFillOnIndexWords[] = {{HostTierFill::Policy::kFree, "free"},
+                                                                          {HostTierFill::Policy::kOff, "off"}};
 
 }  // namespace ckptfs

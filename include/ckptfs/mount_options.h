@@ -9,9 +9,35 @@
 #include <vector>
 
 #include "ckptfs/catalog.h"
+#include "ckptfs/host_tier_fill.h"
+#include "ckptfs/option_words.h"
+#include "ckptfs/serving_policy.h"
+#include "ckptfs/source_reader.h"
 #include "ckptfs/status.h"
 
 namespace ckptfs {
+
+// Every option is parsed once, into the types below; the words of those
+// whose value is one of a few are in one table per type (option_words.h).
+
+// log=LEVEL
+enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError, kOff };
+inline constexpr OptionWord<LogLevel> kLogLevelWords[] = {{LogLevel::kTrace, "trace"}, {LogLevel::kDebug, "debug"},
+                                                          {LogLevel::kInfo, "info"},   {LogLevel::kWarn, "warn"},
+                                                          {LogLevel::kError, "error"}, {LogLevel::kOff, "off"}};
+
+// log_file=PATH|stderr|syslog; kDefault: syslog once daemonized, stderr with -f.
+enum class LogTo { kDefault, kStderr, kSyslog, kFile };
+inline constexpr OptionWord<LogTo> kLogToWords[] = {{LogTo::kStderr, "stderr"}, {LogTo::kSyslog, "syslog"}};
+
+// gpu=INDEX|auto|sim; kNone: no gpu= given.
+enum class GpuChoice { kNone, kIndex, kAuto, kSim };
+inline constexpr OptionWord<GpuChoice> kGpuWords[] = {{GpuChoice::kAuto, "auto"}, {GpuChoice::kSim, "sim"}};
+
+// The words of the options that are on or off.
+inline constexpr OptionWord<bool> kPassthroughWords[] = {{true, "auto"}, {false, "off"}};
+inline constexpr OptionWord<bool> kShmemHugeWords[] = {{true, "advise"}, {false, "keep"}};
+inline constexpr OptionWord<bool> kSuperviseWords[] = {{true, "on"}, {false, "off"}};
 
 struct MountOptions {
   std::string source;      // SRC as given
@@ -27,33 +53,35 @@ struct MountOptions {
   double settle_s = 5;        // settle=SECONDS
   SymlinkPolicy symlinks = SymlinkPolicy::kContained;
   unsigned threads = 0;       // threads=N: FUSE and hashing threads; 0 = one per CPU
-  std::string log_level = "info";  // log=LEVEL
-  // log_file=PATH|stderr|syslog; empty: syslog once daemonized, stderr with -f.
-  std::string log_file;
+  LogLevel log_level = LogLevel::kInfo;  // log=LEVEL
+  LogTo log_to = LogTo::kDefault;        // log_file=
+  std::string log_file;                  // the PATH of log_file=PATH (log_to kFile)
   uint64_t readahead = 4ull << 20;  // readahead=SIZE, bytes
   // cache_size=SIZE or N% of physical memory; 0 = the default (25%).
   uint64_t cache_size = 0;
   double cache_percent = 0;
   // gpu=INDEX|auto|sim: the CUDA device that pinned host-tier copies are
-  // registered with for DMA; empty: none (they are mlocked). "sim" is a
+  // registered with for DMA; kNone: none (they are mlocked). kSim is a
   // simulated device, for tests and for trying it without a GPU.
-  std::string gpu;
+  GpuChoice gpu = GpuChoice::kNone;
+  int gpu_index = 0;  // the INDEX of gpu=INDEX (gpu kIndex)
   // passthrough=auto|off: answer opens of resident files with kernel
   // passthrough when the kernel and our privileges allow it.
   bool passthrough = true;
   // fill=open|wait|preload|off: when files are copied into the host tier.
-  std::string fill = "wait";
+  daemon::FillPolicy fill = daemon::kDefaultFillPolicy;
   unsigned fill_depth = 0;  // fill_depth=N: chunk reads in flight for all fills; 0 = kDefaultFillDepth
   // fill_io=buffered|direct|auto: how fills read the source (see
   // SourceReader::Io): through its page cache, with O_DIRECT, or what is
   // cached from the cache and the rest with O_DIRECT.
-  std::string fill_io = "auto";
-  // verify=xxh3|sha256 (see daemon::Verify); set by parsing: sha256 when
-  // manifests= is given, else xxh3.
-  std::string verify;
+  SourceReader::Io fill_io = SourceReader::Io::kAuto;
+  // verify=xxh3|sha256 (see daemon::Verify); without verify= set by parsing:
+  // sha256 when manifests= is given, else xxh3.
+  daemon::Verify verify = daemon::Verify::kXxh3;
+  bool verify_given = false;
   // fill_on_index=free|off: whether files hashed at indexing are copied into
   // the host tier's free room from the bytes hashed (see HostTierFill).
-  std::string fill_on_index = "free";
+  HostTierFill::Policy fill_on_index = HostTierFill::Policy::kFree;
   // shmem_huge=advise|keep: whether the daemon may set the kernel's default
   // shmem huge-page policy to "advise" (see AskForShmemHugePages).
   bool shmem_huge_advise = true;

@@ -11,6 +11,7 @@
 
 #include "ckptfs/file_stamp.h"
 #include "ckptfs/hashes.h"
+#include "ckptfs/option_words.h"
 #include "ckptfs/status.h"
 
 namespace ckptfs {
@@ -31,8 +32,6 @@ class SourceReader {
   // a read that cannot be direct (a misaligned buffer, a filesystem that
   // refuses O_DIRECT, a short read) is made buffered.
   enum class Io { kBuffered, kDirect, kAuto };
-  // "buffered", "direct" or "auto", as the fill_io= option spells them.
-  static const char* IoName(Io io) { return io == Io::kDirect ? "direct" : io == Io::kAuto ? "auto" : "buffered"; }
   static constexpr size_t kDirectAlignment = 4096;
 
   // kChanged: the file's stamp moved (rescan it); kCorrupt: the chunk does
@@ -57,5 +56,9 @@ class SourceReader {
   std::atomic<uint64_t> direct_reads_refused_{0};
   std::atomic<uint64_t> cached_bytes_read_{0};
 };
+
+// SourceReader::Io as the fill_io= option spells it.
+inline constexpr OptionWord<SourceReader::Io> kSourceIoWords[] = {
+    {SourceReader::Io::kBuffered, "buffered"}, {SourceReader::Io::kDirect, "direct"}, {SourceReader::Io::kAuto, "auto"}};
 
 }  // namespace ckptfs

@@ -34,14 +34,6 @@ class HostTierFill::Copy : public HashCopy {
   std::unique_ptr<SealedCopy> copy_;
 };
 
-std::optional<HostTierFill::Policy> HostTierFill::ParsePolicy(const std::string& text) {
-  if (text == "free") return Policy::kFree;
-  if (text == "off") return Policy::kOff;
-  return std::nullopt;
-}
-
-const char* HostTierFill::PolicyName(Policy policy) { return policy == Policy::kFree ? "free" : "off"; }
-
 std::unique_ptr<HashCopy> HostTierFill::Begin(const std::string& rel_path, const FileStamp& stamp) {
   if (policy_ == Policy::kOff || cache_ == nullptr) return nullptr;
   if (skip_safetensors_ && IsSafetensorsName(rel_path)) return nullptr;

@@ -211,7 +211,7 @@ nlohmann::json IndexFillsJson(const FsContext& ctx) {
   const HostTierFill::Stats s = ctx.index_fill != nullptr ? ctx.index_fill->GetStats() : HostTierFill::Stats{};
   const auto policy = ctx.index_fill != nullptr ? ctx.index_fill->policy() : HostTierFill::Policy::kOff;
   using namespace protocol;
-  return {{kFillPolicy, HostTierFill::PolicyName(policy)},
+  return {{kFillPolicy, WordOf(kFillOnIndexWords, policy)},
           {kFillsCompleted, s.fills},
           {kBytes, s.bytes},
           {kFillsSkipped, s.skipped},
@@ -220,9 +220,8 @@ nlohmann::json IndexFillsJson(const FsContext& ctx) {
 
 nlohmann::json FillsJson(FsContext& ctx, const FileCache::Stats& f) {
   const double rate = f.fill_seconds > 0 ? static_cast<double>(f.fill_bytes) / f.fill_seconds : 0;
-  static const char* kPolicies[] = {"open", "wait", "preload", "off"};
   using namespace protocol;
-  return {{kFillPolicy, kPolicies[static_cast<int>(ctx.fill)]},
+  return {{kFillPolicy, WordOf(kFillPolicyWords, ctx.fill)},
           {kFillDepth, ctx.filler != nullptr ? ctx.filler->depth() : 0},
           {kFillsCompleted, f.fills},
           {kBytes, f.fill_bytes},
@@ -235,13 +234,13 @@ nlohmann::json FillsJson(FsContext& ctx, const FileCache::Stats& f) {
           {"streamed_reads", ctx.filler != nullptr ? ctx.filler->streamed_reads() : 0},
           // what fills and chunk reads check (verify=), and the files whose
           // chunks are proven by their SHA-256 for the chunk path
-          {"verify", ctx.verify == Verify::kSha256 ? "sha256" : "xxh3"},
+          {"verify", WordOf(kVerifyWords, ctx.verify)},
           {"proven_files", ctx.proven != nullptr ? ctx.proven->tables() : 0},
           {"from_indexing", IndexFillsJson(ctx)},
           // How fills read the source (fill_io=), the bytes read with O_DIRECT,
           // and the direct reads that had to be buffered (a filesystem that
           // refuses O_DIRECT, a copy not aligned for it).
-          {"io", ctx.filler != nullptr ? SourceReader::IoName(ctx.filler->io()) : "buffered"},
+          {"io", WordOf(kSourceIoWords, ctx.filler != nullptr ? ctx.filler->io() : SourceReader::Io::kBuffered)},
           {"direct_bytes", ctx.reader->direct_bytes_read()},
           {"cached_bytes", ctx.reader->cached_bytes_read()},
           {"direct_refused", ctx.reader->direct_reads_refused()}};

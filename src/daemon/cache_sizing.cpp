@@ -31,7 +31,7 @@ uint64_t HostCacheBytes(const MountOptions& o) {
 }
 
 uint64_t ChunkCacheBytes(const MountOptions& o, uint64_t host_bytes) {
-  if (o.fill == "off") return host_bytes;
+  if (o.fill == FillPolicy::kOff) return host_bytes;
   constexpr uint64_t kMin = 4 * kChunkSize, kMax = 64 * kChunkSize;
   return std::min(host_bytes, std::clamp(host_bytes / 8 / kChunkSize * kChunkSize, kMin, kMax));
 }

@@ -211,31 +211,24 @@ void Daemon::StartCaches() {
   readahead_pool_ = std::make_unique<ThreadPool>(EffectiveThreads(o.threads));
   ctx_.cache = cache_.get();
   ctx_.files = files_.get();
-  ctx_.fill = o.fill == "open"      ? FillPolicy::kOpen
-              : o.fill == "wait"    ? FillPolicy::kWait
-              : o.fill == "preload" ? FillPolicy::kPreload
-                                    : FillPolicy::kOff;
+  ctx_.fill = o.fill;
   ctx_.reader = reader_.get();
   ctx_.readahead_pool = readahead_pool_.get();
   ctx_.readahead_budget_chunks = std::max<uint64_t>(1, chunk_bytes / kChunkSize / 4);
   ctx_.cache_chunks = chunk_bytes / kChunkSize;
   if (o.stamp_headers) ctx_.stamper = &stamper_;
-  const SourceReader::Io fill_io = o.fill_io == "direct" ? SourceReader::Io::kDirect
-                                  : o.fill_io == "auto"   ? SourceReader::Io::kAuto
-                                                          : SourceReader::Io::kBuffered;
-  if (o.verify == "sha256") {
+  if (o.verify == Verify::kSha256) {
     // 32 bytes a 4 MiB chunk: 2^20 chunks (4 TiB of files) in 32 MiB.
     constexpr uint64_t kProvenChunks = uint64_t{1} << 20;
     proven_ = std::make_unique<ProvenChunkTables>(kProvenChunks);
     ctx_.verify = Verify::kSha256;
     ctx_.proven = proven_.get();
   }
-  filler_ = std::make_unique<FileFiller>(ctx_, FillDepth(o), fill_io);
+  filler_ = std::make_unique<FileFiller>(ctx_, FillDepth(o), o.fill_io);
   ctx_.filler = filler_.get();
   // Copies made as files are hashed: into free room only, and none with
   // fill=off (the tier then holds chunks only).
-  const auto fill_on_index = o.fill == "off" ? HostTierFill::Policy::kOff
-                                             : HostTierFill::ParsePolicy(o.fill_on_index).value_or(HostTierFill::Policy::kOff);
+  const auto fill_on_index = o.fill == FillPolicy::kOff ? HostTierFill::Policy::kOff : o.fill_on_index;
   index_fill_ = std::make_unique<HostTierFill>(files_.get(), fill_on_index, o.stamp_headers);
   ctx_.index_fill = index_fill_.get();
 

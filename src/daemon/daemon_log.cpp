@@ -24,55 +24,72 @@ spdlog::sink_ptr SyslogSink() {
   return std::make_shared<spdlog::sinks::syslog_sink_mt>("ckptfs", LOG_PID, LOG_DAEMON, false);
 }
 
+spdlog::level::level_enum SpdlogLevel(LogLevel level) {
+  switch (level) {
+    case LogLevel::kTrace: return spdlog::level::trace;
+    case LogLevel::kDebug: return spdlog::level::debug;
+    case LogLevel::kInfo: return spdlog::level::info;
+    case LogLevel::kWarn: return spdlog::level::warn;
+    case LogLevel::kError: return spdlog::level::err;
+    case LogLevel::kOff: return spdlog::level::off;
+  }
+  return spdlog::level::info;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<DaemonLog>> DaemonLog::Start(const MountOptions& o) {
-  const std::string destination = !o.log_file.empty() ? o.log_file : (o.foreground ? "stderr" : "syslog");
+  const LogTo to = o.log_to != LogTo::kDefault ? o.log_to : (o.foreground ? LogTo::kStderr : LogTo::kSyslog);
+  const std::string& path = o.log_file;
   spdlog::sink_ptr chosen;
-  if (destination == "syslog") {
+  if (to == LogTo::kSyslog) {
     chosen = SyslogSink();
-  } else if (destination != "stderr") {
+  } else if (to == LogTo::kFile) {
     // Opened here first for a plain errno (spdlog's message repeats the
     // path) and so that a missing directory is an error, not made; created
     // 0640, as the log names source paths.
-    UniqueFd probe(::open(destination.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640));
+    UniqueFd probe(::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640));
     if (!probe.valid()) {
-      return Status::FromErrno("option log_file=" + destination + ": cannot open it for appending", errno);
+      return Status::FromErrno("option log_file=" + path + ": cannot open it for appending", errno);
     }
     try {
-      auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(destination, /*truncate=*/false);
+      auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, /*truncate=*/false);
       // Several mounts may share one file: each line names its daemon.
       file->set_pattern("%Y-%m-%d %H:%M:%S.%e ckptfs[%P] %l: %v");
       chosen = std::move(file);
     } catch (const spdlog::spdlog_ex& e) {
-      return Status::Error("option log_file=" + destination + ": " + e.what());
+      return Status::Error("option log_file=" + path + ": " + e.what());
     }
   }
-  std::unique_ptr<DaemonLog> log(new DaemonLog(o, destination, chosen));
+  std::unique_ptr<DaemonLog> log(new DaemonLog(o, to, chosen));
   std::vector<spdlog::sink_ptr> sinks{StderrSink()};
   // Until the mount is up, an explicit choice gets every line too; the
   // default syslog does not (systemd already keeps a mount's stderr).
-  if (chosen && !o.log_file.empty()) sinks.push_back(chosen);
+  if (chosen && o.log_to != LogTo::kDefault) sinks.push_back(chosen);
   log->Install(std::move(sinks));
   return log;
 }
 
-DaemonLog::DaemonLog(const MountOptions& o, std::string destination, spdlog::sink_ptr chosen)
-    : level_(o.log_level), foreground_(o.foreground), destination_(std::move(destination)), chosen_(std::move(chosen)) {}
+DaemonLog::DaemonLog(const MountOptions& o, LogTo to, spdlog::sink_ptr chosen)
+    : level_(o.log_level),
+      foreground_(o.foreground),
+      to_(to),
+      destination_(to == LogTo::kFile ? o.log_file : WordOf(kLogToWords, to)),
+      chosen_(std::move(chosen)) {}
 
 void DaemonLog::Install(std::vector<spdlog::sink_ptr> sinks) {
   auto logger = std::make_shared<spdlog::logger>("ckptfs", sinks.begin(), sinks.end());
-  logger->set_level(spdlog::level::from_str(level_));
+  logger->set_level(SpdlogLevel(level_));
   logger->flush_on(spdlog::level::info);
   spdlog::set_default_logger(std::move(logger));
 }
 
 void DaemonLog::BeforeDaemonize() {
-  if (destination_ == "stderr" && !foreground_) saved_stderr_.reset(::fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3));
+  if (to_ == LogTo::kStderr && !foreground_) saved_stderr_.reset(::fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3));
 }
 
 void DaemonLog::AfterMount() {
-  if (destination_ != "stderr") {
+  if (to_ != LogTo::kStderr) {
     Install({chosen_});
     return;
   }

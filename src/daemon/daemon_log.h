@@ -38,11 +38,12 @@ class DaemonLog {
   const std::string& destination() const { return destination_; }
 
  private:
-  DaemonLog(const MountOptions& o, std::string destination, spdlog::sink_ptr chosen);
+  DaemonLog(const MountOptions& o, LogTo to, spdlog::sink_ptr chosen);
   void Install(std::vector<spdlog::sink_ptr> sinks);
 
-  const std::string level_;
+  const LogLevel level_;
   const bool foreground_;
+  const LogTo to_;  // kStderr, kSyslog or kFile
   const std::string destination_;
   spdlog::sink_ptr chosen_;  // the file or syslog; null for stderr
   UniqueFd saved_stderr_;

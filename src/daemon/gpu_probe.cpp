@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include <spdlog/spdlog.h>
@@ -27,34 +26,38 @@ int ProbeCudaDevices() {
   return WEXITSTATUS(status);
 }
 
+// The option as the messages name it: "gpu=0", "gpu=auto".
+std::string GpuOption(const MountOptions& o) {
+  return "gpu=" + (o.gpu == GpuChoice::kIndex ? std::to_string(o.gpu_index) : std::string(WordOf(kGpuWords, o.gpu)));
+}
+
 }  // namespace
 
 Result<int> ChooseCudaDevice(const MountOptions& o) {
-  if (o.gpu.empty() || o.gpu == "sim") return -1;
+  if (o.gpu == GpuChoice::kNone || o.gpu == GpuChoice::kSim) return -1;
   const int devices = ProbeCudaDevices();
-  if (o.gpu == "auto") {
+  if (o.gpu == GpuChoice::kAuto) {
     if (devices > 0) return 0;
     spdlog::warn("gpu=auto: no usable CUDA device ({}); pinned copies are locked with mlock, not registered for DMA",
                  BuiltWithCuda() ? "no driver or no device" : "built without CUDA");
     return -1;
   }
-  const int idx = std::atoi(o.gpu.c_str());
-  if (!BuiltWithCuda()) return Status::Error("gpu=" + o.gpu + ": this ckptfs was built without CUDA");
-  if (idx >= devices) {
-    return Status::Error("gpu=" + o.gpu + ": no such CUDA device (" + std::to_string(devices) +
+  if (!BuiltWithCuda()) return Status::Error(GpuOption(o) + ": this ckptfs was built without CUDA");
+  if (o.gpu_index >= devices) {
+    return Status::Error(GpuOption(o) + ": no such CUDA device (" + std::to_string(devices) +
                          " usable); use gpu=auto to go on without one");
   }
-  return idx;
+  return o.gpu_index;
 }
 
 std::unique_ptr<DeviceMemory> OpenDevice(const MountOptions& o, int cuda_device) {
   std::unique_ptr<DeviceMemory> device;
-  if (o.gpu == "sim") {
+  if (o.gpu == GpuChoice::kSim) {
     device = MakeSimulatedDevice();
   } else if (cuda_device >= 0) {
     auto d = MakeCudaDevice(cuda_device);
     if (!d.ok()) {
-      spdlog::error("gpu={}: {}; pinned copies are locked with mlock, not registered for DMA", o.gpu,
+      spdlog::error("{}: {}; pinned copies are locked with mlock, not registered for DMA", GpuOption(o),
                     d.status().message());
       return nullptr;
     }

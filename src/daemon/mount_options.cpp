@@ -3,10 +3,10 @@
 #include "ckptfs/hashes.h"
 
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <initializer_list>
 #include <optional>
 
 namespace ckptfs {
@@ -97,17 +97,44 @@ Status ApplyCacheSize(const std::string& key, const std::string& value, MountOpt
   return Status::Ok();
 }
 
-// Refuses VALUE unless it is one of `choices`: "expected a, b or c".
-Status OneOf(const std::string& key, const std::string& value, std::initializer_list<const char*> choices) {
-  std::string expected;
-  size_t i = 0;
-  for (const char* c : choices) {
-    if (value == c) return Status::Ok();
-    if (i > 0) expected += i + 1 == choices.size() ? " or " : ", ";
-    expected += c;
-    ++i;
+// Sets `out` to the value VALUE is the word of; refuses it unless it is one
+// of `words`: "expected a, b or c".
+template <class T, size_t N>
+Status SetFromWord(const std::string& key, const std::string& value, const OptionWord<T> (&words)[N], T& out) {
+  std::optional<T> v = ValueOfWord(words, value);
+  if (!v) return Status::Error("option " + key + "=" + value + ": expected " + WordChoices(words));
+  out = *v;
+  return Status::Ok();
+}
+
+// gpu=INDEX|auto|sim
+Status ApplyGpu(const std::string& value, MountOptions& o) {
+  if (auto choice = ValueOfWord(kGpuWords, value)) {
+    o.gpu = *choice;
+    return Status::Ok();
   }
-  return Status::Error("option " + key + "=" + value + ": expected " + expected);
+  char* end = nullptr;
+  errno = 0;
+  long idx = std::strtol(value.c_str(), &end, 10);
+  if (*end != '\0' || errno != 0 || idx < 0 || idx > INT_MAX) {
+    return Status::Error("option gpu=" + value + ": expected a device index, auto or sim");
+  }
+  o.gpu = GpuChoice::kIndex;
+  o.gpu_index = static_cast<int>(idx);
+  return Status::Ok();
+}
+
+// log_file=PATH|stderr|syslog
+Status ApplyLogFile(const std::string& value, MountOptions& o) {
+  if (auto to = ValueOfWord(kLogToWords, value)) {
+    o.log_to = *to;
+    return Status::Ok();
+  }
+  // fstab has no working directory to be relative to.
+  if (value[0] != '/') return Status::Error("option log_file=" + value + ": expected an absolute path, stderr or syslog");
+  o.log_to = LogTo::kFile;
+  o.log_file = value;
+  return Status::Ok();
 }
 
 // The options of the form KEY=VALUE, one branch each in the order of
@@ -136,24 +163,17 @@ std::optional<Status> ApplyKeyedOption(const std::string& key, const std::string
     if (value[0] != '/') return Status::Error("option " + key + "=" + value + ": must be an absolute path");
     (key == "manifests" ? o.manifests : key == "manifest_keys" ? o.manifest_keys : o.manifest_sign) = value;
   } else if (key == "symlinks") {
-    auto p = ParseSymlinkPolicy(value);
-    if (!p) return Status::Error("option symlinks=" + value + ": expected contained or follow");
-    o.symlinks = *p;
+    return SetFromWord(key, value, kSymlinkPolicyWords, o.symlinks);
   } else if (key == "threads" || key == "fill_depth") {
     if (Status s = need_value(); !s.ok()) return s;
     auto n = ParseCount(key, value, key == "threads" ? 1024 : 64);
     if (!n.ok()) return n.status();
     (key == "threads" ? o.threads : o.fill_depth) = *n;
   } else if (key == "log") {
-    if (Status s = OneOf(key, value, {"trace", "debug", "info", "warn", "error", "off"}); !s.ok()) return s;
-    o.log_level = value;
+    return SetFromWord(key, value, kLogLevelWords, o.log_level);
   } else if (key == "log_file") {
     if (Status s = need_value(); !s.ok()) return s;
-    // fstab has no working directory to be relative to.
-    if (value != "stderr" && value != "syslog" && value[0] != '/') {
-      return Status::Error("option log_file=" + value + ": expected an absolute path, stderr or syslog");
-    }
-    o.log_file = value;
+    return ApplyLogFile(value, o);
   } else if (key == "readahead") {
     if (Status s = need_value(); !s.ok()) return s;
     auto v = ParseSize(value);
@@ -167,33 +187,22 @@ std::optional<Status> ApplyKeyedOption(const std::string& key, const std::string
     return Status::Error(kRemovedGpuCacheSize);
   } else if (key == "gpu") {
     if (Status s = need_value(); !s.ok()) return s;
-    char* end = nullptr;
-    long idx = std::strtol(value.c_str(), &end, 10);
-    if (value != "auto" && value != "sim" && (*end != '\0' || idx < 0)) {
-      return Status::Error("option gpu=" + value + ": expected a device index, auto or sim");
-    }
-    o.gpu = value;
+    return ApplyGpu(value, o);
   } else if (key == "passthrough") {
-    if (Status s = OneOf(key, value, {"auto", "off"}); !s.ok()) return s;
-    o.passthrough = value == "auto";
+    return SetFromWord(key, value, kPassthroughWords, o.passthrough);
   } else if (key == "fill") {
-    if (Status s = OneOf(key, value, {"open", "wait", "preload", "off"}); !s.ok()) return s;
-    o.fill = value;
+    return SetFromWord(key, value, daemon::kFillPolicyWords, o.fill);
   } else if (key == "fill_on_index") {
-    if (Status s = OneOf(key, value, {"free", "off"}); !s.ok()) return s;
-    o.fill_on_index = value;
+    return SetFromWord(key, value, kFillOnIndexWords, o.fill_on_index);
   } else if (key == "fill_io") {
-    if (Status s = OneOf(key, value, {"buffered", "direct", "auto"}); !s.ok()) return s;
-    o.fill_io = value;
+    return SetFromWord(key, value, kSourceIoWords, o.fill_io);
   } else if (key == "verify") {
-    if (Status s = OneOf(key, value, {"xxh3", "sha256"}); !s.ok()) return s;
-    o.verify = value;
+    o.verify_given = true;
+    return SetFromWord(key, value, daemon::kVerifyWords, o.verify);
   } else if (key == "shmem_huge") {
-    if (Status s = OneOf(key, value, {"advise", "keep"}); !s.ok()) return s;
-    o.shmem_huge_advise = value == "advise";
+    return SetFromWord(key, value, kShmemHugeWords, o.shmem_huge_advise);
   } else if (key == "supervise") {
-    if (Status s = OneOf(key, value, {"on", "off"}); !s.ok()) return s;
-    o.supervise = value == "on";
+    return SetFromWord(key, value, kSuperviseWords, o.supervise);
   } else if (key == "handover_timeout") {
     if (Status s = need_value(); !s.ok()) return s;
     auto n = ParseCount(key, value, 3600);
@@ -303,7 +312,7 @@ Result<MountOptions> ParseMountOptions(int argc, const char* const* argv) {
   if (o.fsname.empty()) o.fsname = o.source;
   // Storage shared with other nodes (and their writers) is checked against
   // forgery, not only corruption, unless the operator says otherwise.
-  if (o.verify.empty()) o.verify = o.manifests.empty() ? "xxh3" : "sha256";
+  if (!o.verify_given) o.verify = o.manifests.empty() ? daemon::Verify::kXxh3 : daemon::Verify::kSha256;
   if (o.manifests.empty() && (!o.manifest_keys.empty() || !o.manifest_sign.empty())) {
     return Status::Error("options manifest_keys= and manifest_sign= need manifests=DIR");
   }

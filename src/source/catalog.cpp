@@ -495,11 +495,7 @@ void CutIntoCheckpoints(const DirNode& node, const std::string& root, CatalogSca
 
 }  // namespace
 
-std::optional<SymlinkPolicy> ParseSymlinkPolicy(std::string_view text) {
-  if (text == "contained") return SymlinkPolicy::kContained;
-  if (text == "follow") return SymlinkPolicy::kFollow;
-  return std::nullopt;
-}
+std::optional<SymlinkPolicy> ParseSymlinkPolicy(std::string_view text) { return ValueOfWord(kSymlinkPolicyWords, text); }
 
 bool IsWeightFileName(std::string_view name) {
   static constexpr std::string_view kSuffixes[] = {".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf"};

@@ -580,16 +580,39 @@ TEST_F(MountTest, ResolvePrintsTheDigestPathBehindALink) {
   EXPECT_NE(outside.out.find("is not a ckptfs mount nor inside one"), std::string::npos) << outside.out;
 }
 
-TEST(MountHelperTest, DropsMountBookkeepingOptions) {
+// mount.ckptfs keeps no list of options of its own: it passes every one on,
+// and the daemon ignores those of mount(8), fstab and systemd (one list, the
+// daemon's). Each is checked through the real helper and the real daemon's
+// parser (--version stops right after it).
+TEST(MountHelperTest, PassesEveryOptionOnAndTheDaemonIgnoresTheBookkeeping) {
   const std::string helper = std::string(CKPTFS_SOURCE_DIR) + "/mount/mount.ckptfs";
-  CommandResult r = RunCommand(helper + " /srv/ckpt /models -f -o ro,nofail,_netdev,noauto,auto,user,users,defaults,"
-                                        "x-systemd.automount,x-systemd.requires=/mnt/nfs,comment=x,allow_other,"
-                                        "cache_size=8G,state=/var/lib/ckptfs",
-                               true);
-  EXPECT_EQ(r.exit_code, 0);
-  EXPECT_EQ(r.out, "ckptfs /srv/ckpt /models -o ro,allow_other,cache_size=8G,state=/var/lib/ckptfs\n");
-  EXPECT_EQ(RunCommand(helper + " /srv /models -f -o nofail,_netdev").out, "ckptfs /srv /models\n");
-  EXPECT_NE(RunCommand(helper + " /srv", true).exit_code, 0);
+  for (const char* bookkeeping : {"_netdev", "nofail", "auto", "noauto", "user", "nouser", "users", "owner", "group",
+                                  "defaults", "comment=x", "x-systemd.automount", "x-systemd.requires=/mnt/nfs",
+                                  "loop"}) {
+    const std::string opts = std::string("ro,") + bookkeeping + ",allow_other,cache_size=8G,state=/var/lib/ckptfs";
+    CommandResult r = RunCommand(helper + " /srv/ckpt /models -f -o " + opts, true);
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    const std::string args = "/srv/ckpt /models -o " + opts;
+    ASSERT_EQ(r.out, "ckptfs " + args + "\n") << bookkeeping;
+    CommandResult parsed = RunCommand(kDaemon + " " + args + " --version", true);
+    EXPECT_EQ(parsed.exit_code, 0) << bookkeeping << ": " << parsed.out;
+    EXPECT_EQ(parsed.out.rfind("ckptfs ", 0), 0u) << bookkeeping << ": " << parsed.out;
+  }
+}
+
+TEST(MountHelperTest, FlagsAndUsage) {
+  const std::string helper = std::string(CKPTFS_SOURCE_DIR) + "/mount/mount.ckptfs";
+  EXPECT_EQ(RunCommand(helper + " /srv /models -f").out, "ckptfs /srv /models\n");
+  // -n and -s are ignored, -t TYPE skipped, flags combine, -oLIST sticks.
+  EXPECT_EQ(RunCommand(helper + " /srv /models -n -s -t ckptfs -fv -onofail -o settle=1").out,
+            "ckptfs /srv /models -o nofail,settle=1\n");
+  const std::string usage = "usage: mount.ckptfs SRC MOUNTPOINT [-o OPTIONS] [-f] [-v] [-n] [-s]\n";
+  CommandResult one = RunCommand(helper + " /srv 2>&1");
+  EXPECT_EQ(one.exit_code, 1);
+  EXPECT_EQ(one.out, usage);
+  CommandResult bad = RunCommand(helper + " /srv /models -q 2>&1");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_EQ(bad.out, "mount.ckptfs: unknown argument '-q'\n" + usage);
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 // comma or backslash in SRC cannot inject an option.
 #include "ckptfs/mount_options.h"
 
+#include "ckptfs/fuse_ops.h"
+
 #define FUSE_USE_VERSION 312
 #include <fuse_opt.h>
 
@@ -44,7 +46,7 @@ TEST(MountOptionsTest, DefaultsAndPositionals) {
   EXPECT_EQ(o->settle_s, 5);
   EXPECT_EQ(o->symlinks, SymlinkPolicy::kContained);
   EXPECT_EQ(o->readahead, 4ull << 20);
-  EXPECT_EQ(o->fill, "wait");
+  EXPECT_EQ(o->fill, daemon::FillPolicy::kWait);
   EXPECT_TRUE(o->passthrough);
   EXPECT_FALSE(o->allow_other);
   EXPECT_FALSE(o->stamp_headers);
@@ -62,38 +64,103 @@ TEST(MountOptionsTest, EveryOwnOptionIsApplied) {
   EXPECT_EQ(o.symlinks, SymlinkPolicy::kFollow);
   EXPECT_EQ(o.threads, 8u);
   EXPECT_EQ(o.fill_depth, 3u);
-  EXPECT_EQ(o.log_level, "debug");
+  EXPECT_EQ(o.log_level, LogLevel::kDebug);
+  EXPECT_EQ(o.log_to, LogTo::kFile);
   EXPECT_EQ(o.log_file, "/var/log/ckptfs.log");
   EXPECT_EQ(o.readahead, 8ull << 20);
   EXPECT_EQ(o.cache_size, 32ull << 30);
-  EXPECT_EQ(o.gpu, "1");
+  EXPECT_EQ(o.gpu, GpuChoice::kIndex);
+  EXPECT_EQ(o.gpu_index, 1);
   EXPECT_FALSE(o.passthrough);
-  EXPECT_EQ(o.fill, "wait");
+  EXPECT_EQ(o.fill, daemon::FillPolicy::kWait);
   EXPECT_EQ(o.fsname, "models");
   EXPECT_TRUE(o.stamp_headers);
   EXPECT_TRUE(o.allow_other);
   EXPECT_TRUE(o.fuse_options.empty()) << "allow_other is ours to pass on, once";
 }
 
-TEST(MountOptionsTest, EveryEnumeratedValueIsAccepted) {
-  for (const char* v : {"trace", "debug", "info", "warn", "error", "off"}) {
-    EXPECT_EQ(ParseOk(std::string("log=") + v).log_level, v);
+// Each word of an option is read into its value, and that value is shown
+// (`ckptfsctl status`, `stats`) as the same word, from the same table.
+template <class T, size_t N>
+void ExpectWordsRoundTrip(const std::string& key, const OptionWord<T> (&table)[N],
+                          const std::vector<std::pair<std::string, T>>& expected, T MountOptions::*field) {
+  EXPECT_EQ(N, expected.size()) << key << ": a word the test does not know, or one gone";
+  for (const auto& [word, value] : expected) {
+    EXPECT_TRUE(ParseOk(key + "=" + word).*field == value) << key << "=" << word;
+    EXPECT_EQ(WordOf(table, value), word) << key << "=" << word;
   }
-  for (const char* v : {"open", "wait", "preload", "off"}) EXPECT_EQ(ParseOk(std::string("fill=") + v).fill, v);
-  for (const char* v : {"auto", "sim", "0"}) EXPECT_EQ(ParseOk(std::string("gpu=") + v).gpu, v);
-  for (const char* v : {"stderr", "syslog"}) EXPECT_EQ(ParseOk(std::string("log_file=") + v).log_file, v);
-  EXPECT_EQ(ParseOk("symlinks=contained").symlinks, SymlinkPolicy::kContained);
-  EXPECT_TRUE(ParseOk("passthrough=auto").passthrough);
+}
+
+TEST(MountOptionsTest, EveryEnumeratedValueIsParsedOnceAndShownAsItsWord) {
+  using daemon::FillPolicy;
+  using daemon::Verify;
+  using Io = SourceReader::Io;
+  using Fill = HostTierFill::Policy;
+  ExpectWordsRoundTrip<LogLevel>("log", kLogLevelWords,
+                                 {{"trace", LogLevel::kTrace},
+                                  {"debug", LogLevel::kDebug},
+                                  {"info", LogLevel::kInfo},
+                                  {"warn", LogLevel::kWarn},
+                                  {"error", LogLevel::kError},
+                                  {"off", LogLevel::kOff}},
+                                 &MountOptions::log_level);
+  ExpectWordsRoundTrip<FillPolicy>(
+      "fill", daemon::kFillPolicyWords,
+      {{"open", FillPolicy::kOpen}, {"wait", FillPolicy::kWait}, {"preload", FillPolicy::kPreload}, {"off", FillPolicy::kOff}},
+      &MountOptions::fill);
+  ExpectWordsRoundTrip<Io>("fill_io", kSourceIoWords,
+                           {{"buffered", Io::kBuffered}, {"direct", Io::kDirect}, {"auto", Io::kAuto}},
+                           &MountOptions::fill_io);
+  ExpectWordsRoundTrip<Fill>("fill_on_index", kFillOnIndexWords, {{"free", Fill::kFree}, {"off", Fill::kOff}},
+                             &MountOptions::fill_on_index);
+  ExpectWordsRoundTrip<Verify>("verify", daemon::kVerifyWords, {{"xxh3", Verify::kXxh3}, {"sha256", Verify::kSha256}},
+                               &MountOptions::verify);
+  ExpectWordsRoundTrip<SymlinkPolicy>("symlinks", kSymlinkPolicyWords,
+                                      {{"contained", SymlinkPolicy::kContained}, {"follow", SymlinkPolicy::kFollow}},
+                                      &MountOptions::symlinks);
+  ExpectWordsRoundTrip<bool>("passthrough", kPassthroughWords, {{"auto", true}, {"off", false}},
+                             &MountOptions::passthrough);
+  ExpectWordsRoundTrip<bool>("shmem_huge", kShmemHugeWords, {{"advise", true}, {"keep", false}},
+                             &MountOptions::shmem_huge_advise);
+  ExpectWordsRoundTrip<bool>("supervise", kSuperviseWords, {{"on", true}, {"off", false}}, &MountOptions::supervise);
+  ExpectWordsRoundTrip<LogTo>("log_file", kLogToWords, {{"stderr", LogTo::kStderr}, {"syslog", LogTo::kSyslog}},
+                              &MountOptions::log_to);
+  ExpectWordsRoundTrip<GpuChoice>("gpu", kGpuWords, {{"auto", GpuChoice::kAuto}, {"sim", GpuChoice::kSim}},
+                                  &MountOptions::gpu);
+  EXPECT_EQ(ParseOk("gpu=0").gpu, GpuChoice::kIndex);
+  EXPECT_EQ(ParseOk("gpu=7").gpu_index, 7);
   EXPECT_EQ(ParseOk("cache_size=40%").cache_percent, 40);
+}
+
+// The defaults of the options not given, as --help states them.
+TEST(MountOptionsTest, DefaultsOfTheEnumeratedOptions) {
+  const MountOptions o = ParseOk("settle=1");
+  EXPECT_EQ(o.log_level, LogLevel::kInfo);
+  EXPECT_EQ(o.log_to, LogTo::kDefault);
+  EXPECT_EQ(o.gpu, GpuChoice::kNone);
+  EXPECT_EQ(o.fill, daemon::FillPolicy::kWait);
+  EXPECT_EQ(o.fill_io, SourceReader::Io::kAuto);
+  EXPECT_EQ(o.fill_on_index, HostTierFill::Policy::kFree);
+  EXPECT_TRUE(o.shmem_huge_advise);
+  EXPECT_TRUE(o.supervise);
+}
+
+// One default fill policy: what the FUSE operations do with a context no
+// one set the policy of is what the mount option's default says.
+TEST(MountOptionsTest, TheFsContextsFillPolicyIsTheOptionsDefault) {
+  const daemon::FsContext ctx;
+  EXPECT_EQ(ctx.fill, ParseOk("settle=1").fill);
+  EXPECT_EQ(ctx.fill, MountOptions{}.fill);
 }
 
 // Storage shared with other nodes (manifests=) is checked against forgery by
 // default; a mount of its own storage is checked against corruption.
 TEST(MountOptionsTest, VerifyIsSha256WhereStorageIsSharedUnlessSaidOtherwise) {
-  EXPECT_EQ(ParseOk("settle=1").verify, "xxh3");
-  EXPECT_EQ(ParseOk("verify=sha256").verify, "sha256");
-  EXPECT_EQ(ParseOk("manifests=/srv/m,manifest_keys=/etc/k.pem").verify, "sha256");
-  EXPECT_EQ(ParseOk("manifests=/srv/m,manifest_keys=/etc/k.pem,verify=xxh3").verify, "xxh3");
+  using daemon::Verify;
+  EXPECT_EQ(ParseOk("settle=1").verify, Verify::kXxh3);
+  EXPECT_EQ(ParseOk("verify=sha256").verify, Verify::kSha256);
+  EXPECT_EQ(ParseOk("manifests=/srv/m,manifest_keys=/etc/k.pem").verify, Verify::kSha256);
+  EXPECT_EQ(ParseOk("manifests=/srv/m,manifest_keys=/etc/k.pem,verify=xxh3").verify, Verify::kXxh3);
   auto bad = Parse({"/srv/src", "/models", "-o", "verify=md5"});
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("verify=md5"), std::string::npos) << bad.status().message();
@@ -105,6 +172,17 @@ TEST(MountOptionsTest, FuseOptionsPassOnAndBookkeepingIsIgnored) {
       "auto,noauto,user,users,x-systemd.automount,comment=foo");
   EXPECT_EQ(o.fuse_options,
             (std::vector<std::string>{"nodev", "nosuid", "noatime", "auto_unmount", "subtype=x", "max_read=131072"}));
+}
+
+// mount.ckptfs passes every option on (it keeps no list of its own): each
+// one that means something to mount(8), fstab or systemd is ignored here.
+TEST(MountOptionsTest, EveryMountBookkeepingOptionIsIgnored) {
+  for (const char* opt : {"_netdev", "nofail", "auto", "noauto", "user", "nouser", "users", "owner", "group",
+                          "defaults", "comment=systemd.x", "x-systemd.automount", "x-systemd.requires=/mnt/nfs",
+                          "loop"}) {
+    const MountOptions o = ParseOk(opt);
+    EXPECT_TRUE(o.fuse_options.empty()) << opt;
+  }
 }
 
 TEST(MountOptionsTest, FlagsAndOptionListForms) {
@@ -154,6 +232,9 @@ TEST(MountOptionsTest, BadValuesAreRefusedNamingTheOption) {
       {"gpu_cache_size=50%", "option gpu_cache_size= is gone: the GPU chunk tier was removed"},
       {"gpu=-1", "option gpu=-1: expected a device index, auto or sim"},
       {"gpu=first", "option gpu=first: expected a device index, auto or sim"},
+      // Once taken, then cut to an int where it was used: device 0.
+      {"gpu=4294967296", "option gpu=4294967296: expected a device index, auto or sim"},
+      {"gpu=99999999999999999999", "option gpu=99999999999999999999: expected a device index, auto or sim"},
       {"passthrough=on", "option passthrough=on: expected auto or off"},
       {"fill=never", "option fill=never: expected open, wait, preload or off"},
       {"fsname=", "option fsname needs a value"},

@@ -1,0 +1,29 @@
+// What the mount options fill= and verify= choose for the FUSE operations,
+// with the words the options spell them in (see option_words.h).
+#pragma once
+
+#include "ckptfs/option_words.h"
+
+namespace ckptfs::daemon {
+
+// When a file is copied into the host tier (mount option fill=).
+enum class FillPolicy {
+  kOpen,     // at its first open (in the background; that open takes the chunk path)
+  kWait,     // at its first open, which waits for the copy and then passes through
+  kPreload,  // only by ckptfsctl preload
+  kOff,      // never: no host tier of whole files, every read takes the chunk path
+};
+// fill='s default, and an FsContext's: one default, the option's.
+inline constexpr FillPolicy kDefaultFillPolicy = FillPolicy::kWait;
+inline constexpr OptionWord<FillPolicy> kFillPolicyWords[] = {
+    {FillPolicy::kOpen, "open"}, {FillPolicy::kWait, "wait"}, {FillPolicy::kPreload, "preload"}, {FillPolicy::kOff, "off"}};
+
+// What every byte served is checked against (mount option verify=).
+enum class Verify {
+  kXxh3,    // each chunk's XXH3-128 from the index: catches corruption, not forgery
+  kSha256,  // and the file's SHA-256: a whole copy before it is sealed, and
+            // on the chunk path each chunk's SHA-256 from a ProvenChunkTables table
+};
+inline constexpr OptionWord<Verify> kVerifyWords[] = {{Verify::kXxh3, "xxh3"}, {Verify::kSha256, "sha256"}};
+
+}  // namespace ckptfs::daemon
