@@ -11,6 +11,7 @@
 #include <fuse_lowlevel.h>
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -86,6 +87,10 @@ struct FsContext {
   // by-name/ change when the source does.
   double immutable_timeout_s = 86400;
   double mutable_timeout_s = 1;
+  // Test seam (CKPTFS_TEST_ENTRY_REPLY_DELAY_MS, test_hooks.h): a lookup's
+  // worker waits this long after its reply, so that a test can have the
+  // kernel FORGET the entry meanwhile. Zero in production.
+  std::chrono::milliseconds entry_reply_delay{0};
   // A fill found the source changed: rescan.
   std::function<void()> on_source_changed;
   // A read found a copy's chunk that does not match the index although its

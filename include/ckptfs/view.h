@@ -184,6 +184,8 @@ class View {
   void Forget(InodeId ino, uint64_t count);
   // Nodes held now (current or still remembered by the kernel).
   size_t NodeCount() const;
+  // Nodes the kernel holds lookups on now (`stats`: kernel_held_nodes).
+  size_t KernelHeldNodes() const;
   NodePtr Lookup(InodeId parent, const std::string& name) const;
 
   // Extended attribute on the root naming the control socket.

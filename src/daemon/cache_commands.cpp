@@ -268,6 +268,7 @@ nlohmann::json HandleStats(FsContext& ctx, const std::map<std::string, std::vect
           {kPassthrough, {{kMode, mode}, {kReason, reason}}},
           {kOpens, opens},
           {"open_inodes", ctx.open_modes.inodes()},
+          {"kernel_held_nodes", ctx.view->KernelHeldNodes()},
           {kTiers, tiers},
           {kHeldByReaders, f.held_by_readers},
           {kFills, FillsJson(ctx, f)},

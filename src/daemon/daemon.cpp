@@ -107,6 +107,7 @@ Status Daemon::OpenIndexAndView(const struct stat& source_st, const char* argv0)
   view_ = std::make_unique<View>(options_.source, Ownership::FromStat(source_st));
   ctx_.view = view_.get();
   ctx_.readahead = options_.readahead;
+  ctx_.entry_reply_delay = EntryReplyDelayForTest();
   auto session = FuseSession::Create(options_, argv0, &ctx_);
   if (!session.ok()) return session.status();
   session_ = std::move(*session);

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -9,6 +10,12 @@
 #include <thread>
 
 namespace ckptfs::daemon {
+
+std::chrono::milliseconds EntryReplyDelayForTest() {
+  const char* ms = std::getenv("CKPTFS_TEST_ENTRY_REPLY_DELAY_MS");
+  if (ms == nullptr) return std::chrono::milliseconds(0);
+  return std::chrono::milliseconds(std::clamp(std::atol(ms), 0L, 10000L));
+}
 
 std::function<void(const std::string&)> PauseBeforeHashHook(const std::atomic<bool>* stop) {
   const char* spec = std::getenv("CKPTFS_TEST_PAUSE_BEFORE_HASH");

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <string>
 
@@ -15,5 +16,11 @@ namespace ckptfs::daemon {
 // that holds "once" is removed (with DIR/paused) as the file goes on, so the
 // next file named NAME pauses again. Null when unset.
 std::function<void(const std::string&)> PauseBeforeHashHook(const std::atomic<bool>* stop);
+
+// CKPTFS_TEST_ENTRY_REPLY_DELAY_MS=N: each lookup's worker waits N ms after
+// its reply (FsContext::entry_reply_delay), so that a test can have the
+// kernel forget the entry while the worker is still in the lookup. 0 when
+// unset.
+std::chrono::milliseconds EntryReplyDelayForTest();
 
 }  // namespace ckptfs::daemon

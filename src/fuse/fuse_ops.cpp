@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 #include <sys/uio.h>
+#include <thread>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -136,8 +137,10 @@ void ReplyEntry(fuse_req_t req, const View::NodePtr& n) {
   // ever). A reply the kernel did not take (the request was interrupted)
   // gives the count back. (The reply frees `req`: take the view first.)
   View* view = Ctx(req).view;
+  const auto delay = Ctx(req).entry_reply_delay;
   view->Remember(n);
   if (fuse_reply_entry(req, &e) != 0) view->Forget(n->ino, 1);
+  if (delay.count() > 0) std::this_thread::sleep_for(delay);
 }
 
 void Init(void* userdata, fuse_conn_info* conn) {

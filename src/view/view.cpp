@@ -100,6 +100,15 @@ void View::Forget(InodeId ino, uint64_t count) {
   stripe.nodes.erase(it);
 }
 
+size_t View::KernelHeldNodes() const {
+  size_t count = 0;
+  for (auto& stripe : held_) {
+    MutexLock lock(stripe.mu);
+    count += stripe.nodes.size();
+  }
+  return count;
+}
+
 size_t View::NodeCount() const {
   SnapshotPtr snap = Current();
   size_t count = snap->nodes.size();

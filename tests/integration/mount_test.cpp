@@ -13,6 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
@@ -613,6 +614,36 @@ TEST(MountHelperTest, FlagsAndUsage) {
   CommandResult bad = RunCommand(helper + " /srv /models -q 2>&1");
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_EQ(bad.out, "mount.ckptfs: unknown argument '-q'\n" + usage);
+}
+
+// Lookups are counted before the entry reply (as libfuse's passthrough_hp
+// does): a FORGET the kernel sends as soon as it has the entry, here while
+// the lookup's worker still waits after its reply
+// (CKPTFS_TEST_ENTRY_REPLY_DELAY_MS), finds the count and gives it back, so
+// nothing is held once the kernel has forgotten every entry. Counted after
+// the reply, each such entry stayed held for as long as the mount lived.
+TEST_F(MountTest, AnEntryForgottenWhileItsLookupEndsIsNotHeldForEver) {
+  WriteModel(src_ + "/m", ModelSpec{});
+  ::setenv("CKPTFS_TEST_ENTRY_REPLY_DELAY_MS", "400", 1);
+  auto m = Mount();
+  ::unsetenv("CKPTFS_TEST_ENTRY_REPLY_DELAY_MS");
+  ASSERT_TRUE(m->ok());
+  ASSERT_TRUE(WaitForDigests(1)) << m->Log();
+  const std::string dir = mnt_ + "/" + *DigestDirs(mnt_).begin();
+  auto held = [&] { return QueryMount(kCtl, "stats", mnt_).value("kernel_held_nodes", uint64_t{1} << 60); };
+  auto forget_all = [] { RunCommand("sync; echo 2 > /proc/sys/vm/drop_caches"); };
+  forget_all();
+  ASSERT_TRUE(WaitFor([&] { forget_all(); return held() == 0; })) << m->Log();
+  for (const char* name : {"config.json", "tokenizer.json", "config.json", "tokenizer.json"}) {
+    struct stat st;
+    // The stat returns with the reply; its worker waits on, and the kernel
+    // forgets both entries (the digest directory, the file) meanwhile.
+    ASSERT_EQ(::stat((dir + "/" + name).c_str(), &st), 0) << name;
+    EXPECT_GE(held(), 1u) << "the lookup was not counted at all";
+    forget_all();
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // the last workers end their lookups
+  EXPECT_TRUE(WaitFor([&] { forget_all(); return held() == 0; })) << "nodes held: " << held();
 }
 
 }  // namespace
