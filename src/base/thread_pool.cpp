@@ -1,4 +1,3 @@
-#include "ckptfs/mutex.h"
 #include "ckptfs/thread_pool.h"
 
 namespace ckptfs {

@@ -1,4 +1,3 @@
-#include "ckptfs/mutex.h"
 #include "ckptfs/proven_chunk_tables.h"
 
 namespace ckptfs {

@@ -1,4 +1,3 @@
-#include "ckptfs/mutex.h"
 #include "ckptfs/sealed_copy.h"
 
 #include <fcntl.h>

@@ -1,4 +1,3 @@
-#include "ckptfs/mutex.h"
 #include "ckptfs/progress.h"
 
 #include <sys/ioctl.h>

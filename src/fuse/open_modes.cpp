@@ -1,4 +1,3 @@
-#include "ckptfs/mutex.h"
 #include "ckptfs/open_modes.h"
 
 namespace ckptfs::daemon {

@@ -1,4 +1,3 @@
-#include "ckptfs/mutex.h"
 #include "ckptfs/refused_files.h"
 
 #include <tuple>

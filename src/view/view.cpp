@@ -1,4 +1,3 @@
-#include "ckptfs/mutex.h"
 #include "ckptfs/view.h"
 
 #include "view_builder.h"
