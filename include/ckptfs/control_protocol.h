@@ -130,6 +130,8 @@ inline constexpr char kHandoverFailures[] = "handover_failures";  // restarts wh
 inline constexpr char kLastHandoverError[] = "last_handover_error";
 inline constexpr char kStartedAs[] = "started_as";          // first, successor or replacement (handover_protocol.h)
 inline constexpr char kPredecessorPid[] = "predecessor_pid";  // a successor's: the daemon it took over from
+// Supervised: inodes whose open files changed and the supervisor was not told yet.
+inline constexpr char kOpenInodeReportsWaiting[] = "open_inode_reports_waiting";
 inline constexpr char kHandoverTimeout[] = "handover_timeout";  // seconds a successor has to report ready
 // "source_filesystem": how changes in SRC are found.
 inline constexpr char kSourceFilesystem[] = "source_filesystem";

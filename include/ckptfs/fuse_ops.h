@@ -149,10 +149,13 @@ std::vector<InheritedInode> HandOverOpenInodes(FsContext& ctx);
 // join the mode the kernel holds them in; backing ids left by the
 // predecessor and not inherited are closed; then requests are admitted.
 void InheritOpenInodes(FsContext& ctx, const std::vector<InheritedInode>& inodes);
-// Calls `watch` with every change of an inode's open count (0: none open
-// any more), in order, so that a supervisor can hand the record to the
-// successor of a daemon that crashed.
-void WatchOpenInodes(FsContext& ctx, std::function<void(const InheritedInode&)> watch);
+// Calls `changed` with every inode whose open count or mode changed, at
+// once, on the thread of the open or release, so it must not block; a
+// supervisor's reporter reads the record with OpenInodeRecord later and
+// hands it to the successor of a daemon that crashed.
+void WatchOpenInodes(FsContext& ctx, std::function<void(uint64_t ino)> changed);
+// `ino`'s record as it stands: opens 0 when none of its files is open.
+InheritedInode OpenInodeRecord(const FsContext& ctx, uint64_t ino);
 // "on", "off" or "pending" (before INIT), and why.
 std::pair<std::string, std::string> PassthroughState(const FsContext& ctx);
 

@@ -9,11 +9,18 @@
 // the last of them is released; then the inode is forgotten (nothing here
 // grows with files that come and go). The kernel ends an open's mode before
 // it sends RELEASE, so this record never lags behind the kernel's.
+//
+// Locking, as libfuse's passthrough_hp keeps it: one short daemon-wide lock
+// for the table of open inodes, under which nothing but counting happens, and
+// a lock per inode under which its mode is decided (the decision may ask the
+// kernel for a backing file: an ioctl). So an open that waits for the kernel
+// holds up only the other opens of its own inode.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -33,9 +40,10 @@ class OpenModes {
     const char* why = "";                      // the chunk path: why
   };
 
-  // Registers an open of `ino`. For the first open `decide` chooses; a
-  // later one joins the choice in force (for the chunk path it may still
-  // bring its own resident copy, from `resident`).
+  // Registers an open of `ino`. For the first open `decide` chooses (under
+  // the inode's own lock only); a later one joins the choice in force (for
+  // the chunk path it may still bring its own resident copy, from
+  // `resident`, called with no lock held).
   Choice Open(uint64_t ino, const std::function<Choice()>& decide, const std::function<FileCache::CopyPtr()>& resident);
   // An open of `ino` ended (released, or its reply never reached the kernel).
   // True when that was the last open of an inode served by the chunk path
@@ -53,23 +61,44 @@ class OpenModes {
   struct Held {
     uint64_t opens = 0;
     uint64_t inherited = 0;
-    Choice choice;
+    Choice choice;  // the chunk path while the first open still decides
   };
   std::vector<std::pair<uint64_t, Held>> Snapshot() const;
   void Inherit(uint64_t ino, uint64_t opens, Choice choice);
   void ReleaseInherited(uint64_t ino);
   // Some opens of `ino` were inherited and not yet released.
   bool HasInherited(uint64_t ino) const;
-  // Told of every change, under the lock (so in order): the inode, its open
-  // count now (0: forgotten) and its choice. For a supervisor that hands
-  // the record to the successor of a daemon that crashed.
-  using Observer = std::function<void(uint64_t ino, uint64_t opens, const Choice& choice)>;
+  // `ino`'s record now; nullopt when none of its files is open.
+  std::optional<Held> Find(uint64_t ino) const;
+
+  // Told, on the thread that made it and with no lock held, that `ino`'s
+  // record changed (an open, a release, a decision); Find() reads it. Cheap
+  // and non-blocking, as every open waits for it: a supervisor's reporter
+  // (fd_handover.h) only notes the inode and reads its record later, so
+  // that what it last sends for an inode is the record as it stands.
+  using Observer = std::function<void(uint64_t ino)>;
   void SetObserver(Observer observer);
 
  private:
+  // The part of an inode's record that its first open decides.
+  struct Mode {
+    Mutex mu;
+    bool decided GUARDED_BY(mu) = false;
+    Choice choice GUARDED_BY(mu);
+  };
+  struct Entry {
+    uint64_t opens = 0;
+    uint64_t inherited = 0;
+    std::shared_ptr<Mode> mode;  // shared with the opens under way while the entry is erased
+  };
+  // The entry of `ino`, made if need be, with `opens` more counted; returns its mode.
+  std::shared_ptr<Mode> Count(uint64_t ino, uint64_t opens, uint64_t inherited);
+  void Changed(uint64_t ino) const;
+  static Choice ChoiceOf(Mode& mode);
+
   mutable Mutex mu_;
-  std::unordered_map<uint64_t, Held> held_ GUARDED_BY(mu_);
-  Observer observer_;
+  std::unordered_map<uint64_t, Entry> held_ GUARDED_BY(mu_);
+  std::shared_ptr<const Observer> observer_ GUARDED_BY(mu_);
 };
 
 }  // namespace ckptfs::daemon

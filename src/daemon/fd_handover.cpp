@@ -73,15 +73,15 @@ void FdHandover::SendInit(const std::vector<uint8_t>& request) {
 void FdHandover::SendReady() { Send({{"type", "ready"}}); }
 
 void FdHandover::Listen(FsContext& ctx) {
-  // Every change of an inode's open count, for the successor should this
-  // daemon crash; never blocking an open on a lagging supervisor.
-  WatchOpenInodes(ctx, [this](const InheritedInode& i) {
-    MutexLock lock(send_mu_);
-    const nlohmann::json m{{"type", "open-inode"}, {"inode", {i.ino, i.opens, i.backing_id}}};
-    if (Status s = handover::Send(link_.get(), m, /*wait=*/false); !s.ok() && !open_inodes_lost_.exchange(true)) {
-      spdlog::warn("{}: a daemon that replaces this one after a crash may not know every open file", s.message());
-    }
-  });
+  // Every change of an inode's open files, for the successor should this
+  // daemon crash; an open only notes its inode, and never waits for a
+  // lagging supervisor (open_inode_reporter.h).
+  auto reporter = std::make_unique<OpenInodeReporter>(link_.get(), [&ctx](uint64_t ino) { return OpenInodeRecord(ctx, ino); });
+  WatchOpenInodes(ctx, [r = reporter.get()](uint64_t ino) { r->Changed(ino); });
+  {
+    MutexLock lock(reporter_mu_);
+    reporter_ = std::move(reporter);
+  }
   listener_ = std::thread([this, &ctx] {
     for (;;) {
       auto msg = handover::Receive(link_.get());
@@ -120,6 +120,13 @@ void FdHandover::Listen(FsContext& ctx) {
 }
 
 void FdHandover::Stop(FsContext& ctx) {
+  // The reporter goes first, as it reads `ctx`; a drained daemon's "inherit"
+  // below carries every record anyway.
+  WatchOpenInodes(ctx, nullptr);
+  {
+    MutexLock lock(reporter_mu_);
+    if (reporter_) reporter_->Stop();
+  }
   if (drained_) {
     nlohmann::json inodes = nlohmann::json::array();
     for (const auto& i : HandOverOpenInodes(ctx)) inodes.push_back({i.ino, i.opens, i.backing_id});
@@ -144,6 +151,11 @@ nlohmann::json FdHandover::HandleRestart(const ControlServer::Request& r) {
 }
 
 nlohmann::json FdHandover::StatusJson() const {
+  size_t reports_waiting = 0;
+  {
+    MutexLock lock(reporter_mu_);
+    if (reporter_) reports_waiting = reporter_->waiting();
+  }
   MutexLock lock(failures_mu_);
   using namespace protocol;
   return {{kVersion, BuildDescription()},
@@ -156,7 +168,8 @@ nlohmann::json FdHandover::StatusJson() const {
           {kHandoverFailures, handover_failures_},
           {kLastHandoverError, last_handover_error_},
           {kStartedAs, started_as_},
-          {kPredecessorPid, predecessor_pid_}};
+          {kPredecessorPid, predecessor_pid_},
+          {kOpenInodeReportsWaiting, reports_waiting}};
 }
 
 bool FailStartForTest() {

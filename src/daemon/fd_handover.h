@@ -17,6 +17,7 @@
 #include "ckptfs/fuse_ops.h"
 #include "ckptfs/mutex.h"
 #include "ckptfs/unique_fd.h"
+#include "open_inode_reporter.h"
 
 namespace ckptfs::daemon {
 
@@ -68,7 +69,8 @@ class FdHandover {
   int predecessor_pid_ = 0;
   std::thread listener_;
   std::atomic<bool> drained_{false};
-  std::atomic<bool> open_inodes_lost_{false};
+  mutable Mutex reporter_mu_;
+  std::unique_ptr<OpenInodeReporter> reporter_ GUARDED_BY(reporter_mu_);  // made by Listen, stopped by Stop
   mutable Mutex failures_mu_;
   uint64_t handover_failures_ GUARDED_BY(failures_mu_) = 0;
   std::string last_handover_error_ GUARDED_BY(failures_mu_);

@@ -721,11 +721,15 @@ std::vector<InheritedInode> HandOverOpenInodes(FsContext& ctx) {
   return out;
 }
 
-void WatchOpenInodes(FsContext& ctx, std::function<void(const InheritedInode&)> watch) {
-  ctx.open_modes.SetObserver([watch = std::move(watch)](uint64_t ino, uint64_t opens, const OpenModes::Choice& c) {
-    const bool passthrough = c.passthrough && c.backing;
-    watch({ino, opens, passthrough ? KernelPassthrough::BackingId(*c.backing) : 0});
-  });
+void WatchOpenInodes(FsContext& ctx, std::function<void(uint64_t ino)> changed) {
+  ctx.open_modes.SetObserver(std::move(changed));
+}
+
+InheritedInode OpenInodeRecord(const FsContext& ctx, uint64_t ino) {
+  const auto held = ctx.open_modes.Find(ino);
+  if (!held) return {ino, 0, 0};
+  const bool passthrough = held->choice.passthrough && held->choice.backing;
+  return {ino, held->opens, passthrough ? KernelPassthrough::BackingId(*held->choice.backing) : 0};
 }
 
 void InheritOpenInodes(FsContext& ctx, const std::vector<InheritedInode>& inodes) {

@@ -2,17 +2,47 @@
 
 namespace ckptfs::daemon {
 
+std::shared_ptr<OpenModes::Mode> OpenModes::Count(uint64_t ino, uint64_t opens, uint64_t inherited) {
+  MutexLock lock(mu_);
+  Entry& e = held_[ino];
+  if (!e.mode) e.mode = std::make_shared<Mode>();
+  e.opens += opens;
+  e.inherited += inherited;
+  return e.mode;
+}
+
+void OpenModes::Changed(uint64_t ino) const {
+  std::shared_ptr<const Observer> observer;
+  {
+    MutexLock lock(mu_);
+    observer = observer_;
+  }
+  if (observer && *observer) (*observer)(ino);
+}
+
+OpenModes::Choice OpenModes::ChoiceOf(Mode& mode) {
+  MutexLock lock(mode.mu);
+  return mode.choice;
+}
+
 OpenModes::Choice OpenModes::Open(uint64_t ino, const std::function<Choice()>& decide,
                                   const std::function<FileCache::CopyPtr()>& resident) {
-  MutexLock lock(mu_);
-  Held& h = held_[ino];
-  if (h.opens++ == 0) {
-    h.choice = decide();
-    if (observer_) observer_(ino, h.opens, h.choice);
-    return h.choice;
+  std::shared_ptr<Mode> mode = Count(ino, 1, 0);
+  Choice in_force;
+  bool decided_here = false;
+  {
+    // Whoever takes the inode's lock first decides; the others of this
+    // inode wait for the decision, and no other inode waits at all.
+    MutexLock lock(mode->mu);
+    if (!mode->decided) {
+      mode->choice = decide();
+      mode->decided = true;
+      decided_here = true;
+    }
+    in_force = mode->choice;
   }
-  if (observer_) observer_(ino, h.opens, h.choice);
-  if (h.choice.passthrough) return h.choice;
+  Changed(ino);
+  if (decided_here || in_force.passthrough) return in_force;
   Choice joined;
   joined.copy = resident();
   joined.why = "the file is open through the chunk path by another reader";
@@ -25,29 +55,54 @@ bool OpenModes::IsOpen(uint64_t ino) const {
 }
 
 bool OpenModes::Release(uint64_t ino) {
-  MutexLock lock(mu_);
-  auto it = held_.find(ino);
-  if (it == held_.end()) return false;
-  --it->second.opens;
-  if (observer_) observer_(ino, it->second.opens, it->second.choice);
-  if (it->second.opens > 0) return false;
-  const bool chunk_path = !it->second.choice.passthrough;
-  held_.erase(it);
-  return chunk_path;
+  std::shared_ptr<Mode> last;
+  {
+    MutexLock lock(mu_);
+    auto it = held_.find(ino);
+    if (it == held_.end()) return false;
+    if (--it->second.opens == 0) {
+      last = std::move(it->second.mode);
+      held_.erase(it);
+    }
+  }
+  Changed(ino);
+  // The last open had its mode decided before it was counted out.
+  return last && !ChoiceOf(*last).passthrough;
 }
 
 std::vector<std::pair<uint64_t, OpenModes::Held>> OpenModes::Snapshot() const {
-  MutexLock lock(mu_);
-  return {held_.begin(), held_.end()};
+  std::vector<std::pair<uint64_t, Entry>> entries;
+  {
+    MutexLock lock(mu_);
+    entries.assign(held_.begin(), held_.end());
+  }
+  std::vector<std::pair<uint64_t, Held>> out;
+  out.reserve(entries.size());
+  for (auto& [ino, e] : entries) out.push_back({ino, Held{e.opens, e.inherited, ChoiceOf(*e.mode)}});
+  return out;
+}
+
+std::optional<OpenModes::Held> OpenModes::Find(uint64_t ino) const {
+  Entry e;
+  {
+    MutexLock lock(mu_);
+    auto it = held_.find(ino);
+    if (it == held_.end()) return std::nullopt;
+    e = it->second;
+  }
+  return Held{e.opens, e.inherited, ChoiceOf(*e.mode)};
 }
 
 void OpenModes::Inherit(uint64_t ino, uint64_t opens, Choice choice) {
-  MutexLock lock(mu_);
-  Held& h = held_[ino];
-  if (h.opens == 0) h.choice = std::move(choice);
-  h.opens += opens;
-  h.inherited += opens;
-  if (observer_) observer_(ino, h.opens, h.choice);
+  std::shared_ptr<Mode> mode = Count(ino, opens, opens);
+  {
+    MutexLock lock(mode->mu);
+    if (!mode->decided) {
+      mode->choice = std::move(choice);
+      mode->decided = true;
+    }
+  }
+  Changed(ino);
 }
 
 bool OpenModes::HasInherited(uint64_t ino) const {
@@ -57,8 +112,9 @@ bool OpenModes::HasInherited(uint64_t ino) const {
 }
 
 void OpenModes::SetObserver(Observer observer) {
+  auto shared = std::make_shared<const Observer>(std::move(observer));
   MutexLock lock(mu_);
-  observer_ = std::move(observer);
+  observer_ = std::move(shared);
 }
 
 void OpenModes::ReleaseInherited(uint64_t ino) {

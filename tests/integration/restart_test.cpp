@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,9 +17,11 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
@@ -74,6 +77,10 @@ class RestartTest : public ::testing::Test {
   std::string DigestDir(const std::string& by_name) {
     return mnt_ + "/" + fs::read_symlink(mnt_ + "/by-name/" + by_name).filename().string();
   }
+  // Children killed while their requests waited (see OpensGoOnInChild).
+  void TearDown() override {
+    for (pid_t pid : stragglers_) ::waitpid(pid, nullptr, 0);
+  }
   // SIGKILLs the daemon serving `m` and waits until another one serves.
   void KillServingDaemon(MountedCkptfs& m) {
     const pid_t victim = m.ServingPid();
@@ -91,6 +98,7 @@ class RestartTest : public ::testing::Test {
   std::string mnt_ = tmp_ / "mnt";
   std::string state_ = tmp_ / "state";
   int mounts_ = 0;
+  std::vector<pid_t> stragglers_;
 };
 
 // Reads `path` in 1 MiB preads, pass after pass, until `stop`, checking
@@ -332,6 +340,145 @@ TEST_F(RestartTest, PassthroughOpensAndPinsSurviveARestartAndAKill) {
       << QueryMount(kCtl, "stats", mnt_).dump() << m->Log();
   EXPECT_EQ(ReadFile(file), data);
   EXPECT_GE(QueryMount(kCtl, "stats", mnt_)["opens"].value("passthrough", 0), 1) << m->Log();
+}
+
+// Opens, reads and closes `path` `times` times in a child process (so that
+// a hang is detected where an open in the test itself would hang it): true
+// once it has, false if it failed or was still at it after 60 s. Then it is
+// killed, and put in `stragglers` to be reaped once the daemon can answer
+// again (a request the daemon has read holds its process until answered).
+bool OpensGoOnInChild(const std::string& path, int times, std::vector<pid_t>& stragglers) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    char byte;
+    for (int i = 0; i < times; ++i) {
+      const int fd = ::open(path.c_str(), O_RDONLY);
+      if (fd < 0 || ::pread(fd, &byte, 1, 0) != 1) ::_exit(1);
+      ::close(fd);
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  if (!WaitFor([&] { return ::waitpid(pid, &status, WNOHANG) == pid; }, std::chrono::seconds(60))) {
+    ::kill(pid, SIGKILL);
+    stragglers.push_back(pid);
+    return false;
+  }
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+// Some thread of `pid` is in system call `nr` now (/proc/PID/task/*/syscall).
+bool AThreadWaitsIn(pid_t pid, long nr) {
+  std::error_code ec;
+  for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream in(task.path() / "syscall");
+    long current = -1;
+    if (in >> current && current == nr) return true;
+  }
+  return false;
+}
+
+// Stops the supervisor (SIGSTOP) for the object's life; SIGCONT at the end,
+// also when the test fails.
+class StoppedProcess {
+ public:
+  explicit StoppedProcess(pid_t pid) : pid_(pid) { stopped_ = ::kill(pid_, SIGSTOP) == 0; }
+  ~StoppedProcess() { Resume(); }
+  bool stopped() const { return stopped_; }
+  void Resume() {
+    if (std::exchange(stopped_, false)) ::kill(pid_, SIGCONT);
+  }
+
+ private:
+  pid_t pid_;
+  bool stopped_ = false;
+};
+
+// Every open and release is reported to the supervisor, for the successor
+// of a daemon that crashes. A supervisor that stops reading (here SIGSTOP;
+// in life: swapped out, or busy) must hold up no open, and once it reads
+// again must learn the open files it was not told of meanwhile: a reporter
+// that dropped what the link could not take left the successor not knowing
+// that a file is open through passthrough, and its new opens failed.
+TEST_F(RestartTest, ASupervisorThatStopsReadingHoldsUpNoOpenAndMissesNoOpenFile) {
+  const std::string data = RandomBytes(4 * kMiB + 3, 91);
+  WriteFile(src_ + "/m/model.safetensors", data);
+  WriteFile(src_ + "/m/config.json", "{\"hidden\": 1}");
+  auto m = Mount("cache_size=256M");
+  ASSERT_TRUE(WaitForLink("m")) << m->Log();
+  CommandResult pre = RunCommand(kCtl + " preload --pin " + ShellQuote(mnt_ + "/by-name/m"), true);
+  ASSERT_EQ(pre.exit_code, 0) << pre.out;
+  if (Status(mnt_)["passthrough"]["mode"] != "on") GTEST_SKIP() << "no FUSE passthrough here";
+  const std::string shard = DigestDir("m") + "/model.safetensors";
+  const std::string config = DigestDir("m") + "/config.json";
+
+  int fd = -1;
+  {
+    StoppedProcess supervisor(m->pid());
+    ASSERT_TRUE(supervisor.stopped());
+    // 2000 reports, far more than the link holds (a couple of hundred).
+    EXPECT_TRUE(OpensGoOnInChild(config, 1000, stragglers_)) << "opens waited for a supervisor that does not read" << m->Log();
+    // The shard opened now, through passthrough: its report waits behind.
+    // (Only in a child may an open wait while the supervisor is stopped:
+    // opens held up for ever would hang this test, not fail it.)
+    ASSERT_TRUE(OpensGoOnInChild(shard, 1, stragglers_));
+    fd = ::open(shard.c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    EXPECT_GT(Status(mnt_)["daemon"].value("open_inode_reports_waiting", uint64_t{0}), 0u);
+  }
+  EXPECT_TRUE(WaitFor([&] { return Status(mnt_)["daemon"].value("open_inode_reports_waiting", uint64_t{1}) == 0; }))
+      << Status(mnt_).dump() << m->Log();
+
+  // A crash: the successor must know the shard is open through passthrough.
+  KillServingDaemon(*m);
+  std::string got(data.size(), '\0');
+  EXPECT_EQ(::pread(fd, got.data(), got.size(), 0), static_cast<ssize_t>(got.size()));
+  EXPECT_TRUE(got == data);
+  EXPECT_EQ(ReadFile(shard), data) << "a new open of a file held open through passthrough failed" << m->Log();
+  ::close(fd);
+  EXPECT_TRUE(m->Log().find("reports of open files wait") != std::string::npos) << m->Log();
+}
+
+// `ckptfsctl restart` asked while the supervisor does not read its link
+// waits for it, and only it does: opens and reads go on meanwhile (the
+// restart's message once held the link's lock that every open's report
+// took, under the lock of every open), and the restart completes once the
+// supervisor reads again.
+TEST_F(RestartTest, ARestartAskedOfAStoppedSupervisorHoldsUpNoOpen) {
+  const std::string data = RandomBytes(2 * kMiB + 1, 92);
+  WriteFile(src_ + "/m/model.safetensors", data);
+  auto m = Mount("");
+  ASSERT_TRUE(WaitForLink("m")) << m->Log();
+  const std::string shard = DigestDir("m") + "/model.safetensors";
+  const pid_t before = m->ServingPid();
+  pid_t restart = -1;
+  {
+    StoppedProcess supervisor(m->pid());
+    ASSERT_TRUE(supervisor.stopped());
+    // Fill the link, so that the restart's message cannot go.
+    EXPECT_TRUE(OpensGoOnInChild(shard, 500, stragglers_)) << m->Log();
+    restart = ::fork();
+    if (restart == 0) {
+      ::execl("/bin/sh", "sh", "-c", (kCtl + " restart " + ShellQuote(mnt_) + " >/dev/null 2>&1").c_str(), nullptr);
+      ::_exit(127);
+    }
+    ASSERT_GT(restart, 0);
+    // The restart reached the daemon: one of its threads waits in send(2)
+    // (sendto) for room on the link. No other thread does: the reporter
+    // never waits in send.
+    ASSERT_TRUE(WaitFor([&] { return AThreadWaitsIn(before, SYS_sendto); })) << m->Log();
+    EXPECT_TRUE(OpensGoOnInChild(shard, 500, stragglers_)) << "opens waited behind a restart's message" << m->Log();
+  }
+  int status = 0;
+  const bool ended = WaitFor([&] { return ::waitpid(restart, &status, WNOHANG) == restart; }, std::chrono::seconds(120));
+  if (!ended) {
+    ::kill(restart, SIGKILL);
+    ::waitpid(restart, nullptr, 0);
+  }
+  ASSERT_TRUE(ended) << m->Log();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << m->Log();
+  EXPECT_NE(m->ServingPid(), before) << m->Log();
+  EXPECT_EQ(ReadFile(shard), data);
 }
 
 // Runs `stat` of `path` in a child process: its errno (0: it worked), or -1
