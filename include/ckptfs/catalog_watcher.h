@@ -25,6 +25,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
@@ -85,6 +86,7 @@ class CatalogWatcher {
     double settle_s = 5;
     unsigned threads = 0;
     std::function<void(const std::string& path)> before_hash;  // test seam, see IndexerOptions
+    std::function<void()> before_publish;  // test seam: called under the watcher's lock before each publish
     ManifestStore* manifests = nullptr;  // manifests=DIR, see IndexerOptions
     HashCopyMaker* copies = nullptr;     // fill_on_index, see IndexerOptions
   };
@@ -114,9 +116,19 @@ class CatalogWatcher {
   // and started at most once a second, so that readers of a changed file
   // cannot keep the watcher walking SRC back to back.
   void RequestRescanSoon();
-  // Takes a digest out of the view at once (from any thread: the work is
-  // done on the watcher's thread), e.g. when its content failed a check.
+  // Takes a digest out of the view at once (from any thread, a FUSE
+  // handler's too: it only notes the name, under a lock no scan or publish
+  // holds; the watcher's thread, or an indexer's between files, takes it
+  // out), e.g. when its content failed a check. It asks for no rescan: the
+  // caller does, once the index no longer vouches for the bytes (a rescan
+  // before that would find the files known and show the digest again).
   void Withdraw(const std::string& name, const std::string& reason);
+  // Runs `task` on the watcher's thread, before its next scan: for work a
+  // FUSE handler must not wait for, such as a report of a damaged file
+  // (an index write; the index and the view are busy while a scan
+  // publishes). False, and nothing done, when kMaxPosted tasks wait.
+  bool Post(std::function<void()> task);
+  static constexpr size_t kMaxPosted = 4096;
 
   std::vector<CheckpointState> States() const;
   uint64_t scans_completed() const { return scans_.load(); }
@@ -172,6 +184,8 @@ class CatalogWatcher {
   // Takes the digests Withdraw() named out of the view and publishes, at
   // once; true if any was waiting. Safe from any thread but a FUSE handler's.
   bool ApplyWithdrawals();
+  bool WithdrawalsWaiting() const;
+  void RunPosted();  // on the watcher's thread
   void Publish();                         // the exposed checkpoints, less any withdrawn meanwhile
   bool TakeWithdrawalsLocked() REQUIRES(mu_);  // true if any was waiting
   View::Changes PublishLocked() REQUIRES(mu_);
@@ -219,7 +233,11 @@ class CatalogWatcher {
   // indexer's workers publish withdrawals too).
   std::map<std::string, AccessPath> last_dirs_ GUARDED_BY(mu_);
   std::vector<HubRef> last_hub_refs_ GUARDED_BY(mu_);
-  std::map<std::string, std::string> withdrawals_ GUARDED_BY(mu_);  // digest -> reason
+  // What other threads ask of the watcher, under a lock held only to note
+  // or take a request (taken under mu_, never the other way round).
+  mutable Mutex requests_mu_ ACQUIRED_AFTER(mu_);
+  std::map<std::string, std::string> withdrawals_ GUARDED_BY(requests_mu_);  // digest -> reason
+  std::deque<std::function<void()>> posted_ GUARDED_BY(requests_mu_);
   // The indexer's job for each checkpoint path it works on.
   struct Indexing {
     Sha256Digest fingerprint;  // of the walk it indexes

@@ -17,6 +17,19 @@ std::chrono::milliseconds EntryReplyDelayForTest() {
   return std::chrono::milliseconds(std::clamp(std::atol(ms), 0L, 10000L));
 }
 
+std::function<void()> HoldPublishHook(const std::atomic<bool>* stop) {
+  const char* dir = std::getenv("CKPTFS_TEST_HOLD_PUBLISH");
+  if (dir == nullptr || *dir == '\0') return nullptr;
+  return [hold = std::string(dir) + "/hold", held = std::string(dir) + "/held", stop] {
+    if (::access(hold.c_str(), F_OK) != 0) return;
+    if (std::FILE* f = std::fopen(held.c_str(), "w")) std::fclose(f);
+    for (int i = 0; i < 6000 && !stop->load() && ::access(hold.c_str(), F_OK) == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::remove(held.c_str());
+  };
+}
+
 std::function<void(const std::string&)> PauseBeforeHashHook(const std::atomic<bool>* stop) {
   const char* spec = std::getenv("CKPTFS_TEST_PAUSE_BEFORE_HASH");
   if (spec == nullptr || std::strchr(spec, ':') == nullptr) return nullptr;

@@ -23,4 +23,11 @@ std::function<void(const std::string&)> PauseBeforeHashHook(const std::atomic<bo
 // unset.
 std::chrono::milliseconds EntryReplyDelayForTest();
 
+// CKPTFS_TEST_HOLD_PUBLISH=DIR: while DIR/hold exists, each publish of the
+// view by the catalog watcher (with the watcher's lock held, as a slow one
+// on a large tree holds it) first creates DIR/held, then waits for DIR/hold
+// to go (60 s at most, less if `stop` turns true), so that a test can show
+// what goes on meanwhile. Null when unset.
+std::function<void()> HoldPublishHook(const std::atomic<bool>* stop);
+
 }  // namespace ckptfs::daemon

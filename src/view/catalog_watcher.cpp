@@ -165,10 +165,34 @@ void CatalogWatcher::RequestRescanSoon() {
 
 void CatalogWatcher::Withdraw(const std::string& name, const std::string& reason) {
   {
-    MutexLock lock(mu_);
+    MutexLock lock(requests_mu_);
     withdrawals_[name] = reason;
   }
-  RequestRescan();
+  Wake();
+}
+
+bool CatalogWatcher::Post(std::function<void()> task) {
+  {
+    MutexLock lock(requests_mu_);
+    if (posted_.size() >= kMaxPosted) return false;
+    posted_.push_back(std::move(task));
+  }
+  Wake();
+  return true;
+}
+
+void CatalogWatcher::RunPosted() {
+  std::deque<std::function<void()>> tasks;
+  {
+    MutexLock lock(requests_mu_);
+    tasks.swap(posted_);
+  }
+  for (auto& task : tasks) task();
+}
+
+bool CatalogWatcher::WithdrawalsWaiting() const {
+  MutexLock lock(requests_mu_);
+  return !withdrawals_.empty();
 }
 
 void CatalogWatcher::Run() {
@@ -183,6 +207,7 @@ void CatalogWatcher::Run() {
       read_triggered = true;
       next_debounced = std::min(next_debounced, std::max(now + kDebounceS, last_scan_end + kReadTriggeredEveryS));
     }
+    RunPosted();  // before the scan a report's withdrawal asks for
     const bool withdrew = ApplyWithdrawals();
     PublishIfDue();
     if (const double retry = TakeRetryRequest(); retry > 0) {
@@ -352,6 +377,7 @@ View::Changes CatalogWatcher::PublishLocked() {
   std::vector<ExposedCheckpoint> list;
   list.reserve(exposed_.size());
   for (const auto& [path, e] : exposed_) list.push_back(e);
+  if (options_.before_publish) options_.before_publish();
   return view_->Publish(list, last_dirs_, last_hub_refs_);
 }
 
@@ -360,8 +386,13 @@ void CatalogWatcher::Notify(const View::Changes& changes) {
 }
 
 bool CatalogWatcher::TakeWithdrawalsLocked() {
-  if (withdrawals_.empty()) return false;
-  for (const auto& [name, reason] : withdrawals_) {
+  std::map<std::string, std::string> withdrawals;
+  {
+    MutexLock lock(requests_mu_);
+    withdrawals.swap(withdrawals_);
+  }
+  if (withdrawals.empty()) return false;
+  for (const auto& [name, reason] : withdrawals) {
     for (auto it = exposed_.begin(); it != exposed_.end();) {
       if (it->second.name != name) {
         ++it;
@@ -376,7 +407,6 @@ bool CatalogWatcher::TakeWithdrawalsLocked() {
       it = exposed_.erase(it);
     }
   }
-  withdrawals_.clear();
   return true;
 }
 
@@ -391,10 +421,7 @@ void CatalogWatcher::Publish() {
 }
 
 bool CatalogWatcher::ApplyWithdrawals() {
-  {
-    MutexLock lock(mu_);
-    if (withdrawals_.empty()) return false;
-  }
+  if (!WithdrawalsWaiting()) return false;
   Publish();
   return true;
 }
@@ -572,14 +599,7 @@ IndexerOptions CatalogWatcher::HashingOptions() {
   // Withdrawn digests leave the view before the next file is opened, and
   // within a chunk of the one being read (a 10 GB shard takes a while).
   options.between_files = [this] { ApplyWithdrawals(); };
-  options.on_bytes = [this](uint64_t) {
-    bool withdrawn = false;
-    {
-      MutexLock lock(mu_);
-      withdrawn = !withdrawals_.empty();
-    }
-    if (withdrawn) ApplyWithdrawals();
-  };
+  options.on_bytes = [this](uint64_t) { ApplyWithdrawals(); };
   return options;
 }
 

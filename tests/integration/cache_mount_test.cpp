@@ -47,6 +47,34 @@ class CacheMountTest : public ::testing::Test {
     return WaitFor([&] { return fs::is_symlink(mnt_ + "/by-name/" + name); });
   }
 
+  // Flips one bit of `path` at `offset`, and has the index vouch for the old
+  // bytes under the file's new stamp, as if a tool had restored the file's
+  // times (written through the Index, so the row's checksum is valid and only
+  // the content check can catch it). Returns the file's bytes now. The
+  // daemon must not be running.
+  std::string FlipABitBehindAnIntactStamp(const std::string& path, uint64_t offset) {
+    std::string bytes = ReadFile(path);
+    bytes[offset] ^= 0x01;
+    {
+      FILE* f = std::fopen(path.c_str(), "r+b");
+      EXPECT_NE(f, nullptr) << path;
+      if (f == nullptr) return bytes;
+      std::fseek(f, static_cast<long>(offset), SEEK_SET);
+      std::fputc(bytes[offset], f);
+      std::fclose(f);
+    }
+    struct stat st;
+    EXPECT_EQ(::stat(path.c_str(), &st), 0);
+    auto index = Index::Open(state_, nullptr);
+    EXPECT_TRUE(index.ok()) << index.status().message();
+    if (!index.ok()) return bytes;
+    auto found = (*index)->LookupInode(st.st_dev, st.st_ino);
+    EXPECT_TRUE(found.ok() && found->has_value()) << path << " is not in the index";
+    if (!found.ok() || !found->has_value()) return bytes;
+    EXPECT_TRUE((*index)->PutFile(FileStamp::FromStat(st), (*found)->path, (*found)->hashes).ok());
+    return bytes;
+  }
+
   TempDir tmp_{"ckptfs-cache"};
   std::string src_ = tmp_ / "src";
   std::string mnt_ = tmp_ / "mnt";
@@ -120,28 +148,8 @@ TEST_F(CacheMountTest, CorruptChunkGivesEioAndIsNeverServed) {
     ASSERT_TRUE(WaitForLink("m")) << m->Log();
     old_digest = Digest("m");
   }
-  std::string bytes = ReadFile(shard);
-  bytes[5 * kMiB] ^= 0x01;  // one bit in chunk 1
-  {
-    FILE* f = std::fopen(shard.c_str(), "r+b");
-    std::fseek(f, 5 * kMiB, SEEK_SET);
-    std::fputc(bytes[5 * kMiB], f);
-    std::fclose(f);
-  }
-  struct stat st;
-  ASSERT_EQ(::stat(shard.c_str(), &st), 0);
-  {
-    // Bit rot behind an intact stamp: the index vouches for the old bytes
-    // under the file's new stamp (written through the Index, so the row's
-    // checksum is valid and only the content check can catch it).
-    auto index = Index::Open(state_, nullptr);
-    ASSERT_TRUE(index.ok()) << index.status().message();
-    auto found = (*index)->LookupInode(st.st_dev, st.st_ino);
-    ASSERT_TRUE(found.ok()) << found.status().message();
-    auto& stored = *found;
-    ASSERT_TRUE(stored.has_value());
-    ASSERT_TRUE((*index)->PutFile(FileStamp::FromStat(st), stored->path, stored->hashes).ok());
-  }
+  const std::string bytes = FlipABitBehindAnIntactStamp(shard, 5 * kMiB);  // in chunk 1
+  if (HasFatalFailure()) return;
 
   // fill=off: the chunk path, which this is about (with fill=wait the open's
   // copy would meet the bad chunk first; with fill=open a background copy
@@ -169,6 +177,72 @@ TEST_F(CacheMountTest, CorruptChunkGivesEioAndIsNeverServed) {
   ASSERT_TRUE(WaitFor([&] { return fs::is_symlink(mnt_ + "/by-name/m") && Digest("m") != old_digest; })) << m->Log();
   EXPECT_FALSE(fs::exists(mnt_ + "/" + old_digest));
   EXPECT_TRUE(ReadDirect(mnt_ + "/by-name/m/model.safetensors") == bytes);
+}
+
+// A reader that finds a damaged chunk reports it to the watcher and goes
+// on: it does not wait for the index nor for the watcher's lock, which a
+// publish holds (for seconds on a large tree). Nor do other readers. Here a
+// publish is held (CKPTFS_TEST_HOLD_PUBLISH) while a reader meets a bad chunk
+// and another checkpoint is opened and read; both must be answered while
+// the publish still waits, and once it ends the report takes effect.
+TEST_F(CacheMountTest, ABadChunkFoundDuringASlowPublishHoldsUpNoReader) {
+  const std::string shard = src_ + "/m/model.safetensors";
+  WriteFile(shard, RandomBytes(12 * kMiB, 14));
+  const std::string other = RandomBytes(3 * kMiB + 7, 15);
+  WriteFile(src_ + "/n/model.safetensors", other);
+  std::string old_digest;
+  {
+    auto m = Mount("");
+    ASSERT_TRUE(WaitForLink("m") && WaitForLink("n")) << m->Log();
+    old_digest = Digest("m");
+  }
+  const std::string bytes = FlipABitBehindAnIntactStamp(shard, 5 * kMiB);  // in chunk 1
+  ASSERT_FALSE(HasFatalFailure());
+
+  const std::string gate = tmp_ / "gate";
+  MakeDirs(gate);
+  ::setenv("CKPTFS_TEST_HOLD_PUBLISH", gate.c_str(), 1);
+  auto m = Mount("fill=off");
+  ::unsetenv("CKPTFS_TEST_HOLD_PUBLISH");
+  ASSERT_TRUE(WaitForLink("m") && WaitForLink("n")) << m->Log();
+  ASSERT_EQ(Digest("m"), old_digest);
+  const std::string bad = mnt_ + "/" + old_digest + "/model.safetensors";
+  const std::string good = mnt_ + "/" + Digest("n") + "/model.safetensors";
+
+  // A new checkpoint in SRC: its scan's publish is held.
+  WriteFile(gate + "/hold", "");
+  WriteFile(src_ + "/o/model.safetensors", RandomBytes(kMiB, 16));
+  ASSERT_TRUE(WaitFor([&] { return fs::exists(gate + "/held"); })) << m->Log();
+
+  // In a child, so that a reader held up is seen as such (and killed): 0
+  // when the bad chunk failed with EIO and the other file read right.
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(bad.c_str(), O_RDONLY | O_DIRECT);
+    void* buf = nullptr;
+    if (fd < 0 || ::posix_memalign(&buf, 4096, kMiB) != 0) ::_exit(3);
+    errno = 0;
+    if (::pread(fd, buf, kMiB, 4 * kMiB) != -1 || errno != EIO) ::_exit(1);
+    ::close(fd);
+    ::_exit(ReadFile(good) == other ? 0 : 2);
+  }
+  int status = 0;
+  const bool answered = WaitFor([&] { return ::waitpid(pid, &status, WNOHANG) == pid; }, std::chrono::seconds(30));
+  const bool still_held = fs::exists(gate + "/held");
+  fs::remove(gate + "/hold");  // the publish goes on
+  if (!answered) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+  ASSERT_TRUE(answered) << "readers waited for the publish" << m->Log();
+  EXPECT_TRUE(still_held) << "the publish ended before the readers were answered: this proved nothing";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status << m->Log();
+
+  // The report took effect: hashed again under the name of what it holds.
+  ASSERT_TRUE(WaitFor([&] { return fs::is_symlink(mnt_ + "/by-name/m") && Digest("m") != old_digest; })) << m->Log();
+  EXPECT_FALSE(fs::exists(mnt_ + "/" + old_digest));
+  EXPECT_TRUE(ReadDirect(mnt_ + "/by-name/m/model.safetensors") == bytes);
+  EXPECT_TRUE(WaitForLink("o")) << m->Log();
 }
 
 TEST_F(CacheMountTest, SourceShrinkingUnderAnOpenReaderGivesEio) {
