@@ -7,12 +7,14 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "ckptfs/file_hasher.h"
 #include "ckptfs/file_stamp.h"
 #include "ckptfs/index.h"
+#include "mounted_ckptfs.h"
 #include "test_tree.h"
 
 namespace ckptfs::testing {
@@ -30,6 +32,33 @@ class CtlTest : public ::testing::Test {
  protected:
   void SetUp() override { ::chmod(tmp_.path().c_str(), 0755); }  // so setpriv'd users can enter
   std::string Ctl(const std::string& args) { return kCtl + " --state " + ShellQuote(state_) + " " + args; }
+  // Rows in the index's files table now, read as another process would
+  // while an indexer writes (WAL: the committed rows); 0 before it exists.
+  int64_t IndexedFiles() const {
+    sqlite3* db = nullptr;
+    int64_t rows = 0;
+    if (sqlite3_open_v2((state_ + "/index.db").c_str(), &db, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK) {
+      sqlite3_stmt* st = nullptr;
+      if (sqlite3_prepare_v2(db, "SELECT count(*) FROM files", -1, &st, nullptr) == SQLITE_OK &&
+          sqlite3_step(st) == SQLITE_ROW) {
+        rows = sqlite3_column_int64(st, 0);
+      }
+      sqlite3_finalize(st);
+    }
+    sqlite3_close(db);
+    return rows;
+  }
+  // Bytes process `pid` has read so far (rchar of /proc/PID/io: page cache
+  // included).
+  static uint64_t BytesReadBy(pid_t pid) {
+    std::ifstream io("/proc/" + std::to_string(pid) + "/io");
+    std::string key;
+    uint64_t value = 0;
+    while (io >> key >> value) {
+      if (key == "rchar:") return value;
+    }
+    return 0;
+  }
   TempDir tmp_{"ckptfs-ctl"};
   std::string src_ = tmp_ / "src";
   std::string state_ = tmp_ / "state";
@@ -242,11 +271,24 @@ TEST_F(CtlTest, KillDashNineMidIndexLeavesACorrectIndex) {
             static_cast<char*>(nullptr));
     ::_exit(127);
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(120));
+  // Killed in the middle of indexing with rows committed (a clean empty
+  // index would prove nothing). Rows are committed once the oldest waiting
+  // is a second old, and hashing this tree may take less: so the indexer is
+  // stopped once it has read a few files, for longer than that second, and
+  // killed as soon as it committed after it went on.
+  const bool reading = WaitFor([&] { return BytesReadBy(pid) >= 8 * (3 << 20); }, std::chrono::seconds(60));
+  ::kill(pid, SIGSTOP);
+  const uint64_t read_when_stopped = BytesReadBy(pid);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // the age that commits rows
+  ::kill(pid, SIGCONT);
+  const bool first_row = WaitFor([&] { return IndexedFiles() >= 1; }, std::chrono::seconds(60));
   ::kill(pid, SIGKILL);
   int status = 0;
   ::waitpid(pid, &status, 0);
-  ASSERT_TRUE(WIFSIGNALED(status)) << "indexing finished before it could be killed; make the tree larger";
+  ASSERT_TRUE(reading) << "the indexer read nothing in 60 s";
+  ASSERT_LT(read_when_stopped, uint64_t{150} * (3 << 20)) << "it had read everything when stopped";
+  ASSERT_TRUE(first_row) << "no row was committed in 60 s";
+  ASSERT_TRUE(WIFSIGNALED(status)) << "indexing finished before it could be killed";
 
   std::vector<std::string> warnings;
   auto index = Index::Open(state_, &warnings);
@@ -265,6 +307,7 @@ TEST_F(CtlTest, KillDashNineMidIndexLeavesACorrectIndex) {
     }
   }
   RecordProperty("rows_before_kill", static_cast<int>(rows));
+  EXPECT_GE(rows, 1u);  // what was committed before the kill is kept, and correct
   EXPECT_LT(rows, 150u);
   index->reset();
   CommandResult r = RunCommand(Ctl("digest " + src_));
