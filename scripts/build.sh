@@ -6,5 +6,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 packaging/install-deps.sh
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPTFS_WERROR="${CKPTFS_WERROR:-ON}" "$@" >/dev/null
-cmake --build build --parallel "$(nproc)"
+# CMakePresets.json's dev: RelWithDebInfo into build/.
+cmake --preset dev -DCKPTFS_WERROR="${CKPTFS_WERROR:-ON}" "$@" >/dev/null
+cmake --build --preset dev --parallel "$(nproc)"

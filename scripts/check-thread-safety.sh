@@ -15,9 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v clang++ >/dev/null || { echo "check-thread-safety.sh: clang++ is missing (packaging/install-deps.sh installs it)" >&2; exit 1; }
-cmake -S . -B build-tsa -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug -DCKPTFS_WITH_CUDA=OFF \
-  -DCKPTFS_FUZZ=OFF -DCKPTFS_HARDENING=OFF -DCKPTFS_WERROR=ON -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
-  -DCMAKE_CXX_FLAGS="-Wthread-safety -Wthread-safety-beta" >/dev/null
+cmake --preset thread-safety >/dev/null  # CMakePresets.json: clang++, -Wthread-safety, build-tsa/
 # Sources generated at build time (none today) would be missing here.
 python3 - "$(nproc)" "$@" <<'PY'
 import json, shlex, subprocess, sys

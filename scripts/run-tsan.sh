@@ -19,13 +19,11 @@ if [[ "${CKPTFS_TSAN_NO_DEPS:-0}" != 1 ]]; then packaging/install-deps.sh; fi
 [ -f build/build.ninja ] || CKPTFS_WERROR=ON scripts/build.sh
 cmake --build build --parallel "$(nproc)" --target ckptfs_security_tests ckptfs_integration_tests \
   ckptfs-make-demo-tree ckptfs-test-faultyfs ckptfs-test-compare-tree
-# -O1 -g1: what TSan's documentation advises, and line tables for its
-# stacks (RelWithDebInfo's own -O2 -g would come after CMAKE_CXX_FLAGS).
+# CMakePresets.json's tsan: -fsanitize=thread at -O1 -g1 (what TSan's
+# documentation advises, with line tables for its stacks), into build-tsan/.
 launcher=(); if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
-cmake -S . -B build-tsan -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPTFS_WITH_CUDA=OFF -DCKPTFS_FUZZ=OFF \
-  -DCKPTFS_HARDENING=OFF -DCMAKE_CXX_FLAGS="-fsanitize=thread" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
-  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" >/dev/null
-cmake --build build-tsan --parallel "$(nproc)" --target ckptfs ckptfsctl ckptfs_unit_tests
+cmake --preset tsan "${launcher[@]}" >/dev/null
+cmake --build --preset tsan --parallel "$(nproc)"
 [ "$build_only" = 1 ] && exit 0
 rm -f /tmp/ckptfs-tsan.*
 export TSAN_OPTIONS="halt_on_error=0 report_signal_unsafe=0 log_path=/tmp/ckptfs-tsan"
