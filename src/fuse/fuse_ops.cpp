@@ -24,6 +24,7 @@
 #include "connection_io.h"
 #include "open_handles.h"
 #include "passthrough_shim.h"
+#include "reply_errno.h"
 #include "request_caller.h"
 
 namespace ckptfs::daemon {
@@ -123,7 +124,7 @@ Result<struct stat> AttrOf(FsContext& ctx, const View::NodePtr& n) {
 void ReplyEntry(fuse_req_t req, const View::NodePtr& n) {
   auto attr = AttrOf(Ctx(req), n);
   if (!attr.ok()) {
-    fuse_reply_err(req, EIO);
+    fuse_reply_err(req, ReplyErrno(attr.status()));
     return;
   }
   fuse_entry_param e{};
@@ -186,7 +187,7 @@ void GetAttr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   if (!Allowed(req, *n, 0)) return;
   auto attr = AttrOf(Ctx(req), n);
   if (!attr.ok()) {
-    fuse_reply_err(req, EIO);
+    fuse_reply_err(req, ReplyErrno(attr.status()));
     return;
   }
   fuse_reply_attr(req, &*attr, Timeout(Ctx(req), *n));
@@ -343,7 +344,7 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   }
   auto form = ServedFormOf(ctx, n);
   if (!form.ok()) {
-    fuse_reply_err(req, EIO);
+    fuse_reply_err(req, ReplyErrno(form.status()));
     return;
   }
   // An inode open already is served the way its first open chose: a copy
@@ -530,7 +531,7 @@ void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info
     auto s = ctx.stamper->For(ctx, f->node);
     if (!s.ok()) {
       ++ctx.failed_reads;
-      fuse_reply_err(req, EIO);
+      fuse_reply_err(req, ReplyErrno(s.status()));
       return;
     }
     stamped = *s;
@@ -558,7 +559,7 @@ void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info
   }
   if (Status s = AppendSourceRange(ctx, f->node, source_begin, source_end, refs, iov); !s.ok()) {
     ++ctx.failed_reads;
-    fuse_reply_err(req, EIO);
+    fuse_reply_err(req, ReplyErrno(s));
     return;
   }
   // The kernel's read-ahead sends neighbouring requests in parallel, so

@@ -390,8 +390,9 @@ TEST_F(CacheMountTest, StressManyReadersSmallCache) {
 }
 
 // A source whose reads start failing after it was indexed (a bad sector):
-// the read that needs the bad bytes fails with EIO and names the cause in
-// the log; everything else is still served, and the digest stays.
+// the read that needs the bad bytes fails with EIO (ETIMEDOUT when the
+// source timed out) and names the cause in the log; everything else is
+// still served, and the digest stays.
 TEST_F(CacheMountTest, SourceReadErrorFailsOnlyTheReadsThatNeedIt) {
   const std::string data = RandomBytes(16 * kMiB, 9);
   WriteFile(tmp_ / "backing", data);
@@ -429,6 +430,11 @@ TEST_F(CacheMountTest, SourceReadErrorFailsOnlyTheReadsThatNeedIt) {
             std::string::npos)
       << m->Log();
   EXPECT_TRUE(ReadDirect(through, 4 * kMiB, kMiB) == data.substr(4 * kMiB, kMiB));  // the rest goes on
+  // A network source that times out: the reader is told so, not just "I/O
+  // error" (the reply carries the source's own errno where it is true of
+  // the view too).
+  WriteFile(trigger, "timeout");
+  EXPECT_EQ(ReadDirect(through, 8 * kMiB, kMiB), "<read: Connection timed out>");
   ::unlink(trigger.c_str());
   // Not withdrawn: an I/O error is not a lie about the content.
   EXPECT_TRUE(ReadDirect(through, 8 * kMiB, kMiB) == data.substr(8 * kMiB, kMiB));

@@ -5,7 +5,9 @@
 // after it was indexed. If TRIGGER holds "change", the reads work but the
 // file's times move on, as if it had been rewritten in place; no inotify
 // event tells ckptfs (changes made by a FUSE server raise none), so only the
-// stamp checks of a read can notice. Attributes are never cached, so a stat
+// stamp checks of a read can notice. If it holds "timeout", those reads fail
+// with ETIMEDOUT instead, as a network filesystem's do when its server is
+// away. Attributes are never cached, so a stat
 // sees the change at once.
 // With `wide`, MOUNTPOINT/wide/ also holds kWideDirs empty directories; once
 // TRIGGER holds "slow", listing each of them takes kSlowListing, and the
@@ -35,13 +37,14 @@ constexpr int kWideDirs = 3000;
 constexpr auto kSlowListing = std::chrono::milliseconds(20);
 
 // What TRIGGER asks for now.
-enum class Fault { kNone, kBadSector, kChanged, kSlow };
+enum class Fault { kNone, kBadSector, kChanged, kSlow, kTimeout };
 Fault CurrentFault() {
   std::ifstream t(g_trigger);
   if (!t) return Fault::kNone;
   std::string word;
   t >> word;
   if (word == "slow") return Fault::kSlow;
+  if (word == "timeout") return Fault::kTimeout;
   return word == "change" ? Fault::kChanged : Fault::kBadSector;
 }
 
@@ -123,8 +126,9 @@ void Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info*) {
     return;
   }
   const uint64_t end = std::min<uint64_t>(g_data.size(), begin + size);
-  if (CurrentFault() == Fault::kBadSector && begin < kBadEnd && end > kBadBegin) {
-    fuse_reply_err(req, EIO);
+  const Fault fault = CurrentFault();
+  if ((fault == Fault::kBadSector || fault == Fault::kTimeout) && begin < kBadEnd && end > kBadBegin) {
+    fuse_reply_err(req, fault == Fault::kTimeout ? ETIMEDOUT : EIO);
     return;
   }
   fuse_reply_buf(req, g_data.data() + begin, end - begin);

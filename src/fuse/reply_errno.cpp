@@ -1,0 +1,21 @@
+#include "reply_errno.h"
+
+#include <cerrno>
+
+namespace ckptfs::daemon {
+
+int ReplyErrno(const Status& s) {
+  switch (s.error_number()) {
+    case ENOMEM:
+    case EMFILE:
+    case ENFILE:
+    case ENOSPC:     // the host tier's memfds (tmpfs) are full
+    case ETIMEDOUT:  // an NFS or sshfs source whose server is away
+    case ESTALE:
+      return s.error_number();
+    default:
+      return EIO;
+  }
+}
+
+}  // namespace ckptfs::daemon

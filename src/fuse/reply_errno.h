@@ -1,0 +1,16 @@
+// The errno of a FUSE reply to a request that failed.
+#pragma once
+
+#include "ckptfs/status.h"
+
+namespace ckptfs::daemon {
+
+// The system's own errno where it says something true to a reader of the
+// view: the daemon is out of memory or descriptors, or a network source
+// timed out or went stale. EIO for everything else: a source that changed
+// or fails its checks (no errno), a bad sector, and the errors of a path in
+// SRC (ENOENT, EACCES, ENOTDIR, ELOOP from the daemon's own walk there would
+// tell the reader something false about a file it has open in the view).
+int ReplyErrno(const Status& s);
+
+}  // namespace ckptfs::daemon

@@ -1,0 +1,27 @@
+// The errno a failed FUSE request is answered with: the system's own where it
+// is true of the view, EIO otherwise.
+#include "reply_errno.h"
+
+#include <gtest/gtest.h>
+
+#include <cerrno>
+
+namespace ckptfs::daemon {
+namespace {
+
+TEST(ReplyErrnoTest, PassesOnWhatIsTrueOfTheViewAndSaysEioForTheRest) {
+  for (int err : {ENOMEM, EMFILE, ENFILE, ENOSPC, ETIMEDOUT, ESTALE}) {
+    EXPECT_EQ(ReplyErrno(Status::FromErrno("read", err)), err) << err;
+  }
+  // A path in SRC that vanished or is refused to the daemon says nothing
+  // true of the file open in the view.
+  for (int err : {ENOENT, EACCES, EPERM, ENOTDIR, ELOOP, EIO, EAGAIN, EINTR}) {
+    EXPECT_EQ(ReplyErrno(Status::FromErrno("read", err)), EIO) << err;
+  }
+  EXPECT_EQ(ReplyErrno(Status::Changed("the source changed")), EIO);
+  EXPECT_EQ(ReplyErrno(Status::Corrupt("a chunk does not match")), EIO);
+  EXPECT_EQ(ReplyErrno(Status::Error("anything")), EIO);
+}
+
+}  // namespace
+}  // namespace ckptfs::daemon
