@@ -132,6 +132,13 @@ class CatalogWatcher {
 
   std::vector<CheckpointState> States() const;
   uint64_t scans_completed() const { return scans_.load(); }
+  // A scan is asked for, waits out its debounce or settle time, or runs:
+  // once false, what SRC showed before has been applied (status:
+  // scan_pending; tests wait for it instead of sleeping). The periodic
+  // rescan does not count until it starts.
+  bool scan_pending() const {
+    return busy_.load() || deadline_pending_.load() || rescan_requested_.load() || soon_requested_.load();
+  }
 
   // What the last scan cost: a change in one checkpoint should cost that
   // checkpoint, not the tree (status shows this).
@@ -219,6 +226,10 @@ class CatalogWatcher {
   std::atomic<bool> rescan_requested_{true};
   std::atomic<bool> soon_requested_{false};
   std::atomic<uint64_t> scans_{0};
+  // See scan_pending(): the scanning thread is at work (not in its wait),
+  // and it has a debounced or settle-time scan ahead.
+  std::atomic<bool> busy_{true};
+  std::atomic<bool> deadline_pending_{false};
   double next_settle_deadline_ = 0;  // monotonic seconds; 0 = none
 
   mutable Mutex mu_;

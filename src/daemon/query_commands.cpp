@@ -86,6 +86,7 @@ nlohmann::json StatusJson(const std::vector<CheckpointState>& visible, const Cat
           {kIndex, mount.index_path},
           {kPid, ::getpid()},
           {"scans", watcher.scans_completed()},
+          {"scan_pending", watcher.scan_pending()},
           {"last_scan", LastScanJson(watcher.LastScan())},
           {kCounts,
            {{kStateExposed, counts[0]},

@@ -202,6 +202,7 @@ void CatalogWatcher::Run() {
   constexpr double kReadTriggeredEveryS = 1.0;
   bool read_triggered = false;
   while (!stop_) {
+    busy_ = true;  // before the requests are taken: scan_pending() never reads all false between
     const double now = MonotonicSeconds();
     if (soon_requested_.exchange(false)) {
       read_triggered = true;
@@ -236,11 +237,14 @@ void CatalogWatcher::Run() {
     }
     double until = std::min({next_periodic, next_debounced, NextPublishDue()});
     if (next_settle_deadline_ > 0) until = std::min(until, next_settle_deadline_);
+    deadline_pending_ = !std::isinf(next_debounced) || next_settle_deadline_ > 0;
+    busy_ = false;
     const double wait_s = until - now;
     const int timeout_ms =
         std::isinf(wait_s) ? -1 : static_cast<int>(std::clamp(wait_s * 1000 + 1, 0.0, double{INT_MAX}));
     pollfd fds[2] = {{wake_.get(), POLLIN, 0}, {inotify_.valid() ? inotify_.get() : -1, POLLIN, 0}};
     ::poll(fds, 2, timeout_ms);
+    busy_ = true;  // what woke it (a request, an inotify event) is pending from here on
     if (fds[0].revents & POLLIN) {
       uint64_t v;
       if (::read(wake_.get(), &v, sizeof v) < 0) {

@@ -75,13 +75,10 @@ TEST_F(SshfsSourceTest, ServerSideChangesAreFoundByTheRescanNotByInotify) {
 
     // Quiet first: the reads above may have asked for a rescan (sshfs's
     // attribute cache can show a stamp moving), which would find the change
-    // below by itself. Wait until no scan has run for 1.5 s.
-    for (uint64_t scans = QueryMount(kCtl, "status", m.mountpoint()).value("scans", uint64_t{0});;) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-      const uint64_t now = QueryMount(kCtl, "status", m.mountpoint()).value("scans", uint64_t{0});
-      if (now == scans) break;
-      scans = now;
-    }
+    // below by itself. Wait until none is pending.
+    ASSERT_TRUE(WaitFor([&] {
+      return QueryMount(kCtl, "status", m.mountpoint()).value("scan_pending", true) == false;
+    })) << m.Log();
     // Changed on the server: on a local filesystem inotify would bring the
     // new digest within a second (settle=0); here nothing arrives.
     const std::string old_name = Link(m.mountpoint(), "m");

@@ -204,7 +204,9 @@ TEST_F(RobustnessTest, ReadsOfAChangedFileCauseOneReportAndFewRescans) {
   std::free(buf);
   ::close(fd);
   EXPECT_EQ(failed, 300);
-  std::this_thread::sleep_for(std::chrono::seconds(2));  // let any queued rescans run
+  // The rescans the reads asked for have run (they are coalesced to one a
+  // second after the last).
+  EXPECT_TRUE(WaitFor([&] { return Ctl("status").value("scan_pending", true) == false; })) << m->Log();
   const uint64_t scans_after = scans_now();
   ASSERT_GE(scans_after, scans_before);
   EXPECT_LE(scans_after - scans_before, 5u) << m->Log();
