@@ -9,7 +9,10 @@
 // with fstat before and after every read: a file changed in place is caught
 // there (and forgotten here), and one renamed or replaced in SRC meanwhile
 // is still the file whose bytes were indexed (each chunk is checked against
-// the index as always). A descriptor for O_DIRECT reads is a second entry,
+// the index as always). A file deleted from SRC holds its space on the disk
+// while it is kept: its next read finds its ctime moved and drops it, and
+// one never read again is closed once `capacity` others have been. A
+// descriptor for O_DIRECT reads is a second entry,
 // opened with the flag set, so no thread ever changes the flags of a
 // descriptor another thread reads through.
 #pragma once
