@@ -119,10 +119,13 @@ class CatalogWatcher {
   // Takes a digest out of the view at once (from any thread, a FUSE
   // handler's too: it only notes the name, under a lock no scan or publish
   // holds; the watcher's thread, or an indexer's between files, takes it
-  // out), e.g. when its content failed a check. It asks for no rescan: the
-  // caller does, once the index no longer vouches for the bytes (a rescan
-  // before that would find the files known and show the digest again).
+  // out), e.g. when its content failed a check; and keeps it out of every
+  // publish until EndWithdrawal(name). The caller calls that once the index
+  // no longer vouches for the bytes, which then asks for the rescan that
+  // hashes them again: a scan before that would find the files known and
+  // show the digest again.
   void Withdraw(const std::string& name, const std::string& reason);
+  void EndWithdrawal(const std::string& name);
   // Runs `task` on the watcher's thread, before its next scan: for work a
   // FUSE handler must not wait for, such as a report of a damaged file
   // (an index write; the index and the view are busy while a scan
@@ -194,7 +197,9 @@ class CatalogWatcher {
   bool WithdrawalsWaiting() const;
   void RunPosted();  // on the watcher's thread
   void Publish();                         // the exposed checkpoints, less any withdrawn meanwhile
-  bool TakeWithdrawalsLocked() REQUIRES(mu_);  // true if any was waiting
+  // Takes out of exposed_ what Withdraw() named and what is still held out;
+  // true if a withdrawal was waiting or anything was taken out.
+  bool TakeWithdrawalsLocked() REQUIRES(mu_);
   View::Changes PublishLocked() REQUIRES(mu_);
   void Notify(const View::Changes& changes);  // mu_ not held: it calls into the kernel
   bool DrainInotify();  // true if any event arrived
@@ -247,7 +252,8 @@ class CatalogWatcher {
   // What other threads ask of the watcher, under a lock held only to note
   // or take a request (taken under mu_, never the other way round).
   mutable Mutex requests_mu_ ACQUIRED_AFTER(mu_);
-  std::map<std::string, std::string> withdrawals_ GUARDED_BY(requests_mu_);  // digest -> reason
+  std::map<std::string, std::string> withdrawals_ GUARDED_BY(requests_mu_);  // digest -> reason, not applied yet
+  std::map<std::string, std::string> held_out_ GUARDED_BY(requests_mu_);     // digest -> reason, until EndWithdrawal
   std::deque<std::function<void()>> posted_ GUARDED_BY(requests_mu_);
   // The indexer's job for each checkpoint path it works on.
   struct Indexing {

@@ -237,25 +237,26 @@ void Daemon::StartCaches() {
   ctx_.on_source_changed = [this] { watcher_->RequestRescanSoon(); };
   ctx_.drop_page_cache = [this](InodeId ino) { session_->InvalidateInode(ino, 0, 0); };
   // On a FUSE worker, which must not wait for the index nor the view (both
-  // busy while a scan publishes): the digest is withdrawn at once, and the
-  // rest is posted to the watcher's thread. The index forgets the copy
-  // there, and only then asks for the rescan that hashes it again (a scan
-  // that ran first would find the file known and show the digest again).
-  // Should kMaxPosted reports wait already, this worker does its own: a
-  // flood of damaged files slows its readers down, and loses no report.
+  // busy while a scan publishes): the digest is withdrawn at once, and held
+  // out of the view, and the rest is posted to the watcher's thread. There
+  // the index forgets the copy, and only then is the digest let back and
+  // the rescan that hashes the copy again asked for (a scan before would
+  // find the file known and show the digest again). Should kMaxPosted
+  // reports wait already, this worker does its own: a flood of damaged
+  // files slows its readers down, and loses no report.
   ctx_.on_corrupt_chunk = [this](const View::Node& file, const SourceCopy& copy, const Status& why, bool withdraw) {
-    auto forget = [this, copy, withdraw] {
+    if (withdraw) watcher_->Withdraw(file.digest, why.message());
+    auto forget = [this, copy, withdraw, digest = file.digest] {
       if (Status s = index_->ForgetFile(copy.stamp.dev, copy.stamp.ino); !s.ok()) spdlog::error("{}", s.message());
       DistrustRecordOf(manifests_.get(), options_.source, copy);
       // The copy gets the digest of what it holds now.
       if (withdraw) {
-        watcher_->RequestRescan();
+        watcher_->EndWithdrawal(digest);
       } else {
         watcher_->RequestRescanSoon();
       }
     };
     if (!watcher_->Post(forget)) forget();
-    if (withdraw) watcher_->Withdraw(file.digest, why.message());
   };
 }
 

@@ -125,7 +125,10 @@ void FdHandover::Stop(FsContext& ctx) {
   WatchOpenInodes(ctx, nullptr);
   {
     MutexLock lock(reporter_mu_);
-    if (reporter_) reporter_->Stop();
+    // A daemon that hands over sends every record in "inherit" below; one
+    // that just exits leaves the supervisor what it was told, so it tells
+    // what waits first, for a moment.
+    if (reporter_) reporter_->Stop(drained_ ? std::chrono::milliseconds(0) : std::chrono::milliseconds(1000));
   }
   if (drained_) {
     nlohmann::json inodes = nlohmann::json::array();

@@ -24,7 +24,11 @@ OpenInodeReporter::OpenInodeReporter(int link, ReadRecord read) : link_(link), r
 
 OpenInodeReporter::~OpenInodeReporter() { Stop(); }
 
-void OpenInodeReporter::Stop() {
+void OpenInodeReporter::Stop(std::chrono::milliseconds flush_for) {
+  for (auto end = std::chrono::steady_clock::now() + flush_for;
+       waiting() > 0 && !stopping() && std::chrono::steady_clock::now() < end;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   {
     MutexLock lock(mu_);
     stop_ = true;
@@ -91,7 +95,11 @@ Status OpenInodeReporter::SendWhenRoom(const InheritedInode& record, bool& stall
   const nlohmann::json m{{"type", "open-inode"}, {"inode", {record.ino, record.opens, record.backing_id}}};
   for (;;) {
     Status s = handover::Send(link_, m, /*wait=*/false);
-    if (s.ok() || (s.error_number() != EAGAIN && s.error_number() != EWOULDBLOCK)) return s;
+    if (s.ok()) return s;
+    // The supervisor is gone (it kills this daemon then): nothing to wait for.
+    const int err = s.error_number();
+    if (err == EPIPE || err == ECONNRESET || err == ENOTCONN || err == EBADF || err == 0) return s;
+    // Else (no room: EAGAIN; short of buffers: ENOBUFS, ENOMEM) wait and try again.
     if (!stalled) {
       stalled = true;
       spdlog::warn("the supervisor is not reading its link: reports of open files wait (opens go on); a "

@@ -11,6 +11,7 @@
 // inodes that were open meanwhile.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <thread>
@@ -36,9 +37,11 @@ class OpenInodeReporter {
   void Changed(uint64_t ino);
   // Inodes noted and not sent yet (status: open_inode_reports_waiting).
   size_t waiting() const;
-  // Ends the thread (within kRoomPollMs when it waits for room); what still
-  // waits is not sent, and nothing is read any more. Idempotent.
-  void Stop();
+  // Ends the thread, first sending for up to `flush_for` what waits (a
+  // daemon that exits without handing over leaves the supervisor these
+  // records for its successor); what still waits then is not sent, and
+  // nothing is read any more. Idempotent.
+  void Stop(std::chrono::milliseconds flush_for = std::chrono::milliseconds(0));
 
  private:
   void Run();

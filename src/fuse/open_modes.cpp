@@ -94,6 +94,7 @@ std::optional<OpenModes::Held> OpenModes::Find(uint64_t ino) const {
 }
 
 void OpenModes::Inherit(uint64_t ino, uint64_t opens, Choice choice) {
+  if (opens == 0) return;  // nothing open: the next open decides afresh
   std::shared_ptr<Mode> mode = Count(ino, opens, opens);
   {
     MutexLock lock(mode->mu);

@@ -167,8 +167,17 @@ void CatalogWatcher::Withdraw(const std::string& name, const std::string& reason
   {
     MutexLock lock(requests_mu_);
     withdrawals_[name] = reason;
+    held_out_[name] = reason;
   }
   Wake();
+}
+
+void CatalogWatcher::EndWithdrawal(const std::string& name) {
+  {
+    MutexLock lock(requests_mu_);
+    held_out_.erase(name);
+  }
+  RequestRescan();
 }
 
 bool CatalogWatcher::Post(std::function<void()> task) {
@@ -254,6 +263,9 @@ void CatalogWatcher::Run() {
       next_debounced = std::min(next_debounced, MonotonicSeconds() + kDebounceS);
     }
   }
+  // What was posted still runs (a damaged file's index row is forgotten
+  // before the daemon exits, or its successor would show it again).
+  RunPosted();
 }
 
 bool CatalogWatcher::DrainInotify() {
@@ -368,6 +380,7 @@ CatalogWatcher::ScanStats CatalogWatcher::LastScan() const {
 }
 
 View::Changes CatalogWatcher::PublishLocked() {
+  TakeWithdrawalsLocked();  // nothing withdrawn or held out is ever published
   // Whatever was exposed is in this publish: a deferred one is done, and the
   // checkpoints it shows are exposed in status from now on (not before: a
   // status that says exposed means the view shows it).
@@ -391,11 +404,15 @@ void CatalogWatcher::Notify(const View::Changes& changes) {
 
 bool CatalogWatcher::TakeWithdrawalsLocked() {
   std::map<std::string, std::string> withdrawals;
+  bool asked;
   {
     MutexLock lock(requests_mu_);
     withdrawals.swap(withdrawals_);
+    asked = !withdrawals.empty();
+    // Still held out: a scan or an indexer may have shown them again since.
+    for (const auto& [name, reason] : held_out_) withdrawals.emplace(name, reason);
   }
-  if (withdrawals.empty()) return false;
+  bool removed = false;
   for (const auto& [name, reason] : withdrawals) {
     for (auto it = exposed_.begin(); it != exposed_.end();) {
       if (it->second.name != name) {
@@ -409,9 +426,10 @@ bool CatalogWatcher::TakeWithdrawalsLocked() {
       st.name.clear();
       unpublished_states_.erase(it->first);
       it = exposed_.erase(it);
+      removed = true;
     }
   }
-  return true;
+  return asked || removed;
 }
 
 void CatalogWatcher::Publish() {
