@@ -7,7 +7,7 @@
 
 #include "ckptfs/control.h"
 #include "ckptfs/control_protocol.h"
-#include "ckptfs/progress.h"
+#include "progress.h"
 #include "ctl.h"
 
 namespace ckptfs::ctl {

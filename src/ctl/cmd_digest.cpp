@@ -5,7 +5,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "ckptfs/progress.h"
+#include "progress.h"
 #include "ckptfs/safetensors_header.h"
 #include "ctl.h"
 

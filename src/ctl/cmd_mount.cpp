@@ -4,7 +4,7 @@
 
 #include "ckptfs/control_protocol.h"
 #include "ckptfs/json_path.h"
-#include "ckptfs/progress.h"
+#include "progress.h"
 #include "ctl.h"
 
 namespace ckptfs::ctl {

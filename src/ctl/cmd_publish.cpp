@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckptfs/manifest_store.h"
-#include "ckptfs/progress.h"
+#include "progress.h"
 #include "ctl.h"
 
 namespace ckptfs::ctl {

@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-#include "ckptfs/progress.h"
+#include "progress.h"
 #include "ctl.h"
 
 namespace ckptfs::ctl {

@@ -1,4 +1,4 @@
-#include "ckptfs/progress.h"
+#include "progress.h"
 
 #include <sys/ioctl.h>
 #include <unistd.h>

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "ckptfs/mount_options.h"
+#include "mount_options.h"
 
 namespace ckptfs::daemon {
 

@@ -33,7 +33,7 @@
 #include "pin_list.h"
 #include "ckptfs/manifest_store.h"
 #include "ckptfs/source_filesystem.h"
-#include "ckptfs/mount_options.h"
+#include "mount_options.h"
 #include "ckptfs/source_reader.h"
 #include "ckptfs/thread_pool.h"
 #include "ckptfs/view.h"

@@ -16,7 +16,7 @@
 
 #include <spdlog/sinks/sink.h>
 
-#include "ckptfs/mount_options.h"
+#include "mount_options.h"
 #include "ckptfs/status.h"
 #include "ckptfs/unique_fd.h"
 

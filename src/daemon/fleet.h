@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckptfs/manifest_store.h"
-#include "ckptfs/mount_options.h"
+#include "mount_options.h"
 #include "ckptfs/source_filesystem.h"
 #include "ckptfs/status.h"
 #include "ckptfs/view.h"

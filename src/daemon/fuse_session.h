@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "ckptfs/fuse_ops.h"
-#include "ckptfs/mount_options.h"
+#include "mount_options.h"
 #include "ckptfs/status.h"
 
 namespace ckptfs::daemon {

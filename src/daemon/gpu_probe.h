@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "ckptfs/device_memory.h"
-#include "ckptfs/mount_options.h"
+#include "mount_options.h"
 #include "ckptfs/status.h"
 
 namespace ckptfs::daemon {

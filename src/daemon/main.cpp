@@ -10,7 +10,7 @@
 
 #include "ckptfs/build_info.h"
 #include "ckptfs/control.h"
-#include "ckptfs/mount_options.h"
+#include "mount_options.h"
 #include "daemon.h"
 #include "daemon_log.h"
 

@@ -1,4 +1,4 @@
-#include "ckptfs/mount_options.h"
+#include "mount_options.h"
 
 #include "ckptfs/hashes.h"
 

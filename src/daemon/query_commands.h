@@ -11,7 +11,7 @@
 
 #include "ckptfs/catalog_watcher.h"
 #include "ckptfs/fuse_ops.h"
-#include "ckptfs/mount_options.h"
+#include "mount_options.h"
 #include "ckptfs/view.h"
 
 namespace ckptfs::daemon {

@@ -8,7 +8,7 @@
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 
-#include "ckptfs/mount_options.h"
+#include "mount_options.h"
 #include "daemon_log.h"
 
 namespace ckptfs::daemon {

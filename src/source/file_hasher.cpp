@@ -10,7 +10,7 @@
 #include <limits>
 #include <vector>
 
-#include "ckptfs/source_file.h"
+#include "source_file.h"
 
 namespace ckptfs {
 

@@ -4,7 +4,7 @@
 
 #include <cerrno>
 
-#include "ckptfs/source_file.h"
+#include "source_file.h"
 
 namespace ckptfs {
 

@@ -25,7 +25,7 @@
 
 #include "ckptfs/file_stamp.h"
 #include "ckptfs/mutex.h"
-#include "ckptfs/source_file.h"
+#include "source_file.h"
 #include "ckptfs/status.h"
 #include "ckptfs/unique_fd.h"
 

@@ -1,4 +1,4 @@
-#include "ckptfs/source_file.h"
+#include "source_file.h"
 
 #include <fcntl.h>
 #include <linux/openat2.h>

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <optional>
 
-#include "ckptfs/source_file.h"
+#include "source_file.h"
 #include "ckptfs/unique_fd.h"
 #include "open_source_files.h"
 

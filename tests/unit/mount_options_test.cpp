@@ -2,7 +2,7 @@
 // mount.fuse3 passes it, bad values refused with a message naming them, and
 // the -o string handed to libfuse, checked by libfuse's own parser so that a
 // comma or backslash in SRC cannot inject an option.
-#include "ckptfs/mount_options.h"
+#include "mount_options.h"
 
 #include "ckptfs/fuse_ops.h"
 

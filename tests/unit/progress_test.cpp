@@ -1,4 +1,4 @@
-#include "ckptfs/progress.h"
+#include "progress.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
