@@ -6,7 +6,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,18 +16,11 @@
 
 namespace ckptfs {
 
-class OpenSourceFiles;
-
 class SourceReader {
  public:
   // `root`: the canonical source root every path read lies in (see
-  // OpenSourceFile); empty in tests that read loose files. The files read
-  // are kept open between chunks, a bounded number of them
-  // (src/source/open_source_files.h).
-  explicit SourceReader(std::string root = "");
-  ~SourceReader();
-  SourceReader(const SourceReader&) = delete;
-  SourceReader& operator=(const SourceReader&) = delete;
+  // OpenSourceFile); empty in tests that read loose files.
+  explicit SourceReader(std::string root = "") : root_(std::move(root)) {}
 
   // How the source is read. kDirect (O_DIRECT) bypasses the source's page
   // cache, for fills that would otherwise keep every byte twice in memory.
@@ -55,12 +47,9 @@ class SourceReader {
   uint64_t direct_bytes_read() const { return direct_bytes_read_.load(); }
   uint64_t cached_bytes_read() const { return cached_bytes_read_.load(); }
   uint64_t direct_reads_refused() const { return direct_reads_refused_.load(); }
-  // Source files kept open now (at most OpenSourceFiles::kDefaultCapacity).
-  size_t files_open() const;
 
  private:
   const std::string root_;
-  const std::unique_ptr<OpenSourceFiles> files_;
   std::atomic<uint64_t> bytes_read_{0};
   std::atomic<uint64_t> chunks_read_{0};
   std::atomic<uint64_t> direct_bytes_read_{0};

@@ -13,25 +13,28 @@
 
 #include "source_file.h"
 #include "ckptfs/unique_fd.h"
-#include "open_source_files.h"
 
 namespace ckptfs {
 
 namespace {
 
-// As much of [offset, offset + len) as one read through `direct_fd` (opened
-// with O_DIRECT) gives, into `dst` (aligned, with room for `len` rounded up
-// to the alignment); the caller reads the rest, if any, buffered. nullopt
-// when the read could not be direct at all: a misaligned buffer, or a
-// filesystem that refuses it (EINVAL).
-std::optional<size_t> ReadDirect(int direct_fd, uint64_t offset, uint8_t* dst, size_t len) {
+// As much of [offset, offset + len) as one O_DIRECT read gives, into `dst`
+// (aligned, with room for `len` rounded up to the alignment); the caller
+// reads the rest, if any, buffered. nullopt when the read could not be
+// direct at all: a misaligned buffer, or a filesystem that refuses O_DIRECT
+// (EINVAL). The descriptor is left buffered either way, since the stamp
+// checks and any remainder use it.
+std::optional<size_t> ReadDirect(int fd, uint64_t offset, uint8_t* dst, size_t len) {
   constexpr size_t kAlign = SourceReader::kDirectAlignment;
   if (reinterpret_cast<uintptr_t>(dst) % kAlign != 0 || offset % kAlign != 0) return std::nullopt;
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_DIRECT) != 0) return std::nullopt;
   const size_t want = (len + kAlign - 1) / kAlign * kAlign;
   ssize_t n;
   do {
-    n = ::pread(direct_fd, dst, want, static_cast<off_t>(offset));
+    n = ::pread(fd, dst, want, static_cast<off_t>(offset));
   } while (n < 0 && errno == EINTR);
+  ::fcntl(fd, F_SETFL, flags);
   // The block holding the end of the file comes whole (also from a read
   // that failed part way); what lies past the end is not the file's, so it
   // must not stay where a mapping of the copy could show it.
@@ -64,31 +67,19 @@ std::optional<double> CachedShare(int fd, uint64_t offset, size_t len) {
 
 }  // namespace
 
-SourceReader::SourceReader(std::string root)
-    : root_(std::move(root)), files_(std::make_unique<OpenSourceFiles>(root_)) {}
-
-SourceReader::~SourceReader() = default;
-
-size_t SourceReader::files_open() const { return files_->size(); }
-
 Status SourceReader::ReadChunk(const std::string& path, const FileStamp& stamp, const std::vector<ChunkHash>& chunks,
                                uint64_t index, uint8_t* dst, size_t len, Io io) {
   if (index >= chunks.size()) {
     return Status::Error(path + ": chunk " + std::to_string(index) + " is past the end of the chunk table");
   }
-  auto opened = files_->Open(path, stamp, /*direct=*/false);
+  auto opened = OpenSourceFile(root_, path);
   if (!opened.ok()) {
     if (opened.status().error_number() == ENOENT) return Status::Changed(path + ": source file is gone");
     return opened.status();
   }
-  const int fd = (*opened)->fd.get();
-  struct stat st;
-  // A descriptor kept from an earlier read is checked after this one (its
-  // file may have changed since); one opened now, at once.
-  if (FileStamp::FromStat((*opened)->st) != stamp) {
-    files_->Forget(path);
-    return Status::Changed(path + ": source changed since it was indexed");
-  }
+  const UniqueFd& fd = opened->fd;
+  struct stat st = opened->st;
+  if (FileStamp::FromStat(st) != stamp) return Status::Changed(path + ": source changed since it was indexed");
 
   const uint64_t offset = index * kChunkSize;
   size_t done = 0;
@@ -97,16 +88,12 @@ Status SourceReader::ReadChunk(const std::string& path, const FileStamp& stamp, 
     // A chunk mostly in the page cache is copied from it; one mostly not is
     // read directly from the disk, so that it is not cached a second time.
     // Where the kernel cannot say, buffered.
-    const std::optional<double> cached = CachedShare(fd, offset, len);
+    const std::optional<double> cached = CachedShare(fd.get(), offset, len);
     direct = cached && *cached < 0.5;
     if (cached && !direct) cached_bytes_read_ += len;
   }
-  std::optional<size_t> from_disk;
   if (direct) {
-    if (auto direct_file = files_->Open(path, stamp, /*direct=*/true); direct_file.ok()) {
-      from_disk = ReadDirect((*direct_file)->fd.get(), offset, dst, len);
-    }
-    if (from_disk) {
+    if (auto from_disk = ReadDirect(fd.get(), offset, dst, len)) {
       direct_bytes_read_ += *from_disk;
       done += *from_disk;
     } else {
@@ -114,21 +101,16 @@ Status SourceReader::ReadChunk(const std::string& path, const FileStamp& stamp, 
     }
   }
   while (done < len) {
-    ssize_t n = ::pread(fd, dst + done, len - done, static_cast<off_t>(offset + done));
+    ssize_t n = ::pread(fd.get(), dst + done, len - done, static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return Status::FromErrno("cannot read source " + path + " at offset " + std::to_string(offset), errno);
-    if (n == 0) {
-      files_->Forget(path);
-      return Status::Changed(path + ": source is shorter than when it was indexed");
-    }
+    if (n == 0) return Status::Changed(path + ": source is shorter than when it was indexed");
     done += static_cast<size_t>(n);
   }
   bytes_read_ += len;
   ++chunks_read_;
-  // The stamp again: a write that raced with the read shows here, as does
-  // a change of a kept descriptor's file since its last read.
-  if (::fstat(fd, &st) != 0 || FileStamp::FromStat(st) != stamp) {
-    files_->Forget(path);
+  // The stamp again: a write that raced with the read shows here.
+  if (::fstat(fd.get(), &st) != 0 || FileStamp::FromStat(st) != stamp) {
     return Status::Changed(path + ": source changed while it was read");
   }
   if (HashChunk(dst, len) != chunks[index]) {

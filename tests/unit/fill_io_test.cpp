@@ -137,45 +137,6 @@ TEST_F(DirectReadTest, ADirectReadIsCheckedLikeAnyOther) {
   EXPECT_EQ(s.code(), Status::Code::kChanged) << s.message();
 }
 
-// The file stays open between its chunks: reading it again opens nothing
-// (its directory renamed away meanwhile would otherwise read as "gone"), a file
-// changed in place is caught by the stamp check and forgotten, and no more
-// than the bound stay open however many files are read.
-TEST(KeptSourceFilesTest, AFileStaysOpenBetweenItsChunksWithinABound) {
-  TempDir dir{"ckptfs-kept"};
-  SourceReader reader;
-  auto buf = AlignedChunk();
-  std::filesystem::create_directories(dir.path() + "/ckpt");
-  SourceFile f(dir.path() + "/ckpt");  // in a directory of its own, so that moving it leaves the file's stamp alone
-  ASSERT_TRUE(reader.ReadChunk(f.path, f.stamp, f.chunks, 0, buf.get(), kChunkSize).ok());
-  EXPECT_EQ(reader.files_open(), 1u);
-  ASSERT_EQ(::rename((dir.path() + "/ckpt").c_str(), (dir.path() + "/moved").c_str()), 0);
-  const std::string moved = dir.path() + "/moved/model.safetensors";
-  // The same file, through the descriptor kept: not opened again by path.
-  Status s = reader.ReadChunk(f.path, f.stamp, f.chunks, 1, buf.get(), f.ChunkLen(1));
-  EXPECT_TRUE(s.ok()) << s.message();
-  EXPECT_EQ(std::string(reinterpret_cast<char*>(buf.get()), f.ChunkLen(1)), f.bytes.substr(kChunkSize));
-  // Changed in place: the kept descriptor sees the new stamp, and is dropped.
-  {
-    std::fstream out(moved, std::ios::in | std::ios::out | std::ios::binary);
-    out.seekp(10);
-    out.put('!');
-  }
-  s = reader.ReadChunk(f.path, f.stamp, f.chunks, 0, buf.get(), kChunkSize);
-  EXPECT_EQ(s.code(), Status::Code::kChanged) << s.message();
-  EXPECT_EQ(reader.files_open(), 0u);
-  // Many files: at most the bound stay open.
-  std::vector<std::unique_ptr<SourceFile>> files;
-  for (int i = 0; i < 80; ++i) {
-    const std::string sub = dir.path() + "/f" + std::to_string(i);
-    std::filesystem::create_directories(sub);
-    files.push_back(std::make_unique<SourceFile>(sub));
-    ASSERT_TRUE(reader.ReadChunk(files.back()->path, files.back()->stamp, files.back()->chunks, 0, buf.get(),
-                                 kChunkSize).ok());
-  }
-  EXPECT_EQ(reader.files_open(), 64u);
-}
-
 TEST(SealedCopyWritableTest, AFillReadsStraightIntoACopyWrittenThroughAMapping) {
   const std::string bytes = RandomBytes(3 * kChunkSize + 5, 9);
   auto copy = SealedCopy::Create("ckptfs:test", bytes.size(), SealedCopy::WriteBy::kHugePageMapping);
