@@ -120,7 +120,7 @@ class CatalogWatcher {
   // handler's too: it only notes the name, under a lock no scan or publish
   // holds; the watcher's thread, or an indexer's between files, takes it
   // out), e.g. when its content failed a check; and keeps it out of every
-  // publish until EndWithdrawal(name). The caller calls that once the index
+  // publish until as many EndWithdrawal(name) as Withdraw(name) came. The caller calls that once the index
   // no longer vouches for the bytes, which then asks for the rescan that
   // hashes them again: a scan before that would find the files known and
   // show the digest again.
@@ -135,13 +135,13 @@ class CatalogWatcher {
 
   std::vector<CheckpointState> States() const;
   uint64_t scans_completed() const { return scans_.load(); }
-  // A scan is asked for, waits out its debounce or settle time, or runs:
-  // once false, what SRC showed before has been applied (status:
-  // scan_pending; tests wait for it instead of sleeping). The periodic
-  // rescan does not count until it starts.
-  bool scan_pending() const {
-    return busy_.load() || deadline_pending_.load() || rescan_requested_.load() || soon_requested_.load();
-  }
+  // A scan is asked for, waits out its debounce or settle time, or runs, or
+  // a publish, a withdrawal or a posted report waits: once false, every
+  // change the watcher was told of has been walked and published, and what
+  // needs hashing is queued (a checkpoint being hashed shows as indexing;
+  // status: scan_pending, which tests wait for instead of sleeping). The
+  // periodic rescan does not count until it starts.
+  bool scan_pending() const;
 
   // What the last scan cost: a change in one checkpoint should cost that
   // checkpoint, not the tree (status shows this).
@@ -253,7 +253,13 @@ class CatalogWatcher {
   // or take a request (taken under mu_, never the other way round).
   mutable Mutex requests_mu_ ACQUIRED_AFTER(mu_);
   std::map<std::string, std::string> withdrawals_ GUARDED_BY(requests_mu_);  // digest -> reason, not applied yet
-  std::map<std::string, std::string> held_out_ GUARDED_BY(requests_mu_);     // digest -> reason, until EndWithdrawal
+  // Digest -> reason, and how many Withdraw()s have no EndWithdrawal yet
+  // (two damaged copies of one digest: it is let back after the second).
+  struct HeldOut {
+    std::string reason;
+    int withdrawals = 0;
+  };
+  std::map<std::string, HeldOut> held_out_ GUARDED_BY(requests_mu_);
   std::deque<std::function<void()>> posted_ GUARDED_BY(requests_mu_);
   // The indexer's job for each checkpoint path it works on.
   struct Indexing {

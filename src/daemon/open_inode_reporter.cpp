@@ -26,7 +26,7 @@ OpenInodeReporter::~OpenInodeReporter() { Stop(); }
 
 void OpenInodeReporter::Stop(std::chrono::milliseconds flush_for) {
   for (auto end = std::chrono::steady_clock::now() + flush_for;
-       waiting() > 0 && !stopping() && std::chrono::steady_clock::now() < end;) {
+       waiting() > 0 && !stopping() && !ended_ && std::chrono::steady_clock::now() < end;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   {
@@ -61,6 +61,10 @@ bool OpenInodeReporter::stopping() const {
 }
 
 void OpenInodeReporter::Run() {
+  struct Ended {
+    std::atomic<bool>& ended;
+    ~Ended() { ended = true; }
+  } ended{ended_};
   bool stalled = false;  // logged that the supervisor is not reading
   for (;;) {
     std::vector<uint64_t> batch;
@@ -96,10 +100,18 @@ Status OpenInodeReporter::SendWhenRoom(const InheritedInode& record, bool& stall
   for (;;) {
     Status s = handover::Send(link_, m, /*wait=*/false);
     if (s.ok()) return s;
-    // The supervisor is gone (it kills this daemon then): nothing to wait for.
     const int err = s.error_number();
-    if (err == EPIPE || err == ECONNRESET || err == ENOTCONN || err == EBADF || err == 0) return s;
-    // Else (no room: EAGAIN; short of buffers: ENOBUFS, ENOMEM) wait and try again.
+    const bool no_room = err == EAGAIN || err == EWOULDBLOCK;
+    const bool short_of_memory = err == ENOBUFS || err == ENOMEM;
+    // Anything else (the supervisor gone: EPIPE; a message it cannot take)
+    // will not pass by waiting.
+    if (!no_room && !short_of_memory && err != EINTR) return s;
+    if (short_of_memory) {
+      // poll() would say there is room at once: wait, or this thread spins.
+      std::this_thread::sleep_for(std::chrono::milliseconds(kRoomPollMs));
+      if (stopping()) return Status::Error("stopped");
+      continue;
+    }
     if (!stalled) {
       stalled = true;
       spdlog::warn("the supervisor is not reading its link: reports of open files wait (opens go on); a "

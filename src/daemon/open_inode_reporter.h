@@ -11,6 +11,7 @@
 // inodes that were open meanwhile.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -57,6 +58,7 @@ class OpenInodeReporter {
   std::unordered_set<uint64_t> noted_ GUARDED_BY(mu_);
   std::unordered_set<uint64_t> in_hand_ GUARDED_BY(mu_);  // taken from noted_ by the thread, not sent yet
   bool stop_ GUARDED_BY(mu_) = false;
+  std::atomic<bool> ended_{false};  // the thread returned (stopped, or the link is gone)
   std::thread thread_;
 };
 

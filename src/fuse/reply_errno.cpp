@@ -7,9 +7,6 @@ namespace ckptfs::daemon {
 int ReplyErrno(const Status& s) {
   switch (s.error_number()) {
     case ENOMEM:
-    case EMFILE:
-    case ENFILE:
-    case ENOSPC:     // the host tier's memfds (tmpfs) are full
     case ETIMEDOUT:  // an NFS or sshfs source whose server is away
     case ESTALE:
       return s.error_number();

@@ -6,11 +6,13 @@
 namespace ckptfs::daemon {
 
 // The system's own errno where it says something true to a reader of the
-// view: the daemon is out of memory or descriptors, or a network source
-// timed out or went stale. EIO for everything else: a source that changed
-// or fails its checks (no errno), a bad sector, and the errors of a path in
-// SRC (ENOENT, EACCES, ENOTDIR, ELOOP from the daemon's own walk there would
-// tell the reader something false about a file it has open in the view).
+// view: memory ran out, or a network source timed out or went stale. EIO
+// for everything else: a source that changed or fails its checks (no
+// errno), a bad sector, the errors of a path in SRC (ENOENT, EACCES,
+// ENOTDIR, ELOOP from the daemon's own walk there would tell the reader
+// something false about a file it has open in the view), and the daemon's
+// own limits (EMFILE would tell the reader that it is out of descriptors,
+// ENOSPC that its disk is full).
 int ReplyErrno(const Status& s);
 
 }  // namespace ckptfs::daemon

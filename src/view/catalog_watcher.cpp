@@ -167,7 +167,9 @@ void CatalogWatcher::Withdraw(const std::string& name, const std::string& reason
   {
     MutexLock lock(requests_mu_);
     withdrawals_[name] = reason;
-    held_out_[name] = reason;
+    HeldOut& held = held_out_[name];
+    held.reason = reason;
+    ++held.withdrawals;
   }
   Wake();
 }
@@ -175,7 +177,8 @@ void CatalogWatcher::Withdraw(const std::string& name, const std::string& reason
 void CatalogWatcher::EndWithdrawal(const std::string& name) {
   {
     MutexLock lock(requests_mu_);
-    held_out_.erase(name);
+    auto it = held_out_.find(name);
+    if (it != held_out_.end() && --it->second.withdrawals <= 0) held_out_.erase(it);
   }
   RequestRescan();
 }
@@ -197,6 +200,16 @@ void CatalogWatcher::RunPosted() {
     tasks.swap(posted_);
   }
   for (auto& task : tasks) task();
+}
+
+bool CatalogWatcher::scan_pending() const {
+  if (busy_ || deadline_pending_ || rescan_requested_ || soon_requested_) return true;
+  {
+    MutexLock lock(requests_mu_);
+    if (!withdrawals_.empty() || !posted_.empty()) return true;
+  }
+  MutexLock lock(mu_);
+  return publish_deferred_ || retry_at_ > 0;
 }
 
 bool CatalogWatcher::WithdrawalsWaiting() const {
@@ -410,7 +423,7 @@ bool CatalogWatcher::TakeWithdrawalsLocked() {
     withdrawals.swap(withdrawals_);
     asked = !withdrawals.empty();
     // Still held out: a scan or an indexer may have shown them again since.
-    for (const auto& [name, reason] : held_out_) withdrawals.emplace(name, reason);
+    for (const auto& [name, held] : held_out_) withdrawals.emplace(name, held.reason);
   }
   bool removed = false;
   for (const auto& [name, reason] : withdrawals) {
