@@ -342,16 +342,16 @@ TEST_F(RestartTest, PassthroughOpensAndPinsSurviveARestartAndAKill) {
   EXPECT_GE(QueryMount(kCtl, "stats", mnt_)["opens"].value("passthrough", 0), 1) << m->Log();
 }
 
-// Opens, reads and closes `path` `times` times in a child process (so that
-// a hang is detected where an open in the test itself would hang it): true
+// Opens, reads and closes each of `paths` in a child process (so that a
+// hang is detected where an open in the test itself would hang it): true
 // once it has, false if it failed or was still at it after 60 s. Then it is
 // killed, and put in `stragglers` to be reaped once the daemon can answer
 // again (a request the daemon has read holds its process until answered).
-bool OpensGoOnInChild(const std::string& path, int times, std::vector<pid_t>& stragglers) {
+bool OpensGoOnInChild(const std::vector<std::string>& paths, std::vector<pid_t>& stragglers) {
   const pid_t pid = ::fork();
   if (pid == 0) {
     char byte;
-    for (int i = 0; i < times; ++i) {
+    for (const std::string& path : paths) {
       const int fd = ::open(path.c_str(), O_RDONLY);
       if (fd < 0 || ::pread(fd, &byte, 1, 0) != 1) ::_exit(1);
       ::close(fd);
@@ -366,6 +366,22 @@ bool OpensGoOnInChild(const std::string& path, int times, std::vector<pid_t>& st
   }
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
+
+// The link to the supervisor holds 278 small messages here, and the reports
+// of one file's opens are sent as one record while they wait: to fill it,
+// open more distinct files than that. Writes them into `dir` of SRC; the
+// paths they will have in the mount's `digest_dir` come from Paths.
+struct ManyFiles {
+  static constexpr int kCount = 600;
+  explicit ManyFiles(const std::string& dir) {
+    for (int i = 0; i < kCount; ++i) WriteFile(dir + "/f/" + std::to_string(i) + ".json", "{}");
+  }
+  static std::vector<std::string> Paths(const std::string& digest_dir) {
+    std::vector<std::string> out;
+    for (int i = 0; i < kCount; ++i) out.push_back(digest_dir + "/f/" + std::to_string(i) + ".json");
+    return out;
+  }
+};
 
 // Some thread of `pid` is in system call `nr` now (/proc/PID/task/*/syscall).
 bool AThreadWaitsIn(pid_t pid, long nr) {
@@ -403,25 +419,27 @@ class StoppedProcess {
 TEST_F(RestartTest, ASupervisorThatStopsReadingHoldsUpNoOpenAndMissesNoOpenFile) {
   const std::string data = RandomBytes(4 * kMiB + 3, 91);
   WriteFile(src_ + "/m/model.safetensors", data);
-  WriteFile(src_ + "/m/config.json", "{\"hidden\": 1}");
+  ManyFiles many(src_ + "/m");
   auto m = Mount("cache_size=256M");
   ASSERT_TRUE(WaitForLink("m")) << m->Log();
   CommandResult pre = RunCommand(kCtl + " preload --pin " + ShellQuote(mnt_ + "/by-name/m"), true);
   ASSERT_EQ(pre.exit_code, 0) << pre.out;
   if (Status(mnt_)["passthrough"]["mode"] != "on") GTEST_SKIP() << "no FUSE passthrough here";
   const std::string shard = DigestDir("m") + "/model.safetensors";
-  const std::string config = DigestDir("m") + "/config.json";
 
   int fd = -1;
   {
     StoppedProcess supervisor(m->pid());
     ASSERT_TRUE(supervisor.stopped());
-    // 2000 reports, far more than the link holds (a couple of hundred).
-    EXPECT_TRUE(OpensGoOnInChild(config, 1000, stragglers_)) << "opens waited for a supervisor that does not read" << m->Log();
+    // More files' reports than the link holds.
+    EXPECT_TRUE(OpensGoOnInChild(ManyFiles::Paths(DigestDir("m")), stragglers_))
+        << "opens waited for a supervisor that does not read" << m->Log();
+    ASSERT_TRUE(WaitFor([&] { return Status(mnt_)["daemon"].value("open_inode_reports_waiting", uint64_t{0}) > 0; }))
+        << "the link never filled: this proves nothing" << m->Log();
     // The shard opened now, through passthrough: its report waits behind.
     // (Only in a child may an open wait while the supervisor is stopped:
     // opens held up for ever would hang this test, not fail it.)
-    ASSERT_TRUE(OpensGoOnInChild(shard, 1, stragglers_));
+    ASSERT_TRUE(OpensGoOnInChild({shard}, stragglers_));
     fd = ::open(shard.c_str(), O_RDONLY);
     ASSERT_GE(fd, 0) << std::strerror(errno);
     EXPECT_GT(Status(mnt_)["daemon"].value("open_inode_reports_waiting", uint64_t{0}), 0u);
@@ -447,6 +465,7 @@ TEST_F(RestartTest, ASupervisorThatStopsReadingHoldsUpNoOpenAndMissesNoOpenFile)
 TEST_F(RestartTest, ARestartAskedOfAStoppedSupervisorHoldsUpNoOpen) {
   const std::string data = RandomBytes(2 * kMiB + 1, 92);
   WriteFile(src_ + "/m/model.safetensors", data);
+  ManyFiles many(src_ + "/m");
   auto m = Mount("");
   ASSERT_TRUE(WaitForLink("m")) << m->Log();
   const std::string shard = DigestDir("m") + "/model.safetensors";
@@ -456,7 +475,9 @@ TEST_F(RestartTest, ARestartAskedOfAStoppedSupervisorHoldsUpNoOpen) {
     StoppedProcess supervisor(m->pid());
     ASSERT_TRUE(supervisor.stopped());
     // Fill the link, so that the restart's message cannot go.
-    EXPECT_TRUE(OpensGoOnInChild(shard, 500, stragglers_)) << m->Log();
+    EXPECT_TRUE(OpensGoOnInChild(ManyFiles::Paths(DigestDir("m")), stragglers_)) << m->Log();
+    ASSERT_TRUE(WaitFor([&] { return Status(mnt_)["daemon"].value("open_inode_reports_waiting", uint64_t{0}) > 0; }))
+        << "the link never filled: this proves nothing" << m->Log();
     restart = ::fork();
     if (restart == 0) {
       ::execl("/bin/sh", "sh", "-c", (kCtl + " restart " + ShellQuote(mnt_) + " >/dev/null 2>&1").c_str(), nullptr);
@@ -467,7 +488,8 @@ TEST_F(RestartTest, ARestartAskedOfAStoppedSupervisorHoldsUpNoOpen) {
     // (sendto) for room on the link. No other thread does: the reporter
     // never waits in send.
     ASSERT_TRUE(WaitFor([&] { return AThreadWaitsIn(before, SYS_sendto); })) << m->Log();
-    EXPECT_TRUE(OpensGoOnInChild(shard, 500, stragglers_)) << "opens waited behind a restart's message" << m->Log();
+    EXPECT_TRUE(OpensGoOnInChild(std::vector<std::string>(500, shard), stragglers_))
+        << "opens waited behind a restart's message" << m->Log();
   }
   int status = 0;
   const bool ended = WaitFor([&] { return ::waitpid(restart, &status, WNOHANG) == restart; }, std::chrono::seconds(120));
