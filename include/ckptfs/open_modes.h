@@ -91,9 +91,15 @@ class OpenModes {
     uint64_t inherited = 0;
     std::shared_ptr<Mode> mode;  // shared with the opens under way while the entry is erased
   };
-  // The entry of `ino`, made if need be, with `opens` more counted; returns its mode.
-  std::shared_ptr<Mode> Count(uint64_t ino, uint64_t opens, uint64_t inherited);
-  void Changed(uint64_t ino) const;
+  // The entry of `ino`, made if need be, with `opens` more counted: its mode,
+  // and the observer to tell (taken in the same critical section, so that an
+  // open takes the table lock once).
+  struct Counted {
+    std::shared_ptr<Mode> mode;
+    std::shared_ptr<const Observer> observer;
+  };
+  Counted Count(uint64_t ino, uint64_t opens, uint64_t inherited);
+  static void Tell(const std::shared_ptr<const Observer>& observer, uint64_t ino);
   static Choice ChoiceOf(Mode& mode);
 
   mutable Mutex mu_;

@@ -2,21 +2,16 @@
 
 namespace ckptfs::daemon {
 
-std::shared_ptr<OpenModes::Mode> OpenModes::Count(uint64_t ino, uint64_t opens, uint64_t inherited) {
+OpenModes::Counted OpenModes::Count(uint64_t ino, uint64_t opens, uint64_t inherited) {
   MutexLock lock(mu_);
   Entry& e = held_[ino];
   if (!e.mode) e.mode = std::make_shared<Mode>();
   e.opens += opens;
   e.inherited += inherited;
-  return e.mode;
+  return {e.mode, observer_};
 }
 
-void OpenModes::Changed(uint64_t ino) const {
-  std::shared_ptr<const Observer> observer;
-  {
-    MutexLock lock(mu_);
-    observer = observer_;
-  }
+void OpenModes::Tell(const std::shared_ptr<const Observer>& observer, uint64_t ino) {
   if (observer && *observer) (*observer)(ino);
 }
 
@@ -27,7 +22,8 @@ OpenModes::Choice OpenModes::ChoiceOf(Mode& mode) {
 
 OpenModes::Choice OpenModes::Open(uint64_t ino, const std::function<Choice()>& decide,
                                   const std::function<FileCache::CopyPtr()>& resident) {
-  std::shared_ptr<Mode> mode = Count(ino, 1, 0);
+  const Counted counted = Count(ino, 1, 0);
+  Mode* mode = counted.mode.get();
   Choice in_force;
   bool decided_here = false;
   {
@@ -41,7 +37,7 @@ OpenModes::Choice OpenModes::Open(uint64_t ino, const std::function<Choice()>& d
     }
     in_force = mode->choice;
   }
-  Changed(ino);
+  Tell(counted.observer, ino);
   if (decided_here || in_force.passthrough) return in_force;
   Choice joined;
   joined.copy = resident();
@@ -56,6 +52,7 @@ bool OpenModes::IsOpen(uint64_t ino) const {
 
 bool OpenModes::Release(uint64_t ino) {
   std::shared_ptr<Mode> last;
+  std::shared_ptr<const Observer> observer;
   {
     MutexLock lock(mu_);
     auto it = held_.find(ino);
@@ -64,8 +61,9 @@ bool OpenModes::Release(uint64_t ino) {
       last = std::move(it->second.mode);
       held_.erase(it);
     }
+    observer = observer_;
   }
-  Changed(ino);
+  Tell(observer, ino);
   // The last open had its mode decided before it was counted out.
   return last && !ChoiceOf(*last).passthrough;
 }
@@ -95,15 +93,16 @@ std::optional<OpenModes::Held> OpenModes::Find(uint64_t ino) const {
 
 void OpenModes::Inherit(uint64_t ino, uint64_t opens, Choice choice) {
   if (opens == 0) return;  // nothing open: the next open decides afresh
-  std::shared_ptr<Mode> mode = Count(ino, opens, opens);
+  const Counted counted = Count(ino, opens, opens);
   {
-    MutexLock lock(mode->mu);
-    if (!mode->decided) {
-      mode->choice = std::move(choice);
-      mode->decided = true;
+    Mode& mode = *counted.mode;
+    MutexLock lock(mode.mu);
+    if (!mode.decided) {
+      mode.choice = std::move(choice);
+      mode.decided = true;
     }
   }
-  Changed(ino);
+  Tell(counted.observer, ino);
 }
 
 bool OpenModes::HasInherited(uint64_t ino) const {
