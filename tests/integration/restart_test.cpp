@@ -383,6 +383,16 @@ struct ManyFiles {
   }
 };
 
+// With the supervisor stopped: opens ManyFiles' files of `digest_dir`
+// (which must not wait) until the link is full and their reports wait.
+void FillTheStoppedSupervisorsLink(const std::string& digest_dir, const std::string& mnt, MountedCkptfs& m,
+                                   std::vector<pid_t>& stragglers) {
+  EXPECT_TRUE(OpensGoOnInChild(ManyFiles::Paths(digest_dir), stragglers))
+      << "opens waited for a supervisor that does not read" << m.Log();
+  ASSERT_TRUE(WaitFor([&] { return Status(mnt)["daemon"].value("open_inode_reports_waiting", uint64_t{0}) > 0; }))
+      << "the link never filled: this proves nothing" << m.Log();
+}
+
 // Some thread of `pid` is in system call `nr` now (/proc/PID/task/*/syscall).
 bool AThreadWaitsIn(pid_t pid, long nr) {
   std::error_code ec;
@@ -431,11 +441,7 @@ TEST_F(RestartTest, ASupervisorThatStopsReadingHoldsUpNoOpenAndMissesNoOpenFile)
   {
     StoppedProcess supervisor(m->pid());
     ASSERT_TRUE(supervisor.stopped());
-    // More files' reports than the link holds.
-    EXPECT_TRUE(OpensGoOnInChild(ManyFiles::Paths(DigestDir("m")), stragglers_))
-        << "opens waited for a supervisor that does not read" << m->Log();
-    ASSERT_TRUE(WaitFor([&] { return Status(mnt_)["daemon"].value("open_inode_reports_waiting", uint64_t{0}) > 0; }))
-        << "the link never filled: this proves nothing" << m->Log();
+    ASSERT_NO_FATAL_FAILURE(FillTheStoppedSupervisorsLink(DigestDir("m"), mnt_, *m, stragglers_));
     // The shard opened now, through passthrough: its report waits behind.
     // (Only in a child may an open wait while the supervisor is stopped:
     // opens held up for ever would hang this test, not fail it.)
@@ -475,9 +481,7 @@ TEST_F(RestartTest, ARestartAskedOfAStoppedSupervisorHoldsUpNoOpen) {
     StoppedProcess supervisor(m->pid());
     ASSERT_TRUE(supervisor.stopped());
     // Fill the link, so that the restart's message cannot go.
-    EXPECT_TRUE(OpensGoOnInChild(ManyFiles::Paths(DigestDir("m")), stragglers_)) << m->Log();
-    ASSERT_TRUE(WaitFor([&] { return Status(mnt_)["daemon"].value("open_inode_reports_waiting", uint64_t{0}) > 0; }))
-        << "the link never filled: this proves nothing" << m->Log();
+    ASSERT_NO_FATAL_FAILURE(FillTheStoppedSupervisorsLink(DigestDir("m"), mnt_, *m, stragglers_));
     restart = ::fork();
     if (restart == 0) {
       ::execl("/bin/sh", "sh", "-c", (kCtl + " restart " + ShellQuote(mnt_) + " >/dev/null 2>&1").c_str(), nullptr);
