@@ -11,10 +11,14 @@
 #include <chrono>
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <thread>
 
+#include "ckptfs/catalog_watcher.h"
+#include "ckptfs/index.h"
+#include "test_tree.h"
 #include "view_builder.h"
 
 namespace ckptfs {
@@ -240,6 +244,31 @@ TEST(ViewTest, AFileNodeCarriesEveryCopyMostTrustedFirst) {
                                              "/src/a-user/model.bin", "/src/b-root-file-user-dir/model.bin"}));
   EXPECT_EQ(file->source_path, "/src/d-root/model.bin");
   EXPECT_EQ(file->stamp, file->copies.front().stamp);
+}
+
+}  // namespace
+}  // namespace ckptfs
+
+namespace ckptfs {
+namespace {
+
+// What FUSE workers post to the watcher (reports of damaged files) is
+// bounded: past kMaxPosted waiting, Post refuses, and the worker does the
+// work itself (daemon.cpp), so a flood of reports cannot grow the queue.
+TEST(CatalogWatcherPostTest, AtMostKMaxPostedTasksWait) {
+  testing::TempDir dir{"ckptfs-post"};
+  const std::string src = dir.path() + "/src";
+  std::filesystem::create_directories(src);
+  auto index = Index::Open(dir.path() + "/state", nullptr);
+  ASSERT_TRUE(index.ok()) << index.status().message();
+  View view(src, kOwner);
+  CatalogWatcher::Options options;
+  options.source = src;
+  CatalogWatcher watcher(options, index->get(), &view, nullptr);  // not started: nothing runs the tasks
+  int ran = 0;
+  for (size_t i = 0; i < CatalogWatcher::kMaxPosted; ++i) ASSERT_TRUE(watcher.Post([&] { ++ran; })) << i;
+  EXPECT_FALSE(watcher.Post([&] { ++ran; }));
+  EXPECT_EQ(ran, 0);
 }
 
 }  // namespace
