@@ -61,7 +61,7 @@ class FillJob {
  public:
   FillJob(View::NodePtr f, ServedForm sf, std::shared_ptr<SealedCopy> c,
           std::unique_ptr<FileCache::Reservation> r, bool sha256)
-      : file(std::move(f)), form(std::move(sf)), copy(std::move(c)), reservation(std::move(r)),
+      : file(std::move(f)), form(std::move(sf)), reservation(std::move(r)), copy(std::move(c)),
         chunks(ChunkCount(file->size)), prove(sha256), state(chunks, kPending) {
     if (prove) {
       chunk_sha.resize(chunks);
@@ -77,8 +77,12 @@ class FillJob {
 
   const View::NodePtr file;
   const ServedForm form;
+  // Declared before `copy` so that it is destroyed after it: the room of a
+  // failed fill goes back only once its pages do, when the last reader
+  // thread still copying a chunk into it (a read on a stalled source can
+  // take long) lets go of the job.
+  std::unique_ptr<FileCache::Reservation> reservation;  // given to Publish, or kept until the job goes
   const std::shared_ptr<SealedCopy> copy;
-  std::unique_ptr<FileCache::Reservation> reservation;  // given to Publish, or dropped when it fails
   const uint64_t chunks;
   const bool prove;  // verify=sha256: the whole copy's SHA-256 is checked before it is sealed
 
@@ -377,11 +381,7 @@ void FileFiller::Finish(const std::shared_ptr<FillJob>& job, Status s, bool canc
   }
   if (s.ok()) s = job->copy->Seal();
   FileCache::CopyPtr published;
-  if (s.ok()) {
-    published = ctx_.files->Publish(std::move(job->reservation), job->copy);
-  } else {
-    job->reservation.reset();
-  }
+  if (s.ok()) published = ctx_.files->Publish(std::move(job->reservation), job->copy);
   {
     MutexLock lock(jobs_mu_);
     job->end = s.ok() ? FillJob::End::kPublished : FillJob::End::kFailed;

@@ -7,8 +7,11 @@
 // event tells ckptfs (changes made by a FUSE server raise none), so only the
 // stamp checks of a read can notice. If it holds "timeout", those reads fail
 // with ETIMEDOUT instead, as a network filesystem's do when its server is
-// away. Attributes are never cached, so a stat
-// sees the change at once.
+// away. If it holds "stall", they fail with EIO and, besides, reads that
+// touch the first 4 MiB (the first chunk) wait until TRIGGER says something
+// else or is gone, as a read stuck on a dying disk does; requests are
+// served by several threads, so only those reads wait. Attributes are never
+// cached, so a stat sees the change at once.
 // With `wide`, MOUNTPOINT/wide/ also holds kWideDirs empty directories; once
 // TRIGGER holds "slow", listing each of them takes kSlowListing, and the
 // first slow listing creates TRIGGER.slowed: a tree whose walk takes a
@@ -32,12 +35,12 @@ std::vector<char> g_data;
 std::string g_trigger;
 bool g_wide = false;
 constexpr fuse_ino_t kDir = 2, kFile = 3, kWide = 4, kFirstWideDir = 1000;
-constexpr uint64_t kBadBegin = 8 << 20, kBadEnd = 12 << 20;
+constexpr uint64_t kBadBegin = 8 << 20, kBadEnd = 12 << 20, kStalledEnd = 4 << 20;
 constexpr int kWideDirs = 3000;
 constexpr auto kSlowListing = std::chrono::milliseconds(20);
 
 // What TRIGGER asks for now.
-enum class Fault { kNone, kBadSector, kChanged, kSlow, kTimeout };
+enum class Fault { kNone, kBadSector, kChanged, kSlow, kTimeout, kStall };
 Fault CurrentFault() {
   std::ifstream t(g_trigger);
   if (!t) return Fault::kNone;
@@ -45,6 +48,7 @@ Fault CurrentFault() {
   t >> word;
   if (word == "slow") return Fault::kSlow;
   if (word == "timeout") return Fault::kTimeout;
+  if (word == "stall") return Fault::kStall;
   return word == "change" ? Fault::kChanged : Fault::kBadSector;
 }
 
@@ -126,8 +130,12 @@ void Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info*) {
     return;
   }
   const uint64_t end = std::min<uint64_t>(g_data.size(), begin + size);
+  if (begin < kStalledEnd) {
+    while (CurrentFault() == Fault::kStall) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   const Fault fault = CurrentFault();
-  if ((fault == Fault::kBadSector || fault == Fault::kTimeout) && begin < kBadEnd && end > kBadBegin) {
+  const bool bad = fault == Fault::kBadSector || fault == Fault::kTimeout || fault == Fault::kStall;
+  if (bad && begin < kBadEnd && end > kBadBegin) {
     fuse_reply_err(req, fault == Fault::kTimeout ? ETIMEDOUT : EIO);
     return;
   }
@@ -158,7 +166,10 @@ int main(int argc, char** argv) {
   fuse_args args = FUSE_ARGS_INIT(3, fargv);
   fuse_session* se = fuse_session_new(&args, &ops, sizeof ops, nullptr);
   if (!se || fuse_set_signal_handlers(se) != 0 || fuse_session_mount(se, argv[2]) != 0) return 1;
-  int rc = fuse_session_loop(se);
+  fuse_loop_config* loop = fuse_loop_cfg_create();
+  fuse_loop_cfg_set_max_threads(loop, 8);
+  int rc = fuse_session_loop_mt(se, loop);
+  fuse_loop_cfg_destroy(loop);
   fuse_session_unmount(se);
   fuse_session_destroy(se);
   return rc;
