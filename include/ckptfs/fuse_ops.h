@@ -120,6 +120,7 @@ struct ConnectionSetup {
   int fd = -1;                        // the connection's /dev/fuse descriptor
   std::vector<uint8_t> adopted_init;  // takeover: the connection's INIT request
   bool shared_device = false;         // a supervisor shares the device (O_NONBLOCK)
+  std::vector<UniqueFd> channels;     // its per-thread channels (fuse_channels.h), if any
   std::function<void(const std::vector<uint8_t>&)> on_init_request;  // the first INIT, as sent
 };
 

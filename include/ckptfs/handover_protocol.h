@@ -38,6 +38,9 @@ namespace ckptfs::handover {
 // Environment of a supervised daemon.
 inline constexpr const char* kEnvFuseFd = "CKPTFS_SUPERVISED_FUSE_FD";     // the inherited /dev/fuse descriptor
 inline constexpr const char* kEnvLinkFd = "CKPTFS_SUPERVISOR_FD";          // its end of the socket pair
+// The connection's per-thread channels (fuse_channels.h), comma-separated
+// descriptors; absent when the supervisor could not make them.
+inline constexpr const char* kEnvFuseChannels = "CKPTFS_SUPERVISED_FUSE_CHANNELS";
 inline constexpr const char* kEnvInit = "CKPTFS_ADOPT_INIT";               // hex INIT request: take the connection over
 inline constexpr const char* kEnvRestarts = "CKPTFS_RESTARTS";             // daemons started before this one
 inline constexpr const char* kEnvLastExit = "CKPTFS_LAST_EXIT";            // how the previous one ended

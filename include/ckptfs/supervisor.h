@@ -49,6 +49,9 @@ struct SupervisorConfig {
   std::string binary;             // the daemon to run (an absolute path)
   std::vector<std::string> args;  // its arguments, argv[1] on
   int fuse_fd = -1;               // the mount's /dev/fuse descriptor (O_NONBLOCK)
+  // The connection's per-thread channels for the daemons (fuse_channels.h);
+  // none: they read the shared descriptor.
+  std::vector<UniqueFd> channels;
   std::string mountpoint;
   std::function<void()> unmount;  // lazily unmounts; called once
   // A daemonized start's waiting parent: one byte, the exit status it is to
@@ -122,6 +125,7 @@ class Supervisor {
   SupervisorConfig config_;
   RestartPolicy policy_;
   UniqueFd signals_;  // signalfd: TERM, INT, HUP, CHLD
+  std::vector<UniqueFd> channels_;  // the connection's clones, held for the mount's life
   std::list<Child> children_;
   std::vector<uint8_t> init_request_;  // as the kernel sent it to the first daemon
   nlohmann::json inherited_ = nlohmann::json::array();  // a drained daemon's open inodes

@@ -24,6 +24,7 @@ struct StoredConnection {
   UniqueFd fuse;
   std::vector<uint8_t> init_request;  // empty if the INIT was never stored
   std::string open_inodes;            // the open-file record (JSON), empty if none
+  std::vector<UniqueFd> channels;     // its per-thread channels (fuse_channels.h), if stored
 };
 
 // The connection systemd passed to this process, if any; the descriptors
@@ -38,6 +39,8 @@ bool StoredConnectionWaiting();
 bool UnderSystemd();
 // FDSTORE=1 with FDNAME=fuse.
 Status StoreFuseFd(int fd);
+// FDSTORE=1 with FDNAME=fuse-channel, for each of the connection's channels.
+Status StoreFuseChannels(const std::vector<UniqueFd>& channels);
 // FDSTORE=1 with FDNAME=fuse-init: the INIT request in a sealed memfd.
 Status StoreInitRequest(const std::vector<uint8_t>& request);
 // FDSTORE=1 with FDNAME=fuse-open-inodes: the open-file record, in a

@@ -185,6 +185,7 @@ Status Daemon::Mount() {
 Status Daemon::AttachToConnection() {
   FdHandover* handover = handover_.get();
   ConnectionSetup setup{handover->fuse_fd(), handover->adopted_init(), /*shared_device=*/true,
+                        handover->TakeChannels(),
                         [handover](const std::vector<uint8_t>& init) { handover->SendInit(init); }};
   Status s = AttachConnection(ctx_, session_->get(), options_.passthrough, std::move(setup));
   if (!session_->InstallSignalHandlers() || !s.ok()) {
@@ -277,12 +278,11 @@ void Daemon::StartControl() {
   view_->SetRootXattr("user.ckptfs.control", control_->path());
 }
 
-// A cloned descriptor is this process's own: at a crash the kernel fails the
-// requests read from it. Under a supervisor every request is read from the
-// shared descriptor, so the successor's resend retries them.
-bool Daemon::Serve() {
-  return session_->Loop(std::max(4u, 2 * EffectiveThreads(options_.threads)), /*clone_fd=*/!handover_) == 0;
-}
+// A descriptor libfuse clones is this process's own: at a crash the kernel
+// fails the requests read from it. Under a supervisor the threads read from
+// the channels the supervisor made and holds (fuse_channels.h), so the
+// successor's resend retries them.
+bool Daemon::Serve() { return session_->Loop(FuseLoopThreads(options_), /*clone_fd=*/!handover_) == 0; }
 
 void Daemon::RequestRescan() {
   if (watcher_) watcher_->RequestRescan();

@@ -37,6 +37,7 @@ std::unique_ptr<FdHandover> FdHandover::FromEnvironment() {
   const std::string supervisor = TakeEnv(handover::kEnvSupervisorPid);
   const std::string started_as = TakeEnv(handover::kEnvStartedAs);
   const std::string predecessor = TakeEnv(handover::kEnvPredecessorPid);
+  const std::string channels = TakeEnv(handover::kEnvFuseChannels);
   if (fuse.empty() || link.empty()) return nullptr;
   std::unique_ptr<FdHandover> h(new FdHandover());
   h->fuse_fd_ = static_cast<int>(ToInt(fuse));
@@ -44,6 +45,13 @@ std::unique_ptr<FdHandover> FdHandover::FromEnvironment() {
   // Neither may leak into what this daemon runs (CUDA probes, fusermount3).
   ::fcntl(h->fuse_fd_, F_SETFD, FD_CLOEXEC);
   ::fcntl(h->link_.get(), F_SETFD, FD_CLOEXEC);
+  for (size_t at = 0; at < channels.size();) {
+    size_t comma = channels.find(',', at);
+    if (comma == std::string::npos) comma = channels.size();
+    const int fd = static_cast<int>(ToInt(channels.substr(at, comma - at)));
+    if (fd > STDERR_FILENO && ::fcntl(fd, F_SETFD, FD_CLOEXEC) == 0) h->channels_.emplace_back(fd);
+    at = comma + 1;
+  }
   h->adopted_init_ = handover::FromHex(init);
   h->restarts_ = static_cast<uint64_t>(ToInt(restarts));
   h->last_exit_ = last_exit.empty() ? "none" : last_exit;

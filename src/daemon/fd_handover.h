@@ -31,6 +31,9 @@ class FdHandover {
   ~FdHandover();
 
   int fuse_fd() const { return fuse_fd_; }
+  // The connection's per-thread channels the supervisor made (none if it
+  // could not), handed to the connection once.
+  std::vector<UniqueFd> TakeChannels() { return std::move(channels_); }
   // The connection's INIT request when taking one over; empty for the first
   // daemon of a mount.
   const std::vector<uint8_t>& adopted_init() const { return adopted_init_; }
@@ -57,6 +60,7 @@ class FdHandover {
   void Send(const nlohmann::json& message);
 
   int fuse_fd_ = -1;  // owned by the session once attached
+  std::vector<UniqueFd> channels_;
   UniqueFd link_;
   Mutex send_mu_;  // one message at a time on link_
   std::vector<uint8_t> adopted_init_;

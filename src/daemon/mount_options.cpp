@@ -1,7 +1,9 @@
 #include "mount_options.h"
 
 #include "ckptfs/hashes.h"
+#include "ckptfs/thread_pool.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cmath>
@@ -484,5 +486,7 @@ supervise=off, or the supervisor was killed): fusermount3 -u -z MOUNTPOINT
 (or umount -l MOUNTPOINT), then mount again.
 )";
 }
+
+unsigned FuseLoopThreads(const MountOptions& o) { return std::max(4u, 2 * EffectiveThreads(o.threads)); }
 
 }  // namespace ckptfs

@@ -127,6 +127,11 @@ std::string EscapeFuseOption(const std::string& value);
 // allow_other and the standard options passed through.
 std::string FuseOptionString(const MountOptions& o);
 
+// The most FUSE worker threads the session loop runs: twice the threads=
+// (at least 4), so that requests waiting on the source do not hold up the
+// rest. A supervisor makes as many channels (fuse_channels.h).
+unsigned FuseLoopThreads(const MountOptions& o);
+
 // The text of `ckptfs --help`.
 std::string MountUsage();
 

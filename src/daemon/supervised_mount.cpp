@@ -5,6 +5,7 @@
 #include <limits.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <optional>
@@ -13,6 +14,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "ckptfs/fuse_channels.h"
 #include "ckptfs/supervisor.h"
 #include "ckptfs/systemd_fdstore.h"
 #include "ckptfs/systemd_job.h"
@@ -20,6 +22,10 @@
 namespace ckptfs::daemon {
 
 namespace {
+
+// Channels beyond this many are not worth their descriptors: more threads
+// than that share them.
+constexpr unsigned kMaxFuseChannels = 64;
 
 // This binary's path, so that a restart runs whatever is installed there
 // now (an upgraded package replaces the file).
@@ -86,10 +92,25 @@ nlohmann::json AdoptedOpenInodes(const std::string& text) {
 // Under systemd: the descriptor (and, once known, the INIT request) go to
 // the fd store; a SIGTERM that is part of `systemctl restart` then leaves
 // the mount up, with the open-file record stored for the next supervisor.
-void KeepConnectionInFdStore(int fuse_fd, supervisor::SupervisorConfig& c) {
+// The connection's channels: those systemd kept with it, else new ones.
+std::vector<UniqueFd> Channels(int fuse_fd, const MountOptions& o, std::optional<supervisor::StoredConnection>& stored) {
+  if (stored && !stored->channels.empty()) return std::move(stored->channels);
+  auto made = supervisor::CloneFuseChannels(fuse_fd, std::min(FuseLoopThreads(o), kMaxFuseChannels));
+  if (!made.ok()) {  // the daemons then all read the shared descriptor: it works, only slower
+    spdlog::warn("supervisor: {}; the daemon's threads share one descriptor", made.status().message());
+    return {};
+  }
+  return std::move(*made);
+}
+
+void KeepConnectionInFdStore(int fuse_fd, const std::vector<UniqueFd>& channels, supervisor::SupervisorConfig& c) {
   if (Status s = supervisor::StoreFuseFd(fuse_fd); !s.ok()) {
     spdlog::warn("{}; systemctl restart will unmount", s.message());
     return;
+  }
+  // Stored again by a supervisor that took them back: systemd keeps one of each.
+  if (Status s = supervisor::StoreFuseChannels(channels); !s.ok()) {
+    spdlog::warn("{}; a crash of the supervisor fails the reads its daemon had taken", s.message());
   }
   c.on_init_request = [](const std::vector<uint8_t>& init) {
     if (Status s = supervisor::StoreInitRequest(init); !s.ok()) spdlog::warn("{}", s.message());
@@ -133,7 +154,8 @@ int RunSupervisor(fuse_session* se, const MountOptions& o, int argc, char** argv
   // or a draining daemon could not stop without taking a request.
   const int fd = stored ? stored->fuse.get() : fuse_session_fd(se);
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-  if (supervisor::UnderSystemd()) KeepConnectionInFdStore(fd, c);
+  c.channels = Channels(fd, o, stored);
+  if (supervisor::UnderSystemd()) KeepConnectionInFdStore(fd, c.channels, c);
   log.BeforeDaemonize();
   if (!o.foreground) {
     auto ready = DaemonizeWaitingForStart();

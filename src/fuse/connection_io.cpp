@@ -1,12 +1,15 @@
 #include "connection_io.h"
 
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 
 #include <spdlog/spdlog.h>
 
@@ -29,6 +32,25 @@ constexpr uint32_t kInitExt = 1u << 30;  // FUSE_INIT_EXT
 constexpr uint32_t kHasResendFlags2 = 1u << (39 - 32);  // FUSE_HAS_RESEND
 constexpr int32_t kNotifyResend = 7;     // FUSE_NOTIFY_RESEND
 constexpr std::chrono::seconds kAdmitTimeout{30};
+constexpr auto kWakeEvery = std::chrono::milliseconds(5);
+
+// The signal that wakes a reader blocked in read() on a channel: its handler
+// does nothing, and it is installed without SA_RESTART, so the read returns
+// EINTR. It is sent only to a thread that is in (or about to enter) that
+// read; one that has just left it to serve a request may still get it, and
+// every blocking call on the request path retries on EINTR.
+int WakeSignal() { return SIGRTMIN + 2; }
+void IgnoreWake(int) {}
+void InstallWakeHandler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_handler = IgnoreWake;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;
+    ::sigaction(WakeSignal(), &sa, nullptr);
+  });
+}
 
 uint32_t Load32(const uint8_t* p) {
   uint32_t v;
@@ -47,7 +69,79 @@ ssize_t IoWritev(int fd, struct iovec* iov, int count, void* userdata) { return 
 
 }  // namespace
 
-ConnectionIo::ConnectionIo(Options options) : options_(std::move(options)) {}
+// A thread that reads requests from a channel. Only the session loop's
+// threads read, and they end before the connection does, so a registration
+// never outlives its ConnectionIo; the destructor still clears `io`.
+struct ConnectionIo::Reader {
+  std::atomic<ConnectionIo*> io{nullptr};
+  pthread_t thread{};
+  int channel = -1;
+  std::atomic<bool> in_read{false};
+  uint64_t unique = 0;  // of the last request it read: its reply goes back on `channel`
+  ~Reader() {
+    if (ConnectionIo* owner = io.load()) owner->Forget(*this);
+  }
+};
+
+ConnectionIo::ConnectionIo(Options options) : options_(std::move(options)) {
+  if (!options_.channels.empty()) InstallWakeHandler();
+}
+
+ConnectionIo::~ConnectionIo() {
+  destroying_ = true;
+  if (waker_.joinable()) waker_.join();
+  MutexLock lock(readers_mu_);
+  for (Reader* r : readers_) r->io = nullptr;
+}
+
+ConnectionIo::Reader& ConnectionIo::ThisThreadsReader() {
+  thread_local Reader reader;
+  return reader;
+}
+
+ConnectionIo::Reader& ConnectionIo::ThisThread() {
+  Reader& reader = ThisThreadsReader();
+  if (reader.io.load() != this) {
+    if (ConnectionIo* before = reader.io.load()) before->Forget(reader);
+    reader.thread = ::pthread_self();
+    reader.channel = options_.channels[next_channel_++ % options_.channels.size()].get();
+    MutexLock lock(readers_mu_);
+    reader.io = this;
+    readers_.push_back(&reader);
+  }
+  return reader;
+}
+
+void ConnectionIo::Forget(Reader& reader) {
+  MutexLock lock(readers_mu_);
+  std::erase(readers_, &reader);
+  reader.io = nullptr;
+}
+
+ConnectionIo::Reader* ConnectionIo::Registered() {
+  Reader& me = ThisThreadsReader();
+  return me.io.load() == this ? &me : nullptr;
+}
+
+// Each reader in read() is signalled, again and again (the signal may come
+// just before it enters the read) until none is: a reader not in read()
+// now sees draining_ before its next one (it sets in_read before it looks,
+// Drain sets draining_ before this runs; both sequentially consistent).
+void ConnectionIo::WakeReaders() {
+  while (!destroying_.load()) {
+    bool any = false;
+    {
+      MutexLock lock(readers_mu_);
+      for (Reader* r : readers_) {
+        if (!r->in_read.load()) continue;
+        any = true;
+        ::pthread_kill(r->thread, WakeSignal());
+      }
+    }
+    if (!any) return;
+    std::this_thread::sleep_for(kWakeEvery);
+  }
+}
 
 Status ConnectionIo::Install(fuse_session* se, int fd) {
   fd_ = fd;
@@ -74,8 +168,11 @@ void ConnectionIo::Drain() {
   if (::write(drain_.get(), &one, sizeof one) < 0) {
     // The eventfd cannot be full after one write; draining_ is set anyway.
   }
-  MutexLock lock(mu_);
-  init_cv_.NotifyAll();
+  {
+    MutexLock lock(mu_);
+    init_cv_.NotifyAll();
+  }
+  if (!options_.channels.empty() && !waker_.joinable()) waker_ = std::thread([this] { WakeReaders(); });
 }
 
 Status ConnectionIo::Resend() {
@@ -114,6 +211,7 @@ void ConnectionIo::SeeInitRequest(const uint8_t* p, size_t n) {
 void ConnectionIo::InitDone() {
   MutexLock lock(mu_);
   init_done_ = true;
+  init_replied_ = true;
   init_cv_.NotifyAll();
 }
 
@@ -147,7 +245,54 @@ ssize_t ConnectionIo::Read(int fd, void* buf, size_t len) {
     }
     while (!init_done_ && !draining_.load()) init_cv_.Wait(mu_);
   }
-  return ReadDevice(fd, buf, len);
+  return options_.channels.empty() ? ReadDevice(fd, buf, len) : ReadChannel(buf, len);
+}
+
+ssize_t ConnectionIo::ReadChannel(void* buf, size_t len) {
+  Reader& me = ThisThread();
+  for (;;) {
+    me.in_read = true;
+    if (draining_) {  // after in_read: a Drain from now on signals this thread
+      me.in_read = false;
+      errno = ENODEV;
+      return -1;
+    }
+    const ssize_t n = ::read(me.channel, buf, len);
+    const int err = errno;
+    me.in_read = false;
+    if (n < 0 && err == EINTR) continue;
+    if (n >= static_cast<ssize_t>(kInHeaderSize)) {
+      const auto* p = static_cast<const uint8_t*>(buf);
+      me.unique = Load64(p + 8);
+      if (init_unique_.load(std::memory_order_relaxed) == 0 && Load32(p + 4) == kOpInit) {
+        SeeInitRequest(p, static_cast<size_t>(n));
+      }
+    }
+    errno = err;
+    return n;
+  }
+}
+
+// A reply goes to the channel its request was read from: the thread's own,
+// when it answers what it read last (nearly always); else, as the kernel
+// answers ENOENT on a channel that does not hold the request, it is tried on
+// each of the others.
+ssize_t ConnectionIo::WriteReply(struct iovec* iov, int count) {
+  const uint64_t unique = Load64(static_cast<const uint8_t*>(iov[0].iov_base) + 8);
+  int first = -1;
+  if (Reader* me = Registered(); me != nullptr && me->unique == unique) first = me->channel;
+  if (first >= 0) {
+    const ssize_t n = ::writev(first, iov, count);
+    if (n >= 0 || errno != ENOENT) return n;
+  }
+  ssize_t n = -1;
+  errno = ENOENT;
+  for (const UniqueFd& c : options_.channels) {
+    if (c.get() == first) continue;
+    n = ::writev(c.get(), iov, count);
+    if (n >= 0 || errno != ENOENT) return n;
+  }
+  return n;
 }
 
 ssize_t ConnectionIo::ReadDevice(int fd, void* buf, size_t len) {
@@ -172,14 +317,13 @@ ssize_t ConnectionIo::ReadDevice(int fd, void* buf, size_t len) {
 }
 
 ssize_t ConnectionIo::Writev(int fd, struct iovec* iov, int count) {
-  bool init_pending;
-  {
-    MutexLock lock(mu_);
-    init_pending = !init_done_ && init_unique_.load() != 0;
-  }
+  const bool init_pending = !init_replied_.load() && init_unique_.load() != 0;
   if (!init_pending || count < 1 || iov[0].iov_len < kOutHeaderSize ||
       Load64(static_cast<const uint8_t*>(iov[0].iov_base) + 8) != init_unique_.load()) {
-    return ::writev(fd, iov, count);
+    // A notification (unique 0) may go on any descriptor of the connection.
+    const bool reply = count >= 1 && iov[0].iov_len >= kOutHeaderSize &&
+                       Load64(static_cast<const uint8_t*>(iov[0].iov_base) + 8) != 0;
+    return reply && !options_.channels.empty() ? WriteReply(iov, count) : ::writev(fd, iov, count);
   }
   // The INIT reply, copied so that libfuse's own buffer is left as it was.
   std::vector<uint8_t> reply;
@@ -191,7 +335,10 @@ ssize_t ConnectionIo::Writev(int fd, struct iovec* iov, int count) {
   if (options_.passthrough != nullptr) options_.passthrough->PatchInitReply(reply);
   const bool adopted = !options_.adopted_init.empty();
   // An adopted connection was initialized long ago: the kernel expects no reply.
-  const ssize_t n = adopted ? static_cast<ssize_t>(reply.size()) : ::write(fd, reply.data(), reply.size());
+  iovec whole{reply.data(), reply.size()};
+  const ssize_t n = adopted                      ? static_cast<ssize_t>(reply.size())
+                    : options_.channels.empty() ? ::writev(fd, &whole, 1)
+                                                : WriteReply(&whole, 1);
   if (n != static_cast<ssize_t>(reply.size())) return n;
   if (options_.passthrough != nullptr) options_.passthrough->AfterInitReply(adopted);
   InitDone();

@@ -21,6 +21,15 @@
 //             and on an eventfd, and read the device without blocking (the
 //             supervisor sets O_NONBLOCK on the shared open file, so
 //             several processes can read it and none blocks in read()).
+//   channels  a supervised daemon's threads each read from a channel of
+//             their own, a clone of the connection the supervisor made and
+//             holds (src/supervisor/fuse_channels.h), in blocking read()s as
+//             an unsupervised daemon's do: the kernel then wakes one reader
+//             per request, where a poll() on one shared descriptor wakes
+//             them all. A reply goes back on the channel its request came
+//             from (the kernel looks it up there). To drain, the readers
+//             blocked in read() are woken by a signal, repeated until every
+//             one has seen that the daemon drains.
 //   resend    FUSE_NOTIFY_RESEND (protocol 7.40, Linux 6.9+) puts every
 //             request that was read but never answered back in the queue:
 //             sent by a daemon that took over once its predecessor is gone,
@@ -36,6 +45,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <thread>
 #include <vector>
 
 #include "ckptfs/mutex.h"
@@ -55,6 +65,9 @@ class ConnectionIo {
     // Poll-and-read without blocking (the device is shared with a
     // supervisor, which set O_NONBLOCK); false: plain blocking reads.
     bool shared_device = false;
+    // The connection's per-thread channels (blocking); when there are any,
+    // requests are read from them only, never from the shared descriptor.
+    std::vector<UniqueFd> channels;
     // Called with the INIT request the kernel sent (first daemon only).
     std::function<void(const std::vector<uint8_t>&)> on_init_request;
     // The passthrough shim, shown INIT (may be null).
@@ -62,6 +75,7 @@ class ConnectionIo {
   };
 
   explicit ConnectionIo(Options options);
+  ~ConnectionIo();
 
   // Installs the custom io on `se` for descriptor `fd` (the session's own
   // after fuse_session_mount, or an inherited one). The session's userdata
@@ -84,7 +98,16 @@ class ConnectionIo {
   ssize_t Writev(int fd, struct iovec* iov, int count);
 
  private:
+  struct Reader;  // a thread's registration (connection_io.cpp)
+
   ssize_t ReadDevice(int fd, void* buf, size_t len);
+  ssize_t ReadChannel(void* buf, size_t len);
+  ssize_t WriteReply(struct iovec* iov, int count);
+  static Reader& ThisThreadsReader();
+  Reader& ThisThread();    // registered as a reader of this connection first
+  Reader* Registered();    // null if this thread does not read this connection
+  void Forget(Reader& reader);
+  void WakeReaders();
   void SeeInitRequest(const uint8_t* p, size_t n);
   void InitDone();
 
@@ -95,6 +118,12 @@ class ConnectionIo {
   std::atomic<bool> adopted_handed_{false};  // the adopted INIT went to libfuse
   std::atomic<bool> has_resend_{false};
   std::atomic<uint64_t> init_unique_{0};
+  std::atomic<bool> init_replied_{false};  // init_done_, read without the lock on every reply
+  std::atomic<size_t> next_channel_{0};     // handed to threads in turn
+  Mutex readers_mu_;
+  std::vector<Reader*> readers_ GUARDED_BY(readers_mu_);  // threads that read channels, to wake
+  std::thread waker_;  // started by Drain when there are channels
+  std::atomic<bool> destroying_{false};
   mutable Mutex mu_;
   CondVar init_cv_;
   bool init_done_ GUARDED_BY(mu_) = false;

@@ -694,6 +694,7 @@ Status AttachConnection(FsContext& ctx, fuse_session* se, bool passthrough_wante
   ConnectionIo::Options io;
   io.adopted_init = std::move(setup.adopted_init);
   io.shared_device = setup.shared_device;
+  io.channels = std::move(setup.channels);
   io.on_init_request = std::move(setup.on_init_request);
   io.passthrough = ctx.passthrough.get();
   ctx.connection = std::make_shared<ConnectionIo>(std::move(io));

@@ -41,7 +41,8 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 // a multi-threaded parent, but the supervisor has one thread, so setenv is
 // safe here.
 [[noreturn]] void ExecDaemon(const std::string& binary, const std::vector<std::string>& args, int fuse_fd,
-                             int link_fd, const std::vector<std::pair<std::string, std::string>>& env) {
+                             const std::vector<UniqueFd>& channels, int link_fd,
+                             const std::vector<std::pair<std::string, std::string>>& env) {
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -52,6 +53,15 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
   if (fuse < 0 || link < 0) ::_exit(126);
   ::setenv(handover::kEnvFuseFd, std::to_string(fuse).c_str(), 1);
   ::setenv(handover::kEnvLinkFd, std::to_string(link).c_str(), 1);
+  if (!channels.empty()) {
+    std::string list;
+    for (const UniqueFd& c : channels) {
+      const int inherited = ::dup(c.get());
+      if (inherited < 0) ::_exit(126);
+      list += (list.empty() ? "" : ",") + std::to_string(inherited);
+    }
+    ::setenv(handover::kEnvFuseChannels, list.c_str(), 1);
+  }
   for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
   std::vector<char*> argv;
   std::string arg0 = binary;
@@ -73,6 +83,7 @@ Supervisor::Supervisor(SupervisorConfig config)
   const sigset_t set = HandledSignals();
   sigprocmask(SIG_BLOCK, &set, nullptr);
   signals_.reset(::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK));
+  channels_ = std::move(config_.channels);
 }
 
 const char* Supervisor::RoleName(Role role) {
@@ -107,7 +118,7 @@ bool Supervisor::Spawn(const std::string& binary, const std::string& why, Role r
     spdlog::error("supervisor: cannot start the serving daemon ({}): fork: {}", why, std::strerror(errno));
     return false;
   }
-  if (pid == 0) ExecDaemon(binary, config_.args, config_.fuse_fd, theirs.get(), env);
+  if (pid == 0) ExecDaemon(binary, config_.args, config_.fuse_fd, channels_, theirs.get(), env);
   Child child;
   child.pid = pid;
   child.link = std::move(ours);

@@ -18,6 +18,7 @@ namespace {
 constexpr const char* kFuseName = "fuse";
 constexpr const char* kInitName = "fuse-init";
 constexpr const char* kOpenInodesName = "fuse-open-inodes";
+constexpr const char* kChannelName = "fuse-channel";
 constexpr size_t kMaxInit = 4096;  // a fuse_in_header and fuse_init_in are ~100 bytes
 
 std::vector<uint8_t> ReadAll(int fd, size_t limit) {
@@ -63,6 +64,9 @@ std::optional<StoredConnection> TakeStoredConnection() {
     const std::string name = names != nullptr && names[i] != nullptr ? names[i] : "";
     if (name == kFuseName && !c.fuse.valid()) {
       c.fuse.reset(fd);
+    } else if (name == kChannelName) {
+      c.channels.emplace_back(fd);
+      ::fcntl(fd, F_SETFD, FD_CLOEXEC);
     } else if (name == kInitName && c.init_request.empty()) {
       c.init_request = ReadAll(fd, kMaxInit);
       ::close(fd);
@@ -101,6 +105,16 @@ bool UnderSystemd() {
 }
 
 Status StoreFuseFd(int fd) { return Store(fd, kFuseName); }
+
+Status StoreFuseChannels(const std::vector<UniqueFd>& channels) {
+  std::vector<int> fds;
+  for (const UniqueFd& c : channels) fds.push_back(c.get());
+  if (fds.empty()) return Status::Ok();
+  const std::string state = std::string("FDSTORE=1\nFDNAME=") + kChannelName;
+  const int rc = sd_pid_notify_with_fds(0, 0, state.c_str(), fds.data(), static_cast<unsigned>(fds.size()));
+  if (rc < 0) return Status::FromErrno(std::string("systemd fd store (") + kChannelName + ")", -rc);
+  return Status::Ok();
+}
 
 Status StoreInitRequest(const std::vector<uint8_t>& request) {
   auto memfd = SealedMemfd("ckptfs-fuse-init", request.data(), request.size());

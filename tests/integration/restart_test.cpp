@@ -7,12 +7,14 @@
 // mount answers EIO instead of hanging, and out of it once it can.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -20,6 +22,7 @@
 #include <fstream>
 #include <iostream>
 #include <random>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -550,6 +553,104 @@ TEST_F(RestartTest, ACrashLoopBacksOffAnswersEioAndEndsWhenADaemonStarts) {
   EXPECT_EQ(StatErrnoInChild(mnt_ + "/by-name/m"), 0);
   EXPECT_NE(m->Log().find("the crash loop is over"), std::string::npos) << m->Log();
   EXPECT_TRUE(IsMounted(mnt_));
+}
+
+// The /dev/fuse descriptors `pid` holds.
+std::vector<int> FuseDescriptors(pid_t pid) {
+  std::vector<int> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+    std::error_code link_ec;
+    if (fs::read_symlink(e.path(), link_ec) == "/dev/fuse") out.push_back(std::stoi(e.path().filename().string()));
+  }
+  return out;
+}
+
+// Whether descriptor `fd` of `pid` is the very open file that one of
+// `other`'s descriptors `theirs` is (kcmp(2), KCMP_FILE).
+bool SharedWith(pid_t pid, int fd, pid_t other, const std::vector<int>& theirs) {
+  constexpr int kKcmpFile = 0;
+  for (int t : theirs) {
+    if (::syscall(SYS_kcmp, pid, other, kKcmpFile, fd, t) == 0) return true;
+  }
+  return false;
+}
+
+// The descriptors that threads of `pid` wait in read() on (syscall 0, its
+// first argument).
+std::set<int> DescriptorsReadBlockingIn(pid_t pid) {
+  std::set<int> out;
+  std::error_code ec;
+  for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream in(task.path() / "syscall");
+    long nr = -1;
+    std::string arg0;
+    if (in >> nr >> arg0 && nr == SYS_read) out.insert(static_cast<int>(std::stol(arg0, nullptr, 16)));
+  }
+  return out;
+}
+
+// Whether a thread of `pid` waits in poll() on one of `fds` (its pollfd
+// array read from the process's memory).
+bool AThreadPollsOn(pid_t pid, const std::vector<int>& fds) {
+  std::error_code ec;
+  const std::string proc = "/proc/" + std::to_string(pid);
+  const int mem = ::open((proc + "/mem").c_str(), O_RDONLY | O_CLOEXEC);
+  if (mem < 0) return false;
+  bool found = false;
+  for (const auto& task : fs::directory_iterator(proc + "/task", ec)) {
+    std::ifstream in(task.path() / "syscall");
+    long nr = -1;
+    std::string array, count;
+    if (!(in >> nr >> array >> count) || nr != SYS_poll) continue;
+    std::vector<pollfd> polled(std::min<unsigned long>(std::stoul(count, nullptr, 16), 64));
+    const ssize_t n = ::pread(mem, polled.data(), polled.size() * sizeof(pollfd),
+                              static_cast<off_t>(std::stoul(array, nullptr, 16)));
+    for (size_t i = 0; n > 0 && i < static_cast<size_t>(n) / sizeof(pollfd); ++i) {
+      found = found || std::find(fds.begin(), fds.end(), polled[i].fd) != fds.end();
+    }
+  }
+  ::close(mem);
+  return found;
+}
+
+// Supervision costs the request path nothing that libfuse's clone_fd does
+// not: the serving daemon's threads wait in blocking reads, each on a
+// channel of its own, and those channels are held by the supervisor (so a
+// daemon that dies leaves what it read to its successor's resend; the kill
+// tests above check that no such request fails). A successor reads from the
+// same channels.
+TEST_F(RestartTest, TheServingDaemonsThreadsBlockInReadsOnChannelsTheSupervisorHolds) {
+  const std::string data = RandomBytes(3 * kMiB, 8);
+  WriteFile(src_ + "/m/model.safetensors", data);
+  auto m = Mount("threads=2");  // 4 FUSE threads at most, so 4 channels
+  ASSERT_TRUE(WaitForLink("m")) << m->Log();
+  for (int round = 0; round < 2; ++round) {
+    const pid_t serving = m->ServingPid();
+    ASSERT_GT(serving, 0);
+    ASSERT_NE(serving, m->pid());
+    const std::vector<int> ours = FuseDescriptors(serving), supervisors = FuseDescriptors(m->pid());
+    std::set<int> channels;
+    for (int fd : ours) {
+      if (SharedWith(serving, fd, m->pid(), supervisors)) channels.insert(fd);
+    }
+    EXPECT_EQ(channels.size(), ours.size()) << "a /dev/fuse descriptor the supervisor does not hold";
+    EXPECT_GE(channels.size(), 5u) << "the shared descriptor and 4 channels";
+    // Idle: threads wait in read() on at least two different channels.
+    std::set<int> waited_on;
+    EXPECT_TRUE(WaitFor([&] {
+      waited_on = DescriptorsReadBlockingIn(serving);
+      std::erase_if(waited_on, [&](int fd) { return !channels.count(fd); });
+      return waited_on.size() >= 2;
+    })) << "threads of the serving daemon do not block in read() on channels";
+    EXPECT_FALSE(AThreadPollsOn(serving, ours)) << "a FUSE thread polls /dev/fuse";
+    EXPECT_TRUE(ReadFile(DigestDir("m") + "/model.safetensors") == data);
+    if (round == 0) {
+      CommandResult r = RunCommand(kCtl + " restart " + ShellQuote(mnt_), true);
+      ASSERT_EQ(r.exit_code, 0) << r.out << m->Log();
+      ASSERT_NE(m->ServingPid(), serving);
+    }
+  }
 }
 
 }  // namespace

@@ -210,5 +210,48 @@ TEST_F(SystemdRestartTest, RestartJobKeepsTheMountAndTheReaderNeverFailsStopJobU
   EXPECT_NE(Log().find("systemd job stop; unmounting"), std::string::npos) << Log();
 }
 
+// The supervisor killed (its daemon dies with it) and started again, as
+// Restart=always does: every request the dead daemon had read is answered by
+// the next one. They were read from the supervisor's channels
+// (fuse_channels.h), which the store keeps too; a channel closed by the
+// last process holding it would fail its requests (ECONNABORTED).
+TEST_F(SystemdRestartTest, ASupervisorKilledAndStartedAgainFailsNoRead) {
+  const std::string data = RandomBytes(8 * kMiB, 15);
+  WriteFile(src_ + "/m/model.safetensors", data);
+  MakeDirs(mnt_);
+  MakeDirs(tmp_ / "manager");
+  LoopTally tally;
+  ReaderThread reader;
+  FakeServiceManager manager(tmp_ / "manager");
+  Supervisors supervisors{mnt_, {}};
+  std::vector<std::string> argv = Argv();
+  argv.back() += ",fill=off";  // every read a request to the daemon
+  supervisors.pids.push_back(manager.Start(argv, log_));
+  ASSERT_TRUE(WaitFor([&] { return manager.ReadyCount() == 1; }, std::chrono::seconds(60))) << Log();
+  ASSERT_TRUE(WaitFor([&] { return fs::is_symlink(mnt_ + "/by-name/m"); })) << Log();
+  const std::string file = mnt_ + "/" + fs::read_symlink(mnt_ + "/by-name/m").filename().string() + "/model.safetensors";
+  EXPECT_TRUE(WaitFor([&] {
+    const auto names = manager.StoredNames();
+    return std::count(names.begin(), names.end(), "fuse-channel") >= 4;
+  })) << Log();
+  reader.thread = std::thread([&] { ReadInLoop(file, data, reader.stop, tally); });
+  for (int kill = 1; kill <= 3; ++kill) {
+    const uint64_t reads = tally.reads;
+    ASSERT_TRUE(WaitFor([&] { return tally.reads >= reads + 2 || tally.enotconn > 0; })) << Log();
+    const pid_t victim = supervisors.pids.back();
+    ASSERT_EQ(::kill(victim, SIGKILL), 0);
+    EXPECT_EQ(supervisors.ExitStatus(victim), 128 + SIGKILL);
+    supervisors.pids.push_back(manager.Start(argv, log_));
+    ASSERT_TRUE(WaitFor([&] { return manager.ReadyCount() == kill + 1; }, std::chrono::seconds(60))) << Log();
+  }
+  const uint64_t reads = tally.reads;
+  EXPECT_TRUE(WaitFor([&] { return tally.reads >= reads + 2 || tally.enotconn > 0; })) << Log();
+  reader.stop = true;
+  reader.thread.join();
+  EXPECT_EQ(tally.enotconn, 0u) << Log();
+  EXPECT_EQ(tally.other_errors, 0u) << "last errno " << tally.last_errno << "\n" << Log();
+  EXPECT_EQ(tally.wrong, 0u);
+}
+
 }  // namespace
 }  // namespace ckptfs::testing

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <systemd/sd-bus.h>
 #include <unistd.h>
@@ -33,9 +34,13 @@ int BoundUnixSocket(const std::string& path, int type) {
   return fd;
 }
 
+// As systemd's same_fd(): the same open file (kcmp KCMP_FILE), not merely
+// the same inode; the connection's channels are all /dev/fuse, and each is
+// kept.
 bool SameFile(int a, int b) {
-  struct stat x {}, y {};
-  return ::fstat(a, &x) == 0 && ::fstat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+  constexpr int kKcmpFile = 0;
+  const pid_t self = ::getpid();
+  return ::syscall(SYS_kcmp, self, self, kKcmpFile, a, b) == 0;
 }
 
 std::string Field(const std::string& text, const std::string& key) {
