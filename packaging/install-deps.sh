@@ -5,7 +5,8 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake pkg-config ninja-build dpkg-dev   # dpkg-dev: dpkg-shlibdeps for the .deb
+  build-essential cmake pkg-config ninja-build dpkg-dev   # dpkg-dev: dpkg-buildpackage for the .deb
+  debhelper                   # the .deb's debian/rules (dh), scripts/build-deb.sh
   libfuse3-dev fuse3          # the FUSE low-level API and fusermount3
   libssl-dev                  # SHA-256 (OpenSSL EVP)
   libxxhash-dev               # XXH3-128 chunk checks

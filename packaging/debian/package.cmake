@@ -1,11 +1,11 @@
-# The Debian package, made to pass `lintian -EvIL +pedantic` at error and
-# warning level (tests/package/test_lintian.sh): `cpack -G DEB` in the build
-# directory writes ckptfs_<version>-<revision>_<arch>.deb.
-# Included from the top-level CMakeLists.txt, after install() of the programs.
+# What the Debian package (packaging/debian, built by dpkg-buildpackage:
+# scripts/build-deb.sh) takes from the CMake install besides the programs and
+# units: the man pages and the copyright file. Included from the top-level
+# CMakeLists.txt.
 
 set(_pkg ${CMAKE_CURRENT_LIST_DIR})
 set(_pkg_out ${CMAKE_BINARY_DIR}/packaging)
-file(MAKE_DIRECTORY ${_pkg_out}/man)
+file(MAKE_DIRECTORY ${_pkg_out})
 
 # The maintainer, in the control file and in packaging/debian/changelog (keep
 # the two the same). example.org is a placeholder: whoever publishes the
@@ -23,30 +23,13 @@ if(NOT CMAKE_MATCH_1 STREQUAL PROJECT_VERSION)
   message(FATAL_ERROR "${_pkg}/changelog: the latest entry is for ${CMAKE_MATCH_1}, but project() "
     "says ${PROJECT_VERSION}; add an entry for ${PROJECT_VERSION}-1")
 endif()
-set(_deb_revision ${CMAKE_MATCH_2})
 
-# Man pages and the changelog are installed compressed with gzip -9n, as
-# Debian wants: maximum compression, and no file name or time stamp in the
-# header, so that the bytes depend on the text alone.
-find_program(CKPTFS_GZIP gzip REQUIRED)
-set(_gzipped)
-function(ckptfs_gzip in out)
-  add_custom_command(OUTPUT ${out}
-    COMMAND sh -c [["$0" -9n -c -- "$1" >"$2.tmp" && mv -f -- "$2.tmp" "$2"]] ${CKPTFS_GZIP} ${in} ${out}
-    DEPENDS ${in}
-    COMMENT "gzip -9n ${in}"
-    VERBATIM)
-  set(_gzipped ${_gzipped} ${out} PARENT_SCOPE)
-endfunction()
-ckptfs_gzip(${PROJECT_SOURCE_DIR}/packaging/man/ckptfs.8 ${_pkg_out}/man/ckptfs.8.gz)
-ckptfs_gzip(${PROJECT_SOURCE_DIR}/packaging/man/ckptfsctl.8 ${_pkg_out}/man/ckptfsctl.8.gz)
-ckptfs_gzip(${_pkg}/changelog ${_pkg_out}/changelog.Debian.gz)
-add_custom_target(ckptfs_package_docs ALL DEPENDS ${_gzipped})
-# ckptfs(8) documents the mount helper too (MOUNT HELPER); a link serves
-# `man mount.ckptfs` (Debian policy prefers a link to a .so request).
-file(CREATE_LINK ckptfs.8.gz ${_pkg_out}/man/mount.ckptfs.8.gz SYMBOLIC)
-install(FILES ${_pkg_out}/man/ckptfs.8.gz ${_pkg_out}/man/ckptfsctl.8.gz ${_pkg_out}/man/mount.ckptfs.8.gz
+# The man pages, plain: dh_compress compresses them (gzip -9n) in the
+# package. ckptfs(8) documents the mount helper too (MOUNT HELPER); a link
+# serves `man mount.ckptfs` (Debian policy prefers a link to a .so request).
+install(FILES ${PROJECT_SOURCE_DIR}/packaging/man/ckptfs.8 ${PROJECT_SOURCE_DIR}/packaging/man/ckptfsctl.8
         DESTINATION share/man/man8)
+install(CODE "file(CREATE_LINK ckptfs.8 \$ENV{DESTDIR}\${CMAKE_INSTALL_PREFIX}/share/man/man8/mount.ckptfs.8 SYMBOLIC)")
 
 # The copyright file, in the machine-readable (DEP-5) format. Besides our own
 # (Expat, LICENSE) it names what is compiled into the binaries: the
@@ -107,36 +90,7 @@ if(CKPTFS_HAVE_CUDA)
   endif()
   set(CKPTFS_COPYRIGHT_CUDA_PARAGRAPH "\n\nLicense: NVIDIA-CUDA-Toolkit-EULA\n${_cuda_license_text}")
 endif()
+# dh_installdocs installs no copyright file of its own (there is no
+# debian/copyright): this one, which knows what the build linked in, is it.
 configure_file(${_pkg}/copyright.in ${_pkg_out}/copyright @ONLY)
-install(FILES ${_pkg_out}/copyright ${_pkg_out}/changelog.Debian.gz DESTINATION share/doc/ckptfs)
-install(FILES ${_pkg}/lintian-overrides DESTINATION share/lintian/overrides RENAME ckptfs)
-
-set(CPACK_GENERATOR DEB)
-set(CPACK_PACKAGE_NAME ckptfs)
-set(CPACK_PACKAGE_VENDOR "ckptfs developers")
-set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "content-addressed, read-only FUSE view of model checkpoints")
-# Debian wants the extended description in lines of at most 80 columns.
-set(CPACK_PACKAGE_DESCRIPTION "ckptfs mounts a tree of model checkpoints so that every checkpoint
-appears as a directory named by the SHA-256 of its full content, with
-by-name links that mirror the source tree. Reads are served from a
-verified chunk cache in pinned host memory (and GPU memory).")
-set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
-set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
-set(CPACK_DEBIAN_PACKAGE_RELEASE ${_deb_revision})
-set(CPACK_DEBIAN_PACKAGE_MAINTAINER "${CKPTFS_DEB_MAINTAINER}")
-set(CPACK_DEBIAN_PACKAGE_SECTION admin)
-# Libraries found by dpkg-shlibdeps (libsystemd0 among them), plus fuse3 for
-# fusermount3 and mount.fuse3.
-set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
-set(CPACK_DEBIAN_PACKAGE_DEPENDS "fuse3")
-# The packaged binaries are stripped (28 MB and 24 MB become under 2 MB);
-# the build tree's keep their symbols and have the same build id, so gdb can
-# take them as the symbol files of an installed daemon. Not a ckptfs-dbgsym
-# package: CMake 3.25's (CPACK_DEBIAN_DEBUGINFO_PACKAGE) lists absolute build
-# paths in its md5sums and has neither copyright nor changelog.
-set(CPACK_STRIP_FILES ON)
-# postinst moves running ckptfs@ mounts to an upgrade's binaries without
-# unmounting; postrm removes /var/lib/ckptfs and /run/ckptfs on purge.
-set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA ${_pkg}/postinst ${_pkg}/postrm)
-set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION TRUE)
-include(CPack)
+install(FILES ${_pkg_out}/copyright DESTINATION share/doc/ckptfs)

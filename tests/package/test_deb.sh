@@ -5,7 +5,8 @@
 # the work), read through it, `ckptfsctl status`, unmount; then
 # `apt-get remove` (the index in /var/lib/ckptfs stays) and `apt-get purge`
 # (it goes, with /run/ckptfs and every path the package installed).
-# Usage: test_deb.sh BUILD_DIR DEMO_TREE_TOOL. Needs root. Always unmounts and
+# Usage: test_deb.sh DEB_DIR DEMO_TREE_TOOL (DEB_DIR: where
+# scripts/build-deb.sh put the package). Needs root. Always unmounts and
 # purges what it installed, even when a step fails.
 #
 # Purge deletes /var/lib/ckptfs and /run/ckptfs, which daemons started outside
@@ -17,7 +18,7 @@
 # is real, and a plain `apt-get purge ckptfs` undoes it should the test be
 # killed.
 set -euo pipefail
-build=$1
+debs_dir=$1
 make_tree=$2
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
@@ -81,12 +82,11 @@ done
 # hidden, not deleted (these are whiteouts in the scratch layers).
 rm -rf /var/lib/ckptfs /run/ckptfs
 
-# A scratch output directory, so a package left in BUILD_DIR by an older
-# version is never the one installed.
-(cd "$build" && cpack -G DEB -B "$work/pkg" >"$work/cpack.log" 2>&1) \
-  || { cat "$work/cpack.log" >&2; fail "cpack could not build the package from $build"; }
-debs=("$work"/pkg/ckptfs_*.deb)
-[ -f "${debs[0]}" ] || fail "cpack wrote no ckptfs_*.deb into $work/pkg"
+# The package package.deb_build made (scripts/build-deb.sh, which leaves
+# only the newest one there).
+debs=("$debs_dir"/ckptfs_*.deb)
+[ -f "${debs[0]}" ] || fail "no ckptfs_*.deb in $debs_dir (scripts/build-deb.sh $debs_dir makes it)"
+[ "${#debs[@]}" -eq 1 ] || fail "${#debs[@]} packages named ckptfs_*.deb in $debs_dir"
 deb=${debs[0]}
 cp "$deb" "$work/"
 deb="$work/$(basename "$deb")"

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# The .deb as Debian's checker sees it: builds the package from BUILD_DIR into
-# a scratch directory and runs `lintian -EvIL +pedantic` on it. Fails on any
+# The .deb as Debian's checker sees it: runs `lintian -EvIL +pedantic` on the
+# package scripts/build-deb.sh put into DEB_DIR. Fails on any
 # error or warning (overrides in the package count only with a reason, see
 # packaging/debian/lintian-overrides), and on what lintian reports only as
 # information but this project requires: hardening (fortify, bindnow, PIE,
 # stack protector) and man pages compressed with `gzip -9n`. Also checks that
 # the copyright file parses as machine-readable DEP-5 (lintian only checks
 # that for source packages) and carries the license of each part linked in.
-# Usage: test_lintian.sh BUILD_DIR. Needs lintian and python3-debian
+# Usage: test_lintian.sh DEB_DIR. Needs lintian and python3-debian
 # (packaging/install-deps.sh installs both); does not install anything.
 set -euo pipefail
-build=$1
+debs_dir=$1
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 command -v lintian >/dev/null || fail "lintian is not installed (packaging/install-deps.sh installs it)"
@@ -22,14 +22,15 @@ py=/usr/bin/python3
 
 work=$(mktemp -d /tmp/ckptfs-lintian.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-# A scratch output directory, so a package left in BUILD_DIR by an older
-# version is never the one checked.
-(cd "$build" && cpack -G DEB -B "$work/pkg" >"$work/cpack.log" 2>&1) \
-  || { cat "$work/cpack.log" >&2; fail "cpack could not build the package from $build"; }
-debs=("$work"/pkg/ckptfs_*.deb)
-[ -f "${debs[0]}" ] || fail "cpack wrote no ckptfs_*.deb into $work/pkg"
-[ "${#debs[@]}" -eq 1 ] || fail "cpack wrote ${#debs[@]} packages named ckptfs_*.deb into $work/pkg"
-deb=${debs[0]}
+mkdir "$work/pkg"
+debs=("$debs_dir"/ckptfs_*.deb)
+[ -f "${debs[0]}" ] || fail "no ckptfs_*.deb in $debs_dir (scripts/build-deb.sh $debs_dir makes it)"
+[ "${#debs[@]}" -eq 1 ] || fail "${#debs[@]} packages named ckptfs_*.deb in $debs_dir"
+cp "${debs[0]}" "$work/pkg/"
+deb="$work/pkg/$(basename "${debs[0]}")"
+# dh_strip's debug symbols, in their own package, for the same build ids.
+dbgsyms=("$debs_dir"/ckptfs-dbgsym_*.deb)
+[ -f "${dbgsyms[0]}" ] || fail "no ckptfs-dbgsym_*.deb in $debs_dir"
 
 # lintian refuses nothing as root but warns that it should not run as root;
 # run it as nobody when we are root.
@@ -70,6 +71,14 @@ for bin in usr/bin/ckptfs usr/bin/ckptfsctl; do
   grep -q '__stack_chk_fail' <<<"$symbols" || fail "/$bin has no stack protector"
   grep -q '_chk@' <<<"$symbols" || fail "/$bin calls no fortified (_chk) functions"
   ! grep -q -E '\.debug_|\.symtab' <<<"$sections" || fail "/$bin is not stripped"
+done
+dbgroot="$work/dbgsym"
+mkdir "$dbgroot"
+dpkg-deb -x "${dbgsyms[0]}" "$dbgroot"
+for bin in usr/bin/ckptfs usr/bin/ckptfsctl; do
+  id=$(readelf -W -n "$root/$bin" | sed -n 's/.*Build ID: \([0-9a-f]*\).*/\1/p')
+  [ -n "$id" ] || fail "/$bin has no build id"
+  [ -f "$dbgroot/usr/lib/debug/.build-id/${id:0:2}/${id:2}.debug" ] || fail "the dbgsym package has no symbols for /$bin"
 done
 mans=("$root"/usr/share/man/man8/*)
 [ "${#mans[@]}" -ge 3 ] || fail "expected at least three man pages in /usr/share/man/man8, found ${#mans[@]}"
