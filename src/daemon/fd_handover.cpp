@@ -2,10 +2,15 @@
 
 #include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <ctime>
+#include <set>
 
 #include <spdlog/spdlog.h>
 
@@ -28,6 +33,34 @@ std::string TakeEnv(const char* name) {
 
 int64_t ToInt(const std::string& s) { return s.empty() ? 0 : std::strtoll(s.c_str(), nullptr, 10); }
 
+// The channel descriptors the supervisor named ("7,8,9"), each checked to be
+// an open /dev/fuse (character device 10:229), named once, and none of
+// `taken`; then made close-on-exec. Any fault refuses them all: owning a
+// descriptor twice, or one that is not a channel, would close or write
+// what is not ours.
+Result<std::vector<int>> ParseChannels(const std::string& list, std::set<int> taken) {
+  std::vector<int> fds;
+  for (size_t at = 0; at < list.size();) {
+    size_t comma = list.find(',', at);
+    if (comma == std::string::npos) comma = list.size();
+    const std::string item = list.substr(at, comma - at);
+    char* end = nullptr;
+    errno = 0;
+    const long fd = std::strtol(item.c_str(), &end, 10);
+    struct stat st {};
+    if (item.empty() || *end != '\0' || errno != 0 || fd <= STDERR_FILENO || fd > INT_MAX ||
+        !taken.insert(static_cast<int>(fd)).second || ::fstat(static_cast<int>(fd), &st) != 0 ||
+        !S_ISCHR(st.st_mode) || st.st_rdev != makedev(10, 229)) {
+      return Status::Error("the channel descriptor '" + item + "' of " + handover::kEnvFuseChannels +
+                           " is not an open /dev/fuse named once");
+    }
+    fds.push_back(static_cast<int>(fd));
+    at = comma + 1;
+  }
+  for (int fd : fds) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  return fds;
+}
+
 }  // namespace
 
 std::unique_ptr<FdHandover> FdHandover::FromEnvironment() {
@@ -45,12 +78,10 @@ std::unique_ptr<FdHandover> FdHandover::FromEnvironment() {
   // Neither may leak into what this daemon runs (CUDA probes, fusermount3).
   ::fcntl(h->fuse_fd_, F_SETFD, FD_CLOEXEC);
   ::fcntl(h->link_.get(), F_SETFD, FD_CLOEXEC);
-  for (size_t at = 0; at < channels.size();) {
-    size_t comma = channels.find(',', at);
-    if (comma == std::string::npos) comma = channels.size();
-    const int fd = static_cast<int>(ToInt(channels.substr(at, comma - at)));
-    if (fd > STDERR_FILENO && ::fcntl(fd, F_SETFD, FD_CLOEXEC) == 0) h->channels_.emplace_back(fd);
-    at = comma + 1;
+  if (auto fds = ParseChannels(channels, {h->fuse_fd_, h->link_.get()}); fds.ok()) {
+    for (int fd : *fds) h->channels_.emplace_back(fd);
+  } else if (!channels.empty()) {
+    spdlog::warn("supervisor: {}; the FUSE threads share one descriptor", fds.status().message());
   }
   h->adopted_init_ = handover::FromHex(init);
   h->restarts_ = static_cast<uint64_t>(ToInt(restarts));

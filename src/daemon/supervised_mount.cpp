@@ -103,17 +103,30 @@ std::vector<UniqueFd> Channels(int fuse_fd, const MountOptions& o, std::optional
   return std::move(*made);
 }
 
-void KeepConnectionInFdStore(int fuse_fd, const std::vector<UniqueFd>& channels, supervisor::SupervisorConfig& c) {
+void StoreChannels(const std::vector<int>& channels) {
+  if (Status s = supervisor::StoreFuseChannels(channels); !s.ok()) {
+    spdlog::warn("{}; a crash of the supervisor fails the reads its daemon had taken", s.message());
+  }
+}
+
+// The store's order matters should FileDescriptorStoreMax= be set lower than
+// the unit's: the connection first, its INIT request next (without which
+// the mount cannot be taken over at all), the channels after it (needed only
+// should the supervisor crash), and at a restart's hand-back the channels
+// give way to the open-file record (a drained daemon left no request on
+// them; the next supervisor makes new ones).
+void KeepConnectionInFdStore(int fuse_fd, const std::vector<UniqueFd>& channel_fds, bool adopted,
+                             supervisor::SupervisorConfig& c) {
   if (Status s = supervisor::StoreFuseFd(fuse_fd); !s.ok()) {
     spdlog::warn("{}; systemctl restart will unmount", s.message());
     return;
   }
-  // Stored again by a supervisor that took them back: systemd keeps one of each.
-  if (Status s = supervisor::StoreFuseChannels(channels); !s.ok()) {
-    spdlog::warn("{}; a crash of the supervisor fails the reads its daemon had taken", s.message());
-  }
-  c.on_init_request = [](const std::vector<uint8_t>& init) {
+  std::vector<int> channels;
+  for (const UniqueFd& fd : channel_fds) channels.push_back(fd.get());  // held by the supervisor for good
+  if (adopted) StoreChannels(channels);  // its INIT request is in the store already
+  c.on_init_request = [channels](const std::vector<uint8_t>& init) {
     if (Status s = supervisor::StoreInitRequest(init); !s.ok()) spdlog::warn("{}", s.message());
+    StoreChannels(channels);
   };
   c.keep_mount_on_term = [] {
     std::string why;
@@ -122,6 +135,7 @@ void KeepConnectionInFdStore(int fuse_fd, const std::vector<UniqueFd>& channels,
     return restart;
   };
   c.on_hand_back = [](const nlohmann::json& open_inodes) {
+    supervisor::ForgetFuseChannels();
     if (Status s = supervisor::StoreOpenInodes(open_inodes.dump()); !s.ok()) {
       spdlog::warn("{}: the next daemon will not know which files are open", s.message());
     }
@@ -155,7 +169,7 @@ int RunSupervisor(fuse_session* se, const MountOptions& o, int argc, char** argv
   const int fd = stored ? stored->fuse.get() : fuse_session_fd(se);
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
   c.channels = Channels(fd, o, stored);
-  if (supervisor::UnderSystemd()) KeepConnectionInFdStore(fd, c.channels, c);
+  if (supervisor::UnderSystemd()) KeepConnectionInFdStore(fd, c.channels, stored.has_value(), c);
   log.BeforeDaemonize();
   if (!o.foreground) {
     auto ready = DaemonizeWaitingForStart();

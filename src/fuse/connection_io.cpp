@@ -37,8 +37,9 @@ constexpr auto kWakeEvery = std::chrono::milliseconds(5);
 // The signal that wakes a reader blocked in read() on a channel: its handler
 // does nothing, and it is installed without SA_RESTART, so the read returns
 // EINTR. It is sent only to a thread that is in (or about to enter) that
-// read; one that has just left it to serve a request may still get it, and
-// every blocking call on the request path retries on EINTR.
+// read; one that has just left it to serve a request may still get it, so
+// the request path's calls into the source retry on EINTR (retry_eintr.h;
+// its reads loop on it too).
 int WakeSignal() { return SIGRTMIN + 2; }
 void IgnoreWake(int) {}
 void InstallWakeHandler() {
@@ -280,7 +281,9 @@ ssize_t ConnectionIo::ReadChannel(void* buf, size_t len) {
 ssize_t ConnectionIo::WriteReply(struct iovec* iov, int count) {
   const uint64_t unique = Load64(static_cast<const uint8_t*>(iov[0].iov_base) + 8);
   int first = -1;
-  if (Reader* me = Registered(); me != nullptr && me->unique == unique) first = me->channel;
+  // libfuse answers an interrupt with its unique, the request's | 1
+  // (FUSE_INT_REQ_BIT), from the thread that read the request.
+  if (Reader* me = Registered(); me != nullptr && (unique & ~uint64_t{1}) == me->unique) first = me->channel;
   if (first >= 0) {
     const ssize_t n = ::writev(first, iov, count);
     if (n >= 0 || errno != ENOENT) return n;

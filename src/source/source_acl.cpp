@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <memory>
 
+#include "ckptfs/retry_eintr.h"
+
 namespace ckptfs {
 
 namespace {
@@ -51,7 +53,8 @@ Ownership ReadOwnership(const std::string& path, const struct stat& st) {
   // meanwhile (a rename by the directory's writer) would lend its ACL to the
   // inode, owner and mode of `st`. The same inode, unchanged, or nothing.
   struct stat now {};
-  if (::lstat(path.c_str(), &now) != 0 || now.st_dev != st.st_dev || now.st_ino != st.st_ino ||
+  if (RetryOnEintr([&] { return ::lstat(path.c_str(), &now); }) != 0 || now.st_dev != st.st_dev ||
+      now.st_ino != st.st_ino ||
       now.st_ctim.tv_sec != st.st_ctim.tv_sec || now.st_ctim.tv_nsec != st.st_ctim.tv_nsec) {
     return FailClosed(o);
   }

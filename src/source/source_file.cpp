@@ -7,6 +7,7 @@
 #include <cerrno>
 
 #include "ckptfs/open_beneath.h"
+#include "ckptfs/retry_eintr.h"
 
 namespace ckptfs {
 
@@ -42,8 +43,8 @@ Result<OpenedSource> OpenSourceFile(const std::string& root, const std::string& 
   // O_NOATIME keeps indexing from dirtying every inode; it is refused for
   // files we do not own unless privileged, so fall back without it.
   const uint64_t flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
-  int fd = OpenAt2(at, rel, flags | O_NOATIME, resolve);
-  if (fd < 0 && errno == EPERM) fd = OpenAt2(at, rel, flags, resolve);
+  int fd = RetryOnEintr([&] { return OpenAt2(at, rel, flags | O_NOATIME, resolve); });
+  if (fd < 0 && errno == EPERM) fd = RetryOnEintr([&] { return OpenAt2(at, rel, flags, resolve); });
   if (fd < 0) {
     const int err = errno;
     if (IsEscapeErrno(err)) {
@@ -53,7 +54,7 @@ Result<OpenedSource> OpenSourceFile(const std::string& root, const std::string& 
   }
   OpenedSource out;
   out.fd.reset(fd);
-  if (::fstat(fd, &out.st) != 0) return Status::FromErrno("cannot stat " + path, errno);
+  if (RetryOnEintr([&] { return ::fstat(fd, &out.st); }) != 0) return Status::FromErrno("cannot stat " + path, errno);
   if (!S_ISREG(out.st.st_mode)) return Status::Changed(path + ": no longer a regular file");
   return out;
 }

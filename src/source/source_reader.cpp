@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "source_file.h"
+#include "ckptfs/retry_eintr.h"
 #include "ckptfs/unique_fd.h"
 
 namespace ckptfs {
@@ -110,7 +111,7 @@ Status SourceReader::ReadChunk(const std::string& path, const FileStamp& stamp, 
   bytes_read_ += len;
   ++chunks_read_;
   // The stamp again: a write that raced with the read shows here.
-  if (::fstat(fd.get(), &st) != 0 || FileStamp::FromStat(st) != stamp) {
+  if (RetryOnEintr([&] { return ::fstat(fd.get(), &st); }) != 0 || FileStamp::FromStat(st) != stamp) {
     return Status::Changed(path + ": source changed while it was read");
   }
   if (HashChunk(dst, len) != chunks[index]) {

@@ -106,14 +106,17 @@ bool UnderSystemd() {
 
 Status StoreFuseFd(int fd) { return Store(fd, kFuseName); }
 
-Status StoreFuseChannels(const std::vector<UniqueFd>& channels) {
-  std::vector<int> fds;
-  for (const UniqueFd& c : channels) fds.push_back(c.get());
-  if (fds.empty()) return Status::Ok();
+Status StoreFuseChannels(const std::vector<int>& channels) {
+  if (channels.empty()) return Status::Ok();
   const std::string state = std::string("FDSTORE=1\nFDNAME=") + kChannelName;
-  const int rc = sd_pid_notify_with_fds(0, 0, state.c_str(), fds.data(), static_cast<unsigned>(fds.size()));
+  const int rc = sd_pid_notify_with_fds(0, 0, state.c_str(), channels.data(), static_cast<unsigned>(channels.size()));
   if (rc < 0) return Status::FromErrno(std::string("systemd fd store (") + kChannelName + ")", -rc);
+  if (rc == 0) return Status::Error(std::string("systemd fd store (") + kChannelName + "): not run by systemd");
   return Status::Ok();
+}
+
+void ForgetFuseChannels() {
+  sd_notify(0, (std::string("FDSTOREREMOVE=1\nFDNAME=") + kChannelName).c_str());
 }
 
 Status StoreInitRequest(const std::vector<uint8_t>& request) {
