@@ -41,8 +41,6 @@ bool UnderSystemd();
 Status StoreFuseFd(int fd);
 // FDSTORE=1 with FDNAME=fuse-channel, for each of the connection's channels.
 Status StoreFuseChannels(const std::vector<int>& channels);
-// FDSTOREREMOVE=1 of the channels.
-void ForgetFuseChannels();
 // FDSTORE=1 with FDNAME=fuse-init: the INIT request in a sealed memfd.
 Status StoreInitRequest(const std::vector<uint8_t>& request);
 // FDSTORE=1 with FDNAME=fuse-open-inodes: the open-file record, in a

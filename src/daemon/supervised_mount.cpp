@@ -111,10 +111,10 @@ void StoreChannels(const std::vector<int>& channels) {
 
 // The store's order matters should FileDescriptorStoreMax= be set lower than
 // the unit's: the connection first, its INIT request next (without which
-// the mount cannot be taken over at all), the channels after it (needed only
-// should the supervisor crash), and at a restart's hand-back the channels
-// give way to the open-file record (a drained daemon left no request on
-// them; the next supervisor makes new ones).
+// the mount cannot be taken over at all), the channels after it. They stay
+// there at a restart's hand-back too: a request a draining daemon read as
+// its loop ended is dropped by libfuse and left on its channel, for the next
+// daemon's resend; closed with the last supervisor, the kernel would fail it.
 void KeepConnectionInFdStore(int fuse_fd, const std::vector<UniqueFd>& channel_fds, bool adopted,
                              supervisor::SupervisorConfig& c) {
   if (Status s = supervisor::StoreFuseFd(fuse_fd); !s.ok()) {
@@ -135,7 +135,6 @@ void KeepConnectionInFdStore(int fuse_fd, const std::vector<UniqueFd>& channel_f
     return restart;
   };
   c.on_hand_back = [](const nlohmann::json& open_inodes) {
-    supervisor::ForgetFuseChannels();
     if (Status s = supervisor::StoreOpenInodes(open_inodes.dump()); !s.ok()) {
       spdlog::warn("{}: the next daemon will not know which files are open", s.message());
     }

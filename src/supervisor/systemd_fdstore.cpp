@@ -115,10 +115,6 @@ Status StoreFuseChannels(const std::vector<int>& channels) {
   return Status::Ok();
 }
 
-void ForgetFuseChannels() {
-  sd_notify(0, (std::string("FDSTOREREMOVE=1\nFDNAME=") + kChannelName).c_str());
-}
-
 Status StoreInitRequest(const std::vector<uint8_t>& request) {
   auto memfd = SealedMemfd("ckptfs-fuse-init", request.data(), request.size());
   return memfd.ok() ? Store(memfd->get(), kInitName) : memfd.status();

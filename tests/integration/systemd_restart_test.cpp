@@ -167,9 +167,10 @@ TEST_F(SystemdRestartTest, RestartJobKeepsTheMountAndTheReaderNeverFailsStopJobU
   EXPECT_TRUE(IsMounted(mnt_)) << Log();
   const auto names = manager.StoredNames();
   EXPECT_EQ(std::count(names.begin(), names.end(), "fuse-open-inodes"), 1) << Log();
-  // A drained daemon left nothing on the channels: they gave way to the
-  // record, and the next supervisor makes new ones.
-  EXPECT_EQ(std::count(names.begin(), names.end(), "fuse-channel"), 0) << Log();
+  // The channels stay for the next supervisor (a request the draining daemon
+  // took as its loop ended is still on one), once each.
+  const auto channels = std::count(names.begin(), names.end(), "fuse-channel");
+  EXPECT_GE(channels, 4) << Log();
   // Between the two halves no daemon runs: a read made now waits in the
   // kernel (seen in its thread's wait channel) for the next one.
   std::atomic<pid_t> gap_tid{0};
@@ -185,10 +186,10 @@ TEST_F(SystemdRestartTest, RestartJobKeepsTheMountAndTheReaderNeverFailsStopJobU
   supervisors.pids.push_back(second);
   ASSERT_TRUE(WaitFor([&] { return manager.ReadyCount() == 2; }, std::chrono::seconds(60))) << Log();
   gap_reader.thread.join();
-  EXPECT_TRUE(WaitFor([&] {
+  {
     const auto now = manager.StoredNames();
-    return std::count(now.begin(), now.end(), "fuse-channel") >= 4;
-  })) << Log();
+    EXPECT_EQ(std::count(now.begin(), now.end(), "fuse-channel"), channels) << "taken back, stored again once";
+  }
   EXPECT_TRUE(gap_bytes == data) << gap_bytes.size() << " bytes: " << gap_bytes.substr(0, 200);
   const uint64_t reads_at_restart = tally.reads;
   EXPECT_TRUE(WaitFor([&] { return tally.reads >= reads_at_restart + 3 || tally.enotconn > 0; })) << Log();
