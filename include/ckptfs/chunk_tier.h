@@ -32,6 +32,9 @@ struct TierStats {
   // Chunks copied from a resident whole-file copy of the host tier
   // (FileCache, verified when it was filled) instead of read from the source.
   uint64_t fills_from_host_copy = 0;
+  // Requests that found their chunk being filled by another and waited for
+  // that fill instead of reading the source again (single flight).
+  uint64_t fill_waits = 0;
 };
 
 // Bytes of one file the tier holds, and of those the pinned ones.

@@ -1,4 +1,7 @@
 #include "ckptfs/host_chunk_tier.h"
+
+#include <utility>
+
 #include "ckptfs/mutex.h"
 
 namespace ckptfs {
@@ -105,11 +108,13 @@ uint8_t* HostChunkTier::TakeSlot() {
 
 Result<HostChunkTier::Claimed> HostChunkTier::Claim(const ChunkKey& key, size_t len, Use use) {
   MutexLock lock(mu_);
+  bool waited = false;
   for (;;) {
     auto it = entries_.find(key);
     if (it == entries_.end()) break;
     Entry& e = *it->second;
     if (e.filling) {
+      if (!std::exchange(waited, true)) ++counters_.tier.fill_waits;
       filled_.Wait(mu_);
       continue;
     }

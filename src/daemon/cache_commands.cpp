@@ -35,7 +35,7 @@ nlohmann::json TierJson(const TierStats& t) {
   using namespace protocol;
   return {{kCapacity, t.capacity}, {kUsed, t.used},   {kPinned, t.pinned},        {kHits, t.hits},
           {kMisses, t.misses},     {kFills, t.fills}, {kEvictions, t.evictions},
-          {"fills_from_host_copy", t.fills_from_host_copy}};
+          {"fills_from_host_copy", t.fills_from_host_copy}, {"fill_waits", t.fill_waits}};
 }
 
 }  // namespace

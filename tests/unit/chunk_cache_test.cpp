@@ -126,9 +126,14 @@ TEST(ChunkCacheTest, PinnedChunksStayAndPinsCannotCrowdOutEverything) {
 TEST(ChunkCacheTest, ConcurrentReadersOfAMissingChunkShareOneFill) {
   ChunkCache cache({.host_capacity = 4 * kChunkSize});
   std::atomic<int> fills{0};
+  // The fill ends only once the 31 other readers wait for it (or after
+  // 60 s, and then the count below fails): they share it, none reads again.
   auto slow_fill = [&](uint8_t* dst, size_t len) {
     ++fills;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (cache.Stats().host.fill_waits < 31 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
     std::memset(dst, 0x5a, len);
     return Status::Ok();
   };
@@ -143,6 +148,7 @@ TEST(ChunkCacheTest, ConcurrentReadersOfAMissingChunkShareOneFill) {
   for (auto& t : readers) t.join();
   EXPECT_EQ(fills.load(), 1);
   EXPECT_EQ(good.load(), 32);
+  EXPECT_EQ(cache.Stats().host.fill_waits, 31u);
 }
 
 TEST(ChunkCacheTest, FailedFillIsNeverPublished) {
