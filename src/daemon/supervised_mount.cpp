@@ -89,9 +89,6 @@ nlohmann::json AdoptedOpenInodes(const std::string& text) {
   return nlohmann::json::array();
 }
 
-// Under systemd: the descriptor (and, once known, the INIT request) go to
-// the fd store; a SIGTERM that is part of `systemctl restart` then leaves
-// the mount up, with the open-file record stored for the next supervisor.
 // The connection's channels: those systemd kept with it, else new ones.
 std::vector<UniqueFd> Channels(int fuse_fd, const MountOptions& o, std::optional<supervisor::StoredConnection>& stored) {
   if (stored && !stored->channels.empty()) return std::move(stored->channels);
@@ -109,7 +106,10 @@ void StoreChannels(const std::vector<int>& channels) {
   }
 }
 
-// The store's order matters should FileDescriptorStoreMax= be set lower than
+// Under systemd: the descriptor, the INIT request once known and the
+// channels go to the fd store; a SIGTERM that is part of `systemctl restart`
+// then leaves the mount up, with the open-file record stored for the next
+// supervisor. The store's order matters should FileDescriptorStoreMax= be set lower than
 // the unit's: the connection first, its INIT request next (without which
 // the mount cannot be taken over at all), the channels after it. They stay
 // there at a restart's hand-back too: a request a draining daemon read as

@@ -23,7 +23,7 @@
 //             several processes can read it and none blocks in read()).
 //   channels  a supervised daemon's threads each read from a channel of
 //             their own, a clone of the connection the supervisor made and
-//             holds (src/supervisor/fuse_channels.h), in blocking read()s as
+//             holds (include/ckptfs/fuse_channels.h), in blocking read()s as
 //             an unsupervised daemon's do: the kernel then wakes one reader
 //             per request, where a poll() on one shared descriptor wakes
 //             them all. A reply goes back on the channel its request came

@@ -26,6 +26,7 @@
 #include <thread>
 #include <utility>
 
+#include "file_reads.h"
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
 #include "test_binaries.h"
@@ -397,12 +398,32 @@ void FillTheStoppedSupervisorsLink(const std::string& digest_dir, const std::str
 }
 
 // Some thread of `pid` is in system call `nr` now (/proc/PID/task/*/syscall).
-bool AThreadWaitsIn(pid_t pid, long nr) {
+// The system call each thread of `pid` waits in now, with its first two
+// arguments (/proc/PID/task/TID/syscall: number, then arguments in hex).
+struct WaitingCall {
+  long nr = -1;
+  unsigned long arg0 = 0, arg1 = 0;
+};
+std::vector<WaitingCall> WaitingCalls(pid_t pid) {
+  std::vector<WaitingCall> out;
   std::error_code ec;
   for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
     std::ifstream in(task.path() / "syscall");
-    long current = -1;
-    if (in >> current && current == nr) return true;
+    WaitingCall c;
+    std::string arg0, arg1;
+    if (!(in >> c.nr)) continue;
+    if (in >> arg0 >> arg1) {
+      c.arg0 = std::stoul(arg0, nullptr, 16);
+      c.arg1 = std::stoul(arg1, nullptr, 16);
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+bool AThreadWaitsIn(pid_t pid, long nr) {
+  for (const WaitingCall& c : WaitingCalls(pid)) {
+    if (c.nr == nr) return true;
   }
   return false;
 }
@@ -569,9 +590,8 @@ std::vector<int> FuseDescriptors(pid_t pid) {
 // Whether descriptor `fd` of `pid` is the very open file that one of
 // `other`'s descriptors `theirs` is (kcmp(2), KCMP_FILE).
 bool SharedWith(pid_t pid, int fd, pid_t other, const std::vector<int>& theirs) {
-  constexpr int kKcmpFile = 0;
   for (int t : theirs) {
-    if (::syscall(SYS_kcmp, pid, other, kKcmpFile, fd, t) == 0) return true;
+    if (SameOpenFile(pid, fd, other, t)) return true;
   }
   return false;
 }
@@ -580,12 +600,8 @@ bool SharedWith(pid_t pid, int fd, pid_t other, const std::vector<int>& theirs) 
 // first argument).
 std::set<int> DescriptorsReadBlockingIn(pid_t pid) {
   std::set<int> out;
-  std::error_code ec;
-  for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
-    std::ifstream in(task.path() / "syscall");
-    long nr = -1;
-    std::string arg0;
-    if (in >> nr >> arg0 && nr == SYS_read) out.insert(static_cast<int>(std::stol(arg0, nullptr, 16)));
+  for (const WaitingCall& c : WaitingCalls(pid)) {
+    if (c.nr == SYS_read) out.insert(static_cast<int>(c.arg0));
   }
   return out;
 }
@@ -593,19 +609,13 @@ std::set<int> DescriptorsReadBlockingIn(pid_t pid) {
 // Whether a thread of `pid` waits in poll() on one of `fds` (its pollfd
 // array read from the process's memory).
 bool AThreadPollsOn(pid_t pid, const std::vector<int>& fds) {
-  std::error_code ec;
-  const std::string proc = "/proc/" + std::to_string(pid);
-  const int mem = ::open((proc + "/mem").c_str(), O_RDONLY | O_CLOEXEC);
+  const int mem = ::open(("/proc/" + std::to_string(pid) + "/mem").c_str(), O_RDONLY | O_CLOEXEC);
   if (mem < 0) return false;
   bool found = false;
-  for (const auto& task : fs::directory_iterator(proc + "/task", ec)) {
-    std::ifstream in(task.path() / "syscall");
-    long nr = -1;
-    std::string array, count;
-    if (!(in >> nr >> array >> count) || nr != SYS_poll) continue;
-    std::vector<pollfd> polled(std::min<unsigned long>(std::stoul(count, nullptr, 16), 64));
-    const ssize_t n = ::pread(mem, polled.data(), polled.size() * sizeof(pollfd),
-                              static_cast<off_t>(std::stoul(array, nullptr, 16)));
+  for (const WaitingCall& c : WaitingCalls(pid)) {
+    if (c.nr != SYS_poll) continue;
+    std::vector<pollfd> polled(std::min<unsigned long>(c.arg1, 64));
+    const ssize_t n = ::pread(mem, polled.data(), polled.size() * sizeof(pollfd), static_cast<off_t>(c.arg0));
     for (size_t i = 0; n > 0 && i < static_cast<size_t>(n) / sizeof(pollfd); ++i) {
       found = found || std::find(fds.begin(), fds.end(), polled[i].fd) != fds.end();
     }

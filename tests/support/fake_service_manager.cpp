@@ -4,7 +4,6 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/un.h>
 #include <systemd/sd-bus.h>
 #include <unistd.h>
@@ -13,6 +12,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "file_reads.h"
 #include "notify_datagram.h"
 
 namespace ckptfs::testing {
@@ -34,14 +34,9 @@ int BoundUnixSocket(const std::string& path, int type) {
   return fd;
 }
 
-// As systemd's same_fd(): the same open file (kcmp KCMP_FILE), not merely
-// the same inode; the connection's channels are all /dev/fuse, and each is
-// kept.
-bool SameFile(int a, int b) {
-  constexpr int kKcmpFile = 0;
-  const pid_t self = ::getpid();
-  return ::syscall(SYS_kcmp, self, self, kKcmpFile, a, b) == 0;
-}
+// As systemd's same_fd(): the same open file, not merely the same inode;
+// the connection's channels are all /dev/fuse, and each is kept.
+bool SameFile(int a, int b) { return SameOpenFile(::getpid(), a, ::getpid(), b); }
 
 std::string Field(const std::string& text, const std::string& key) {
   std::istringstream lines(text);

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -116,6 +117,11 @@ std::vector<std::string> HostTierMemfds(pid_t pid) {
     if (target.rfind("/memfd:ckptfs:", 0) == 0) out.push_back(e.path().string());
   }
   return out;
+}
+
+bool SameOpenFile(pid_t pid, int fd, pid_t other, int other_fd) {
+  constexpr int kKcmpFile = 0;
+  return ::syscall(SYS_kcmp, pid, other, kKcmpFile, fd, other_fd) == 0;
 }
 
 }  // namespace ckptfs::testing

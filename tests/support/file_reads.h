@@ -27,4 +27,9 @@ std::string CompareTree(const std::string& src, const std::string& mnt, size_t* 
 // host-tier memfds.
 std::vector<std::string> HostTierMemfds(pid_t pid);
 
+// Whether descriptor `fd` of `pid` and `other_fd` of `other` are the same
+// open file (kcmp(2) KCMP_FILE, as systemd's same_fd compares), not merely
+// the same inode: every clone of a FUSE connection is /dev/fuse.
+bool SameOpenFile(pid_t pid, int fd, pid_t other, int other_fd);
+
 }  // namespace ckptfs::testing
