@@ -1,5 +1,5 @@
 // FileFiller: makes files resident in the host tier (FileCache). A copy is
-// read from the source chunk by chunk through ReadSourceChunk, so every
+// read from the source chunk by chunk through FileServer::ReadSourceChunk, so every
 // 4 MiB chunk is checked exactly as on the chunk path (the copy's stamp
 // before and after the read, the chunk's XXH3-128; a copy that fails is
 // left for the next copy of the file), and under verify=sha256 the whole
@@ -32,31 +32,19 @@
 #include <thread>
 
 #include "ckptfs/file_cache.h"
-#include "ckptfs/fuse_ops.h"
+#include "ckptfs/file_server.h"
 #include "ckptfs/mutex.h"
 #include "ckptfs/source_reader.h"
 
-namespace ckptfs::daemon {
+namespace ckptfs {
 
-struct StampedFile;
 class FillJob;
-
-// How a file is served: its host-tier key, its size as served, and (with
-// stamp_headers) the stamped header that replaces the source's.
-struct ServedForm {
-  FileKey key;
-  uint64_t size = 0;
-  std::shared_ptr<const std::string> prefix;  // stamped header; null when served as in the source
-  uint64_t source_prefix_len = 0;             // the source header it replaces
-};
-// Fails only when a stamped header could not be read.
-Result<ServedForm> ServedFormOf(FsContext& ctx, const View::NodePtr& file);
 
 class FileFiller {
  public:
   // `depth`: chunk reads in flight for all fills together; `io`: how the
-  // source is read.
-  FileFiller(FsContext& ctx, unsigned depth, SourceReader::Io io = SourceReader::Io::kBuffered);
+  // source is read. Chunks are read through `server` (ReadSourceChunk).
+  FileFiller(FileServer& server, unsigned depth, SourceReader::Io io = SourceReader::Io::kBuffered);
   ~FileFiller();
   FileFiller(const FileFiller&) = delete;
   FileFiller& operator=(const FileFiller&) = delete;
@@ -125,7 +113,7 @@ class FileFiller {
   void QueueSiblingsOf(const View::NodePtr& file);
   void RunQueue();
 
-  FsContext& ctx_;
+  FileServer& server_;
   const SourceReader::Io io_;
 
   // Fills in flight, and the threads that read their chunks.
@@ -155,4 +143,4 @@ class FileFiller {
   std::thread worker_;
 };
 
-}  // namespace ckptfs::daemon
+}  // namespace ckptfs

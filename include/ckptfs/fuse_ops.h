@@ -1,10 +1,9 @@
-// The FUSE low-level operations over a View. An open of a file that is
-// resident in the host tier (FileCache: a verified, sealed memfd) is answered
-// with kernel passthrough to that memfd, so reads and mmap never reach the
-// daemon; any other open is served by the verified chunk path: reads from the
-// ChunkCache, whose chunks the SourceReader fills only after checking the
-// file's stamp and the chunk's XXH3-128. Either way a byte that does not
-// belong to a name is never served under it.
+// The FUSE low-level operations over a View: each decodes its request,
+// checks the caller's access, asks the View or the FileServer, and replies.
+// An open of a file that is resident in the host tier (a verified, sealed
+// memfd) is answered with kernel passthrough to that memfd, so reads and
+// mmap never reach the daemon; any other open is read through the
+// FileServer (its copy, a copy being made, or the verified chunk path).
 #pragma once
 
 #define FUSE_USE_VERSION 312
@@ -18,22 +17,14 @@
 #include <string>
 #include <vector>
 
-#include "ckptfs/chunk_cache.h"
+#include "ckptfs/file_server.h"
 #include "ckptfs/mutex.h"
-#include "ckptfs/refused_files.h"
-#include "ckptfs/file_cache.h"
-#include "ckptfs/host_tier_fill.h"
 #include "ckptfs/open_modes.h"
-#include "ckptfs/proven_chunk_tables.h"
-#include "ckptfs/serving_policy.h"
-#include "ckptfs/source_reader.h"
-#include "ckptfs/thread_pool.h"
+#include "ckptfs/unique_fd.h"
 #include "ckptfs/view.h"
 
 namespace ckptfs::daemon {
 
-class HeaderStamper;
-class FileFiller;
 class KernelPassthrough;
 class ConnectionIo;
 class OpenHandles;
@@ -53,13 +44,7 @@ class OpenCounts {
 
 struct FsContext {
   View* view = nullptr;
-  ChunkCache* cache = nullptr;  // the chunk path
-  FileCache* files = nullptr;   // the host tier of whole files
-  FileFiller* filler = nullptr;
-  const HostTierFill* index_fill = nullptr;  // fill_on_index, for stats
-  FillPolicy fill = kDefaultFillPolicy;
-  Verify verify = Verify::kXxh3;
-  ProvenChunkTables* proven = nullptr;  // set with verify=sha256
+  FileServer* server = nullptr;  // the bytes of the view's files
   std::shared_ptr<KernelPassthrough> passthrough;  // set by AttachConnection
   std::shared_ptr<ConnectionIo> connection;        // set by AttachConnection
   // Open files and directories by the number the kernel holds (fh), so that
@@ -67,21 +52,6 @@ struct FsContext {
   std::shared_ptr<OpenHandles> handles = MakeOpenHandles();
   OpenModes open_modes;
   OpenCounts opens;
-  SourceReader* reader = nullptr;
-  ThreadPool* readahead_pool = nullptr;
-  HeaderStamper* stamper = nullptr;  // set with stamp_headers
-  // Chunks filled ahead of a sequential reader.
-  unsigned readahead_chunks = 4;
-  // Read-ahead chunks in flight for all readers together, at most: what is
-  // read ahead must still be in the cache when the reader gets there, so the
-  // daemon bounds it by the host tier's size (a quarter of it).
-  uint64_t readahead_budget_chunks = 16;
-  std::atomic<uint64_t> readahead_in_flight{0};
-  // Chunks the host tier holds, and files open now: each reader's window
-  // shrinks so that every reader's current chunk and its read-ahead fit in
-  // the cache together (read ahead that is evicted before use is pure waste).
-  uint64_t cache_chunks = 64;
-  std::atomic<uint64_t> open_files{0};
   uint64_t readahead = 4ull << 20;  // the kernel's, for INIT
   // Kernel cache lifetimes: digest directories never change; the root and
   // by-name/ change when the source does.
@@ -91,29 +61,16 @@ struct FsContext {
   // worker waits this long after its reply, so that a test can have the
   // kernel FORGET the entry meanwhile. Zero in production.
   std::chrono::milliseconds entry_reply_delay{0};
-  // A fill found the source changed: rescan.
-  std::function<void()> on_source_changed;
-  // A read found a copy's chunk that does not match the index although its
-  // stamp does: hash that copy again, and withdraw the digest when no other
-  // copy served the read (`withdraw`).
-  std::function<void(const View::Node& file, const SourceCopy& copy, const Status& why, bool withdraw)>
-      on_corrupt_chunk;
   // Set once the kernel's INIT has been answered; the BDI read-ahead can only
   // be raised after that (the kernel lowers it to the INIT reply's value).
   std::function<void()> on_init;
-  RefusedFiles refused;  // files found changed or damaged: fail fast
   // Drops the kernel's page cache of inode `ino` (notify_inval_inode): a
   // file read through the chunk path that is now resident will be opened
   // with passthrough, and such an open would otherwise pay for dropping it.
+  // Called off the request's thread.
   std::function<void(InodeId ino)> drop_page_cache;
-  std::atomic<uint64_t> reads{0};
-  std::atomic<uint64_t> bytes_read{0};
-  std::atomic<uint64_t> failed_reads{0};
+  ThreadPool* background = nullptr;  // where drop_page_cache runs
 };
-
-// The verified chunk `index` of `file`, from the cache or filled from the
-// source; failures are reported to the context's callbacks.
-Result<ChunkCache::Ref> FetchChunk(FsContext& ctx, const View::NodePtr& file, uint64_t index, bool readahead);
 
 // How the session talks to /dev/fuse (ConnectionIo, src/fuse/connection_io.h).
 struct ConnectionSetup {
@@ -159,31 +116,6 @@ void WatchOpenInodes(FsContext& ctx, std::function<void(uint64_t ino)> changed);
 InheritedInode OpenInodeRecord(const FsContext& ctx, uint64_t ino);
 // "on", "off" or "pending" (before INIT), and why.
 std::pair<std::string, std::string> PassthroughState(const FsContext& ctx);
-
-// Called with every failed read of `copy` of `file`: the first failure of a
-// copy is logged and reported (a damaged chunk has the copy hashed again and,
-// unless `served_by_another` copy, withdraws the digest; a changed source
-// asks for a rescan), later ones only counted, and the copy is refused from
-// then on (see RefusedFiles).
-void ReportSourceFailure(FsContext& ctx, const View::Node& file, const SourceCopy& copy, const Status& s,
-                         bool served_by_another);
-// Every copy of `file` was refused: nothing of it can be read from the source.
-bool AllCopiesRefused(const FsContext& ctx, const View::Node& file);
-// Chunk `index` of `file` (`len` bytes) into `dst`, from the first of its
-// source copies (most trusted first, see View::Node::copies) that is not
-// refused and passes every check: the stamp and the chunk's XXH3-128
-// (SourceReader::ReadChunk), and the chunk's SHA-256 when `chunk_sha256` is
-// given. A copy that fails is reported and the next one tried, so that one
-// changed or damaged copy costs no reader an EIO while another still holds
-// the bytes. The error is the last copy's.
-Status ReadSourceChunk(FsContext& ctx, const View::Node& file, uint64_t index, uint8_t* dst, size_t len,
-                       SourceReader::Io io = SourceReader::Io::kBuffered, const Sha256Digest* chunk_sha256 = nullptr);
-// The same, checked as the mount's verify= asks: under verify=sha256 each
-// chunk against the file's proven chunk table (ProvenChunkTables), proven
-// first by a pass over the whole file when there is none yet, except for
-// `readahead` (which then fails with kNotFound rather than start one).
-Status ReadVerifiedChunk(FsContext& ctx, const View::NodePtr& file, uint64_t index, uint8_t* dst, size_t len,
-                         bool readahead = false);
 
 fuse_lowlevel_ops MakeOperations();
 

@@ -2,7 +2,8 @@
 // its header's __metadata__ extended by "ckptfs.checkpoint" and
 // "ckptfs.sha256", so that a cache keyed on shard names plus raw headers sees
 // a different key wherever the content differs. The header is read through
-// the verified chunk cache; the stamped bytes are kept per (digest, file).
+// the verified chunk cache (FileServer::FetchChunk); the stamped bytes are
+// kept per (digest, file).
 // Tensor bytes are served unchanged, shifted by the header's growth.
 #pragma once
 
@@ -12,10 +13,10 @@
 #include <set>
 #include <string>
 
-#include "ckptfs/fuse_ops.h"
+#include "ckptfs/file_server.h"
 #include "ckptfs/mutex.h"
 
-namespace ckptfs::daemon {
+namespace ckptfs {
 
 struct StampedFile {
   std::shared_ptr<const std::string> prefix;  // 8-byte length + stamped JSON
@@ -28,7 +29,7 @@ class HeaderStamper {
   // The stamped form of `file`, or nullopt to serve it unstamped (not a
   // safetensors file, or a header that breaks the format: warned once).
   // Fails only when the header could not be read (e.g. EIO from the source).
-  Result<std::optional<StampedFile>> For(FsContext& ctx, const View::NodePtr& file);
+  Result<std::optional<StampedFile>> For(FileServer& server, const View::NodePtr& file);
 
  private:
   Mutex mu_;
@@ -36,4 +37,4 @@ class HeaderStamper {
   std::map<std::string, std::optional<StampedFile>> memo_ GUARDED_BY(mu_);
 };
 
-}  // namespace ckptfs::daemon
+}  // namespace ckptfs

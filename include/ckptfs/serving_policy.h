@@ -1,10 +1,10 @@
-// What the mount options fill= and verify= choose for the FUSE operations,
+// What the mount options fill= and verify= choose for the FileServer,
 // with the words the options spell them in (see option_words.h).
 #pragma once
 
 #include "ckptfs/option_words.h"
 
-namespace ckptfs::daemon {
+namespace ckptfs {
 
 // When a file is copied into the host tier (mount option fill=).
 enum class FillPolicy {
@@ -13,7 +13,7 @@ enum class FillPolicy {
   kPreload,  // only by ckptfsctl preload
   kOff,      // never: no host tier of whole files, every read takes the chunk path
 };
-// fill='s default, and an FsContext's: one default, the option's.
+// fill='s default, and a FileServer's: one default, the option's.
 inline constexpr FillPolicy kDefaultFillPolicy = FillPolicy::kWait;
 inline constexpr OptionWord<FillPolicy> kFillPolicyWords[] = {
     {FillPolicy::kOpen, "open"}, {FillPolicy::kWait, "wait"}, {FillPolicy::kPreload, "preload"}, {FillPolicy::kOff, "off"}};
@@ -26,4 +26,4 @@ enum class Verify {
 };
 inline constexpr OptionWord<Verify> kVerifyWords[] = {{Verify::kXxh3, "xxh3"}, {Verify::kSha256, "sha256"}};
 
-}  // namespace ckptfs::daemon
+}  // namespace ckptfs

@@ -54,9 +54,9 @@ nlohmann::json PreloadChunks(FsContext& ctx, const ControlServer::Request& r, co
     for (uint64_t c = 0; c < ChunkCount(f->size); ++c) {
       if (r.stopping->load()) return Refuse("the daemon is stopping");
       const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunkSize, f->size - c * kChunkSize));
-      Status s = ctx.cache->Load(
+      Status s = ctx.server->parts().cache->Load(
           {f->sha256, static_cast<uint32_t>(c)}, len,
-          [&](uint8_t* dst, size_t n) { return ReadVerifiedChunk(ctx, f, c, dst, n); }, pin);
+          [&](uint8_t* dst, size_t n) { return ctx.server->ReadVerifiedChunk(f, c, dst, n); }, pin);
       if (!s.ok()) {  // a source failure was reported by ReadVerifiedChunk
         return Refuse("preload stopped after " + std::to_string(done) + " bytes: " + s.message());
       }
@@ -76,7 +76,7 @@ nlohmann::json PreloadFiles(FsContext& ctx, const ControlServer::Request& r, con
                             bool pin, uint64_t total) {
   uint64_t done = 0;
   for (const auto& f : files) {
-    auto filled = ctx.filler->Fill(f, pin, [&](uint64_t bytes) {
+    auto filled = ctx.server->filler()->Fill(f, pin, [&](uint64_t bytes) {
       return !r.stopping->load() && r.progress(protocol::ProgressLine(done + bytes, total));
     });
     if (!filled.ok()) {
@@ -100,7 +100,7 @@ nlohmann::json HandlePreload(FsContext& ctx, const ControlServer::Request& r) {
   const bool pin = r.body.value(protocol::kPin, false);
   uint64_t total = 0;
   for (const auto& f : *files) total += f->size;
-  const bool whole_files = ctx.fill != FillPolicy::kOff && ctx.filler != nullptr;
+  const bool whole_files = ctx.server->options().fill != FillPolicy::kOff && ctx.server->filler() != nullptr;
   nlohmann::json out =
       whole_files ? PreloadFiles(ctx, r, *files, pin, total) : PreloadChunks(ctx, r, *files, pin, total);
   if (out[protocol::kOk] != true) return out;
@@ -124,8 +124,8 @@ nlohmann::json ForEachFile(FsContext& ctx, const ControlServer::Request& r,
   std::set<Sha256Digest> seen;
   for (const auto& f : *files) {
     if (!seen.insert(f->sha256).second) continue;
-    if (ctx.files != nullptr) bytes += (ctx.files->*drop_files)(f->sha256);
-    bytes += (ctx.cache->*drop_chunks)(f->sha256);
+    if (ctx.server->parts().files != nullptr) bytes += (ctx.server->parts().files->*drop_files)(f->sha256);
+    bytes += (ctx.server->parts().cache->*drop_chunks)(f->sha256);
   }
   return {{protocol::kOk, true}, {protocol::kBytes, bytes}};
 }
@@ -177,8 +177,8 @@ nlohmann::json HostTierJson(const FileCache::Stats& f) {
 // by-name paths.
 nlohmann::json PerCheckpoint(FsContext& ctx, const std::map<std::string, std::vector<std::string>>& by_name) {
   nlohmann::json per = nlohmann::json::array();
-  const auto chunks = ctx.cache->ResidencyByFile();
-  const auto whole = ctx.files != nullptr ? ctx.files->ResidencyByFile() : std::map<Sha256Digest, FileCache::Residency>{};
+  const auto chunks = ctx.server->parts().cache->ResidencyByFile();
+  const auto whole = ctx.server->parts().files != nullptr ? ctx.server->parts().files->ResidencyByFile() : std::map<Sha256Digest, FileCache::Residency>{};
   auto root = ctx.view->Get(FUSE_ROOT_ID);
   for (const auto& [name, ino] : root->children) {
     const auto visible = by_name.find(name);
@@ -207,9 +207,9 @@ nlohmann::json PerCheckpoint(FsContext& ctx, const std::map<std::string, std::ve
 
 // Copies made as files were hashed (fill_on_index), counted apart from the
 // fills above, which they are among.
-nlohmann::json IndexFillsJson(const FsContext& ctx) {
-  const HostTierFill::Stats s = ctx.index_fill != nullptr ? ctx.index_fill->GetStats() : HostTierFill::Stats{};
-  const auto policy = ctx.index_fill != nullptr ? ctx.index_fill->policy() : HostTierFill::Policy::kOff;
+nlohmann::json IndexFillsJson(const HostTierFill* index_fill) {
+  const HostTierFill::Stats s = index_fill != nullptr ? index_fill->GetStats() : HostTierFill::Stats{};
+  const auto policy = index_fill != nullptr ? index_fill->policy() : HostTierFill::Policy::kOff;
   using namespace protocol;
   return {{kFillPolicy, WordOf(kFillOnIndexWords, policy)},
           {kFillsCompleted, s.fills},
@@ -218,32 +218,33 @@ nlohmann::json IndexFillsJson(const FsContext& ctx) {
           {kFillsAbandoned, s.abandoned}};
 }
 
-nlohmann::json FillsJson(FsContext& ctx, const FileCache::Stats& f) {
+nlohmann::json FillsJson(FileServer& server, const FileCache::Stats& f, const HostTierFill* index_fill) {
+  const FileFiller* filler = server.filler();
   const double rate = f.fill_seconds > 0 ? static_cast<double>(f.fill_bytes) / f.fill_seconds : 0;
   using namespace protocol;
-  return {{kFillPolicy, WordOf(kFillPolicyWords, ctx.fill)},
-          {kFillDepth, ctx.filler != nullptr ? ctx.filler->depth() : 0},
+  return {{kFillPolicy, WordOf(kFillPolicyWords, server.options().fill)},
+          {kFillDepth, filler != nullptr ? filler->depth() : 0},
           {kFillsCompleted, f.fills},
           {kBytes, f.fill_bytes},
           {"seconds", f.fill_seconds},
           {kBytesPerSecond, static_cast<uint64_t>(rate)},
           {kFillsAbandoned, f.fills_abandoned},
-          {"failed", ctx.filler != nullptr ? ctx.filler->fills_failed() : 0},
-          {kFillsSkipped, ctx.filler != nullptr ? ctx.filler->fills_skipped() : 0},
+          {"failed", filler != nullptr ? filler->fills_failed() : 0},
+          {kFillsSkipped, filler != nullptr ? filler->fills_skipped() : 0},
           // reads served from a copy while it was being made (its verified chunks)
-          {"streamed_reads", ctx.filler != nullptr ? ctx.filler->streamed_reads() : 0},
+          {"streamed_reads", filler != nullptr ? filler->streamed_reads() : 0},
           // what fills and chunk reads check (verify=), and the files whose
           // chunks are proven by their SHA-256 for the chunk path
-          {"verify", WordOf(kVerifyWords, ctx.verify)},
-          {"proven_files", ctx.proven != nullptr ? ctx.proven->tables() : 0},
-          {"from_indexing", IndexFillsJson(ctx)},
+          {"verify", WordOf(kVerifyWords, server.options().verify)},
+          {"proven_files", server.parts().proven != nullptr ? server.parts().proven->tables() : 0},
+          {"from_indexing", IndexFillsJson(index_fill)},
           // How fills read the source (fill_io=), the bytes read with O_DIRECT,
           // and the direct reads that had to be buffered (a filesystem that
           // refuses O_DIRECT, a copy not aligned for it).
-          {"io", WordOf(kSourceIoWords, ctx.filler != nullptr ? ctx.filler->io() : SourceReader::Io::kBuffered)},
-          {"direct_bytes", ctx.reader->direct_bytes_read()},
-          {"cached_bytes", ctx.reader->cached_bytes_read()},
-          {"direct_refused", ctx.reader->direct_reads_refused()}};
+          {"io", WordOf(kSourceIoWords, filler != nullptr ? filler->io() : SourceReader::Io::kBuffered)},
+          {"direct_bytes", server.parts().reader->direct_bytes_read()},
+          {"cached_bytes", server.parts().reader->cached_bytes_read()},
+          {"direct_refused", server.parts().reader->direct_reads_refused()}};
 }
 
 }  // namespace
@@ -256,9 +257,11 @@ nlohmann::json HandleEvict(FsContext& ctx, const ControlServer::Request& r) {
   return ForEachFile(ctx, r, &FileCache::Evict, &ChunkCache::Evict);
 }
 
-nlohmann::json HandleStats(FsContext& ctx, const std::map<std::string, std::vector<std::string>>& by_name) {
-  CacheStats s = ctx.cache->Stats();
-  const FileCache::Stats f = ctx.files != nullptr ? ctx.files->GetStats() : FileCache::Stats{};
+nlohmann::json HandleStats(FsContext& ctx, const HostTierFill* index_fill,
+                           const std::map<std::string, std::vector<std::string>>& by_name) {
+  FileServer& server = *ctx.server;
+  CacheStats s = server.parts().cache->Stats();
+  const FileCache::Stats f = server.parts().files != nullptr ? server.parts().files->GetStats() : FileCache::Stats{};
   using namespace protocol;
   nlohmann::json tiers = {{kTierHost, HostTierJson(f)}, {kTierChunks, TierJson(s.host)}};
   const auto [mode, reason] = PassthroughState(ctx);
@@ -271,18 +274,18 @@ nlohmann::json HandleStats(FsContext& ctx, const std::map<std::string, std::vect
           {"kernel_held_nodes", ctx.view->KernelHeldNodes()},
           {kTiers, tiers},
           {kHeldByReaders, f.held_by_readers},
-          {kFills, FillsJson(ctx, f)},
+          {kFills, FillsJson(server, f, index_fill)},
           {kMemory, {{kLocked, f.locked_memory && s.host_pinned_memory}, {kHugePages, HugePages()}}},
           {kVerificationFailures, s.verification_failures},
           {kReadaheadFills, s.readahead_fills},
           {kReadaheadHits, s.readahead_hits},
           {kPreloadFills, s.preload_fills},
           {"uncached_reads", s.uncached_reads},
-          {kSourceBytesRead, ctx.reader->bytes_read()},
-          {"source_chunks_read", ctx.reader->chunks_read()},
-          {"read_requests", ctx.reads.load()},
-          {kBytesServed, ctx.bytes_read.load()},
-          {kFailedReads, ctx.failed_reads.load()},
+          {kSourceBytesRead, server.parts().reader->bytes_read()},
+          {"source_chunks_read", server.parts().reader->chunks_read()},
+          {"read_requests", server.reads()},
+          {kBytesServed, server.bytes_read()},
+          {kFailedReads, server.failed_reads()},
           {kCheckpoints, PerCheckpoint(ctx, by_name)}};
 }
 

@@ -11,6 +11,7 @@
 
 #include "ckptfs/control.h"
 #include "ckptfs/fuse_ops.h"
+#include "ckptfs/host_tier_fill.h"
 
 namespace ckptfs::daemon {
 
@@ -18,7 +19,9 @@ nlohmann::json HandlePreload(FsContext& ctx, const ControlServer::Request& r);
 nlohmann::json HandleUnpin(FsContext& ctx, const ControlServer::Request& r);
 nlohmann::json HandleEvict(FsContext& ctx, const ControlServer::Request& r);
 // `by_name`: the digests the caller may see, with their by-name paths
-// (VisibleByName); only they get a per-checkpoint row.
-nlohmann::json HandleStats(FsContext& ctx, const std::map<std::string, std::vector<std::string>>& by_name);
+// (VisibleByName); only they get a per-checkpoint row. `index_fill`: the
+// copies made as files were hashed (fill_on_index), or null.
+nlohmann::json HandleStats(FsContext& ctx, const HostTierFill* index_fill,
+                           const std::map<std::string, std::vector<std::string>>& by_name);
 
 }  // namespace ckptfs::daemon

@@ -1,5 +1,7 @@
 #include "daemon.h"
 
+#include "ckptfs/file_filler.h"
+
 #include "fleet.h"
 
 #include <sys/stat.h>
@@ -212,40 +214,41 @@ void Daemon::StartCaches() {
   cache_ = std::make_unique<ChunkCache>(ChunkCache::Options{.host_capacity = chunk_bytes, .files = files_.get()});
   reader_ = std::make_unique<SourceReader>(o.source);
   readahead_pool_ = std::make_unique<ThreadPool>(EffectiveThreads(o.threads));
-  ctx_.cache = cache_.get();
-  ctx_.files = files_.get();
-  ctx_.fill = o.fill;
-  ctx_.reader = reader_.get();
-  ctx_.readahead_pool = readahead_pool_.get();
-  ctx_.readahead_budget_chunks = std::max<uint64_t>(1, chunk_bytes / kChunkSize / 4);
-  ctx_.cache_chunks = chunk_bytes / kChunkSize;
-  if (o.stamp_headers) ctx_.stamper = &stamper_;
   if (o.verify == Verify::kSha256) {
     // 32 bytes a 4 MiB chunk: 2^20 chunks (4 TiB of files) in 32 MiB.
     constexpr uint64_t kProvenChunks = uint64_t{1} << 20;
     proven_ = std::make_unique<ProvenChunkTables>(kProvenChunks);
-    ctx_.verify = Verify::kSha256;
-    ctx_.proven = proven_.get();
   }
-  filler_ = std::make_unique<FileFiller>(ctx_, FillDepth(o), o.fill_io);
-  ctx_.filler = filler_.get();
+  FileServer::Options serving;
+  serving.fill = o.fill;
+  serving.verify = o.verify;
+  serving.stamp_headers = o.stamp_headers;
+  serving.fill_depth = FillDepth(o);
+  serving.fill_io = o.fill_io;
+  serving.readahead_budget_chunks = std::max<uint64_t>(1, chunk_bytes / kChunkSize / 4);
+  serving.cache_chunks = chunk_bytes / kChunkSize;
+  server_ = std::make_unique<FileServer>(
+      FileServer::Parts{view_.get(), cache_.get(), files_.get(), reader_.get(), readahead_pool_.get(), proven_.get()},
+      serving, FileServer::Reports{[this] { watcher_->RequestRescanSoon(); }, CorruptChunkReport()});
+  ctx_.server = server_.get();
+  ctx_.background = readahead_pool_.get();
   // Copies made as files are hashed: into free room only, and none with
   // fill=off (the tier then holds chunks only).
   const auto fill_on_index = o.fill == FillPolicy::kOff ? HostTierFill::Policy::kOff : o.fill_on_index;
   index_fill_ = std::make_unique<HostTierFill>(files_.get(), fill_on_index, o.stamp_headers);
-  ctx_.index_fill = index_fill_.get();
-
-  ctx_.on_source_changed = [this] { watcher_->RequestRescanSoon(); };
   ctx_.drop_page_cache = [this](InodeId ino) { session_->InvalidateInode(ino, 0, 0); };
-  // On a FUSE worker, which must not wait for the index nor the view (both
-  // busy while a scan publishes): the digest is withdrawn at once, and held
-  // out of the view, and the rest is posted to the watcher's thread. There
-  // the index forgets the copy, and only then is the digest let back and
-  // the rescan that hashes the copy again asked for (a scan before would
-  // find the file known and show the digest again). Should kMaxPosted
-  // reports wait already, this worker does its own: a flood of damaged
-  // files slows its readers down, and loses no report.
-  ctx_.on_corrupt_chunk = [this](const View::Node& file, const SourceCopy& copy, const Status& why, bool withdraw) {
+}
+
+// What a chunk that does not match the index leads to. On a FUSE worker, which must not wait for the index nor the view (both
+// busy while a scan publishes): the digest is withdrawn at once, and held
+// out of the view, and the rest is posted to the watcher's thread. There
+// the index forgets the copy, and only then is the digest let back and
+// the rescan that hashes the copy again asked for (a scan before would
+// find the file known and show the digest again). Should kMaxPosted
+// reports wait already, this worker does its own: a flood of damaged
+// files slows its readers down, and loses no report.
+FileServer::CorruptChunkReport Daemon::CorruptChunkReport() {
+  return [this](const View::Node& file, const SourceCopy& copy, const Status& why, bool withdraw) {
     if (withdraw) watcher_->Withdraw(file.digest, why.message());
     auto forget = [this, copy, withdraw, digest = file.digest] {
       if (Status s = index_->ForgetFile(copy.stamp.dev, copy.stamp.ino); !s.ok()) spdlog::error("{}", s.message());
@@ -299,7 +302,7 @@ void Daemon::Shutdown() {
   if (handover_) handover_->Stop(ctx_);  // a drained daemon hands its open inodes over
   if (control_) control_->Stop();
   stop_repin_ = true;
-  if (filler_) filler_->Stop();
+  if (server_ && server_->filler()) server_->filler()->Stop();
   if (repin_.joinable()) repin_.join();
   if (readahead_pool_) readahead_pool_->Cancel();
   // The watcher's thread: an in-progress walk or hash stops at its next step.

@@ -24,9 +24,8 @@
 #include "ckptfs/control.h"
 #include "ckptfs/device_memory.h"
 #include "ckptfs/file_cache.h"
-#include "ckptfs/file_filler.h"
+#include "ckptfs/file_server.h"
 #include "ckptfs/fuse_ops.h"
-#include "ckptfs/header_stamper.h"
 #include "ckptfs/host_tier_fill.h"
 #include "ckptfs/index.h"
 #include "fd_handover.h"
@@ -92,6 +91,7 @@ class Daemon {
   nlohmann::json DaemonStatusJson();
   nlohmann::json RecordPins(const ControlServer::Request& r, nlohmann::json reply);
   void StartCaches();
+  FileServer::CorruptChunkReport CorruptChunkReport();
   void StartControl();
   CommandTable MakeCommands();
 
@@ -117,9 +117,8 @@ class Daemon {
   std::unique_ptr<ChunkCache> cache_;
   std::unique_ptr<SourceReader> reader_;
   std::unique_ptr<ThreadPool> readahead_pool_;
-  HeaderStamper stamper_;
   std::unique_ptr<ProvenChunkTables> proven_;  // verify=sha256
-  std::unique_ptr<FileFiller> filler_;
+  std::unique_ptr<FileServer> server_;         // the files' bytes, from the parts above
   std::unique_ptr<PinList> pins_;  // pinned paths, re-pinned by a daemon that takes the mount over
   std::atomic<bool> stop_repin_{false};
   std::thread repin_;

@@ -193,14 +193,14 @@ std::optional<Status> ApplyKeyedOption(const std::string& key, const std::string
   } else if (key == "passthrough") {
     return SetFromWord(key, value, kPassthroughWords, o.passthrough);
   } else if (key == "fill") {
-    return SetFromWord(key, value, daemon::kFillPolicyWords, o.fill);
+    return SetFromWord(key, value, kFillPolicyWords, o.fill);
   } else if (key == "fill_on_index") {
     return SetFromWord(key, value, kFillOnIndexWords, o.fill_on_index);
   } else if (key == "fill_io") {
     return SetFromWord(key, value, kSourceIoWords, o.fill_io);
   } else if (key == "verify") {
     o.verify_given = true;
-    return SetFromWord(key, value, daemon::kVerifyWords, o.verify);
+    return SetFromWord(key, value, kVerifyWords, o.verify);
   } else if (key == "shmem_huge") {
     return SetFromWord(key, value, kShmemHugeWords, o.shmem_huge_advise);
   } else if (key == "supervise") {
@@ -314,7 +314,7 @@ Result<MountOptions> ParseMountOptions(int argc, const char* const* argv) {
   if (o.fsname.empty()) o.fsname = o.source;
   // Storage shared with other nodes (and their writers) is checked against
   // forgery, not only corruption, unless the operator says otherwise.
-  if (!o.verify_given) o.verify = o.manifests.empty() ? daemon::Verify::kXxh3 : daemon::Verify::kSha256;
+  if (!o.verify_given) o.verify = o.manifests.empty() ? Verify::kXxh3 : Verify::kSha256;
   if (o.manifests.empty() && (!o.manifest_keys.empty() || !o.manifest_sign.empty())) {
     return Status::Error("options manifest_keys= and manifest_sign= need manifests=DIR");
   }

@@ -69,15 +69,15 @@ struct MountOptions {
   // passthrough when the kernel and our privileges allow it.
   bool passthrough = true;
   // fill=open|wait|preload|off: when files are copied into the host tier.
-  daemon::FillPolicy fill = daemon::kDefaultFillPolicy;
+  FillPolicy fill = kDefaultFillPolicy;
   unsigned fill_depth = 0;  // fill_depth=N: chunk reads in flight for all fills; 0 = kDefaultFillDepth
   // fill_io=buffered|direct|auto: how fills read the source (see
   // SourceReader::Io): through its page cache, with O_DIRECT, or what is
   // cached from the cache and the rest with O_DIRECT.
   SourceReader::Io fill_io = SourceReader::Io::kAuto;
-  // verify=xxh3|sha256 (see daemon::Verify); without verify= set by parsing:
+  // verify=xxh3|sha256 (see Verify); without verify= set by parsing:
   // sha256 when manifests= is given, else xxh3.
-  daemon::Verify verify = daemon::Verify::kXxh3;
+  Verify verify = Verify::kXxh3;
   bool verify_given = false;
   // fill_on_index=free|off: whether files hashed at indexing are copied into
   // the host tier's free room from the bytes hashed (see HostTierFill).

@@ -95,11 +95,11 @@ nlohmann::json StatusJson(const std::vector<CheckpointState>& visible, const Cat
             {kStateInvalid, counts[3]}}},
           {kOptions, OptionsJson(o, mount.log_destination)},
           {kPassthrough, {{kMode, mode}, {kReason, reason}}},
-          {"reads", {{"requests", ctx.reads.load()}, {"bytes", ctx.bytes_read.load()}, {"failed", ctx.failed_reads.load()}}},
+          {"reads", {{"requests", ctx.server->reads()}, {"bytes", ctx.server->bytes_read()}, {"failed", ctx.server->failed_reads()}}},
           {kCache,
-           {{kTierHost, ctx.files->GetStats().capacity},
-            {kTierChunks, ctx.cache->Stats().host.capacity},
-            {kPinnedMemory, ctx.cache->Stats().host_pinned_memory && ctx.files->GetStats().locked_memory}}},
+           {{kTierHost, ctx.server->parts().files->GetStats().capacity},
+            {kTierChunks, ctx.server->parts().cache->Stats().host.capacity},
+            {kPinnedMemory, ctx.server->parts().cache->Stats().host_pinned_memory && ctx.server->parts().files->GetStats().locked_memory}}},
           {kCheckpoints, list}};
 }
 

@@ -17,8 +17,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include "ckptfs/file_filler.h"
-#include "ckptfs/header_stamper.h"
 #include "ckptfs/mutex.h"
 #include "ckptfs/unique_fd.h"
 #include "connection_io.h"
@@ -107,17 +105,13 @@ std::string SourcesFor(fuse_req_t req, const View::Node& n, const std::string& s
   return out;
 }
 
-// The node's attributes as served: a stamped safetensors file is longer than
-// its source by the header's growth.
+// The node's attributes, with its size as served (stamp_headers).
 Result<struct stat> AttrOf(FsContext& ctx, const View::NodePtr& n) {
   struct stat st = ToStat(*n);
-  if (ctx.stamper != nullptr && n->safetensors && n->stamped_size) {
-    st.st_size = static_cast<off_t>(*n->stamped_size);  // stored at indexing: stat reads nothing
-  } else if (ctx.stamper != nullptr && n->safetensors) {
-    auto stamped = ctx.stamper->For(ctx, n);
-    if (!stamped.ok()) return stamped.status();
-    if (*stamped) st.st_size = static_cast<off_t>((*stamped)->size);
-  }
+  if (n->kind != View::Kind::kFile || ctx.server == nullptr) return st;
+  auto size = ctx.server->ServedSize(n);
+  if (!size.ok()) return size.status();
+  st.st_size = static_cast<off_t>(*size);
   return st;
 }
 
@@ -277,21 +271,11 @@ void ReleaseDir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   fuse_reply_err(req, 0);
 }
 
-// An open whose reads may be served from the copy while it is made, rather
-// than wait for all of it: one with O_DIRECT, which a page cache could not
-// serve anyway (a buffered or mmap reader runs faster on the passthrough it
-// gets by waiting; README, measured performance), and only while chunks
-// are served as they are verified (not under verify=sha256, where a copy is
-// served only once its whole SHA-256 passed).
-bool StreamsWhileFilling(const FsContext& ctx, int open_flags) {
-  return (open_flags & O_DIRECT) != 0 && ctx.verify == Verify::kXxh3;
-}
-
 // The first open of an inode chooses: passthrough when the file is resident
 // and the kernel gives backing files, else the chunk path (see OpenModes).
 OpenModes::Choice ChooseMode(FsContext& ctx, fuse_req_t req, const FileKey& key) {
   OpenModes::Choice c;
-  c.copy = ctx.files != nullptr ? ctx.files->Find(key) : nullptr;
+  c.copy = ctx.server->Resident(key);
   if (!c.copy) {
     c.why = "not resident";
     return c;
@@ -332,49 +316,28 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     return;
   }
   if (!Allowed(req, *n, kWantRead)) return;
-  if (n->content) {  // a file the daemon holds itself (a hub ref): no source, no copy
-    auto f = std::make_shared<OpenFile>();
-    f->node = n;
-    ++ctx.open_files;
+  auto served = ctx.server->Open(n, fi->flags, ctx.open_modes.IsOpen(ino));
+  if (!served.ok()) {
+    fuse_reply_err(req, ReplyErrno(served.status()));
+    return;
+  }
+  auto f = std::make_shared<OpenFile>();
+  f->served = *served;
+  ServedFile& file = *f->served;
+  ctx.server->Opened(file);
+  int sent;
+  if (n->content) {  // a file the daemon holds itself (a hub ref): no source, no copy, no mode
     fi->fh = ctx.handles->AddFile(f);
     fi->keep_cache = 1;
     fi->noflush = 1;
-    if (fuse_reply_open(req, fi) == -ENOENT && ctx.handles->TakeFile(fi->fh)) --ctx.open_files;
+    if (fuse_reply_open(req, fi) == -ENOENT && ctx.handles->TakeFile(fi->fh)) ctx.server->Closed(file);
     return;
   }
-  auto form = ServedFormOf(ctx, n);
-  if (!form.ok()) {
-    fuse_reply_err(req, ReplyErrno(form.status()));
-    return;
-  }
-  // An inode open already is served the way its first open chose: a copy
-  // made now could not be used by this open.
-  if (ctx.fill == FillPolicy::kWait && ctx.filler != nullptr && !ctx.open_modes.IsOpen(ino) &&
-      !ctx.files->Find(form->key, /*use=*/false)) {
-    if (StreamsWhileFilling(ctx, fi->flags)) {
-      // A parallel loader (O_DIRECT, many threads, every shard at once)
-      // gains nothing from waiting for the whole copy: its reads are served
-      // from the copy as each chunk is verified, the chunks it asks for
-      // first, and its next open passes through.
-      ctx.filler->Start(n);
-    } else if (auto filled = ctx.filler->Fill(n, /*pin=*/false); !filled.ok()) {
-      // Failing that (no room, a bad source), the chunk path serves it below.
-      spdlog::debug("{}: not copied at open: {}", n->source_path, filled.status().message());
-    }
-    // After this file's copy, not beside it: the next shard then fills while
-    // the engine loads this one, instead of slowing this one's fill down.
-    ctx.filler->EnqueueSiblings(n);
-  }
-  auto f = std::make_shared<OpenFile>();
-  f->node = n;
-  f->key = form->key;
-  ++ctx.open_files;
+  // An inode open already is served the way its first open chose.
   const OpenModes::Choice choice = ctx.open_modes.Open(
-      ino, [&] { return ChooseMode(ctx, req, form->key); },
-      [&] { return ctx.files != nullptr ? ctx.files->Find(form->key, /*use=*/false) : nullptr; });
-  f->copy = choice.copy;
+      ino, [&] { return ChooseMode(ctx, req, file.key); }, [&] { return ctx.server->Resident(file.key, /*use=*/false); });
+  file.copy = choice.copy;
   fi->fh = ctx.handles->AddFile(f);
-  int sent;
   if (choice.passthrough) {
     ctx.opens.Count("passthrough");
     sent = ctx.passthrough->ReplyOpen(req, fi, *choice.backing);
@@ -383,15 +346,12 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     fi->keep_cache = 1;  // the bytes behind this name can never change
     fi->noflush = 1;
     sent = fuse_reply_open(req, fi);
-    if (!choice.copy && ctx.fill == FillPolicy::kOpen && ctx.filler != nullptr) {
-      ctx.filler->Enqueue(n, form->key);
-      ctx.filler->EnqueueSiblings(n);
-    }
+    ctx.server->OpenedOnChunkPath(file);
   }
   if (sent == -ENOENT) {  // the open was interrupted: no release will come
     ctx.open_modes.Release(ino);
     ctx.handles->TakeFile(fi->fh);
-    --ctx.open_files;
+    ctx.server->Closed(file);
   }
 }
 
@@ -403,19 +363,18 @@ std::shared_ptr<OpenFile> FileOrAdopt(fuse_req_t req, fuse_ino_t ino, uint64_t f
   auto& ctx = Ctx(req);
   if (auto f = ctx.handles->File(fh)) return f;
   auto n = ctx.view->Get(ino);
-  auto f = std::make_shared<OpenFile>();
-  f->node = n;
-  Result<ServedForm> form = Status::Error("not a file");
-  if (n && n->kind == View::Kind::kFile && !n->content) form = ServedFormOf(ctx, n);
-  if (!n || n->kind != View::Kind::kFile || (!n->content && !form.ok())) {
-    ++ctx.failed_reads;
+  Result<std::shared_ptr<ServedFile>> served = Status::Error("not a file");
+  if (n && n->kind == View::Kind::kFile) served = ctx.server->Adopt(n);
+  if (!served.ok()) {
+    ctx.server->CountFailedRead();
     fuse_reply_err(req, EIO);
     return nullptr;
   }
-  if (form.ok()) f->key = form->key;
+  auto f = std::make_shared<OpenFile>();
+  f->served = *served;
   f->inherited = ctx.open_modes.HasInherited(ino);  // already counted
   if (ctx.handles->AdoptFile(fh, f) && !f->inherited) {
-    ++ctx.open_files;
+    ctx.server->Opened(*f->served);
     // The kernel holds this inode in page-cache mode: opens that join it
     // must take the chunk path too until the last one is released.
     ctx.open_modes.Open(
@@ -425,153 +384,21 @@ std::shared_ptr<OpenFile> FileOrAdopt(fuse_req_t req, fuse_ino_t ino, uint64_t f
   return f;
 }
 
-// Requests the chunks after `last_chunk` on the read-ahead pool, so the
-// source's I/O and the checks overlap the reader's consumption.
-void ReadAhead(FsContext& ctx, OpenFile& f, uint64_t last_chunk) {
-  const uint64_t chunks = ChunkCount(f.node->size);
-  // Two chunks per open file (the one being read and the next the kernel
-  // asks for) come first; read ahead only into what is left.
-  const uint64_t readers = std::max<uint64_t>(1, ctx.open_files.load());
-  const uint64_t share = ctx.cache_chunks / readers;
-  const uint64_t window = std::min<uint64_t>(ctx.readahead_chunks, share > 2 ? share - 2 : 0);
-  if (window == 0) return;
-  const uint64_t target = std::min<uint64_t>(chunks, last_chunk + 1 + window);
-  uint64_t from = f.readahead_until.load();
-  from = std::max(from, last_chunk + 1);
-  if (from >= target) return;
-  f.readahead_until = target;
-  for (uint64_t c = from; c < target; ++c) {
-    if (ctx.readahead_in_flight.fetch_add(1) >= ctx.readahead_budget_chunks) {
-      ctx.readahead_in_flight.fetch_sub(1);
-      f.readahead_until = c;  // the rest when there is room again
-      return;
-    }
-    ctx.readahead_pool->Submit([&ctx, node = f.node, c] {
-      (void)FetchChunk(ctx, node, c, /*readahead=*/true);
-      ctx.readahead_in_flight.fetch_sub(1);
-    });
-  }
-}
-
-// Appends iovecs for source bytes [begin, end) of `file`, keeping the chunk
-// references that back them in `refs`.
-Status AppendSourceRange(FsContext& ctx, const View::NodePtr& file, uint64_t begin, uint64_t end,
-                         std::vector<ChunkCache::Ref>& refs, std::vector<iovec>& iov) {
-  if (begin >= end) return Status::Ok();
-  for (uint64_t c = begin / kChunkSize; c <= (end - 1) / kChunkSize; ++c) {
-    auto ref = FetchChunk(ctx, file, c, /*readahead=*/false);
-    if (!ref.ok()) return ref.status();
-    const uint64_t chunk_start = c * kChunkSize;
-    const uint64_t from = std::max(begin, chunk_start) - chunk_start;
-    const uint64_t to = std::min(end, chunk_start + ref->size()) - chunk_start;
-    iov.push_back({const_cast<uint8_t*>(ref->data() + from), static_cast<size_t>(to - from)});
-    refs.push_back(std::move(*ref));
-  }
-  return Status::Ok();
-}
-
-// A file the daemon holds itself (a hub ref): no source read, no cache.
-void ReadInMemory(fuse_req_t req, const std::string& content, size_t size, off_t off) {
-  if (off < 0 || static_cast<uint64_t>(off) >= content.size()) {
-    fuse_reply_buf(req, nullptr, 0);
-    return;
-  }
-  const size_t begin = static_cast<size_t>(off);
-  fuse_reply_buf(req, content.data() + begin, std::min(size, content.size() - begin));
-}
-
-// A read of a file resident in the host tier: straight from its copy, which
-// holds the file in the form it is served; `copy` stays referenced until
-// the reply has been written.
-void ReadFromCopy(FsContext& ctx, fuse_req_t req, const SealedCopy& copy, size_t size, off_t off) {
-  if (off < 0 || static_cast<uint64_t>(off) >= copy.size() || size == 0) {
-    fuse_reply_buf(req, nullptr, 0);
-    return;
-  }
-  const size_t n = static_cast<size_t>(std::min<uint64_t>(size, copy.size() - static_cast<uint64_t>(off)));
-  ++ctx.reads;
-  ctx.bytes_read += n;
-  fuse_reply_buf(req, reinterpret_cast<const char*>(copy.data() + off), n);
-}
-
 void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
   auto& ctx = Ctx(req);
   auto f = FileOrAdopt(req, ino, fi->fh);
   if (!f) return;
-  if (f->node->content) {
-    ReadInMemory(req, *f->node->content, size, off);
-    return;
-  }
-  // A copy made since the open serves the reads that follow.
-  if (f->copy) {
-    ReadFromCopy(ctx, req, *f->copy, size, off);
-    return;
-  }
-  // A copy being made serves what it has verified, rather than the source
-  // being read twice.
-  if (ctx.filler != nullptr && off >= 0) {
-    if (auto streamed = ctx.filler->Stream(f->key, static_cast<uint64_t>(off), size)) {
-      ++ctx.reads;
-      ctx.bytes_read += streamed->len;
-      fuse_reply_buf(req, reinterpret_cast<const char*>(streamed->data), streamed->len);
-      return;
-    }
-  }
-  // A copy made since the open serves the reads that follow. Looked for
-  // after the fill, which publishes its copy before it leaves the filler:
-  // no fill in flight means any copy there is is published by now.
-  if (const FileCache::CopyPtr made = ctx.files ? ctx.files->Find(f->key, /*use=*/false) : nullptr) {
-    ReadFromCopy(ctx, req, *made, size, off);
-    return;
-  }
-  // With stamp_headers a safetensors file is served as the stamped header
-  // followed by the source's tensor bytes, shifted by the header's growth.
-  std::optional<StampedFile> stamped;
-  if (ctx.stamper != nullptr && f->node->safetensors) {
-    auto s = ctx.stamper->For(ctx, f->node);
-    if (!s.ok()) {
-      ++ctx.failed_reads;
-      fuse_reply_err(req, ReplyErrno(s.status()));
-      return;
-    }
-    stamped = *s;
-  }
-  const uint64_t file_size = stamped ? stamped->size : f->node->size;
-  if (off < 0 || static_cast<uint64_t>(off) >= file_size || size == 0) {
+  if (off < 0) {
     fuse_reply_buf(req, nullptr, 0);
     return;
   }
-  const uint64_t begin = static_cast<uint64_t>(off);
-  const uint64_t end = std::min<uint64_t>(file_size, begin + size);
-
-  // The references keep the chunks in memory until the reply has been written.
-  std::vector<ChunkCache::Ref> refs;
-  std::vector<iovec> iov;
-  uint64_t source_begin = begin, source_end = end;
-  if (stamped) {
-    const uint64_t prefix = stamped->prefix->size();
-    if (begin < prefix) {
-      iov.push_back({const_cast<char*>(stamped->prefix->data() + begin),
-                     static_cast<size_t>(std::min(end, prefix) - begin)});
-    }
-    source_begin = std::max(begin, prefix) - prefix + stamped->source_prefix_len;
-    source_end = end <= prefix ? source_begin : end - prefix + stamped->source_prefix_len;
-  }
-  if (Status s = AppendSourceRange(ctx, f->node, source_begin, source_end, refs, iov); !s.ok()) {
-    ++ctx.failed_reads;
-    fuse_reply_err(req, ReplyErrno(s));
+  // The bytes stay referenced until the reply has been written.
+  auto bytes = ctx.server->Read(*f->served, static_cast<uint64_t>(off), size);
+  if (!bytes.ok()) {
+    fuse_reply_err(req, ReplyErrno(bytes.status()));
     return;
   }
-  // The kernel's read-ahead sends neighbouring requests in parallel, so
-  // "sequential" means near where the last one ended, not exactly there.
-  const uint64_t prev = f->next_offset.exchange(end);
-  const bool sequential = begin == 0 || (begin + 2 * kChunkSize >= prev && begin <= prev + 2 * kChunkSize);
-  if (sequential && ctx.readahead_pool != nullptr && source_end > source_begin) {
-    ReadAhead(ctx, *f, (source_end - 1) / kChunkSize);
-  }
-  ++ctx.reads;
-  ctx.bytes_read += end - begin;
-  fuse_reply_iov(req, iov.data(), static_cast<int>(iov.size()));
+  fuse_reply_iov(req, bytes->iov.data(), static_cast<int>(bytes->iov.size()));
 }
 
 void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
@@ -582,15 +409,14 @@ void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     ctx.open_modes.ReleaseInherited(ino);
     return;
   }
-  --ctx.open_files;
+  const bool resident = ctx.server->Closed(*f->served);
   // The last chunk-path reader of a file that is resident now: the next open
   // passes through, and the kernel drops an inode's page cache at every open
   // without keep_cache (passthrough forbids it), on the opener's time; do it
   // now, off this thread (a notification from a request handler could wait
   // on the kernel).
-  if (ctx.open_modes.Release(ino) && ctx.drop_page_cache && ctx.readahead_pool != nullptr && ctx.files != nullptr &&
-      ctx.files->Find(f->key, /*use=*/false)) {
-    ctx.readahead_pool->Submit([&ctx, ino] { ctx.drop_page_cache(ino); });
+  if (ctx.open_modes.Release(ino) && resident && ctx.drop_page_cache && ctx.background != nullptr) {
+    ctx.background->Submit([&ctx, ino] { ctx.drop_page_cache(ino); });
   }
 }
 
@@ -663,21 +489,6 @@ void RoWrite(fuse_req_t req, fuse_ino_t, const char*, size_t, off_t, fuse_file_i
 
 }  // namespace
 
-Result<ChunkCache::Ref> FetchChunk(FsContext& ctx, const View::NodePtr& file, uint64_t index, bool readahead) {
-  if (AllCopiesRefused(ctx, *file)) {
-    return Status::Changed(file->source_path + ": no source copy still holds the bytes indexed for " + file->digest);
-  }
-  const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunkSize, file->size - index * kChunkSize));
-  ChunkKey key{file->sha256, static_cast<uint32_t>(index)};
-  auto ref = ctx.cache->Get(
-      key, len,
-      [&](uint8_t* dst, size_t n) { return ReadVerifiedChunk(ctx, file, index, dst, n, readahead); },
-      readahead);
-  if (!ref.ok() && ref.status().code() == Status::Code::kFull) spdlog::error("{}: {}", file->digest, ref.status().message());
-  return ref;
-}
-
-
 void OpenCounts::Count(const std::string& how) {
   MutexLock lock(mu_);
   ++counts_[how];
@@ -686,75 +497,6 @@ void OpenCounts::Count(const std::string& how) {
 std::map<std::string, uint64_t> OpenCounts::Get() const {
   MutexLock lock(mu_);
   return counts_;
-}
-
-Status AttachConnection(FsContext& ctx, fuse_session* se, bool passthrough_wanted, ConnectionSetup setup) {
-  ctx.passthrough = std::make_shared<KernelPassthrough>(passthrough_wanted);
-  if (Status s = ctx.passthrough->Attach(setup.fd); !s.ok()) ctx.passthrough->Disable(s.message());
-  ConnectionIo::Options io;
-  io.adopted_init = std::move(setup.adopted_init);
-  io.shared_device = setup.shared_device;
-  io.channels = std::move(setup.channels);
-  io.on_init_request = std::move(setup.on_init_request);
-  io.passthrough = ctx.passthrough.get();
-  ctx.connection = std::make_shared<ConnectionIo>(std::move(io));
-  return ctx.connection->Install(se, setup.fd);
-}
-
-void DrainConnection(FsContext& ctx) {
-  if (ctx.passthrough) ctx.passthrough->KeepBackingsOpen();  // the successor may inherit them
-  if (ctx.connection) ctx.connection->Drain();
-}
-
-Status ResendRequests(FsContext& ctx) {
-  if (!ctx.connection) return Status::Error("no FUSE connection");
-  return ctx.connection->Resend();
-}
-
-bool KernelHasResend(const FsContext& ctx) { return ctx.connection && ctx.connection->kernel_has_resend(); }
-
-std::vector<InheritedInode> HandOverOpenInodes(FsContext& ctx) {
-  if (ctx.passthrough) ctx.passthrough->KeepBackingsOpen();
-  std::vector<InheritedInode> out;
-  for (const auto& [ino, held] : ctx.open_modes.Snapshot()) {
-    const bool passthrough = held.choice.passthrough && held.choice.backing;
-    out.push_back({ino, held.opens, passthrough ? KernelPassthrough::BackingId(*held.choice.backing) : 0});
-  }
-  return out;
-}
-
-void WatchOpenInodes(FsContext& ctx, std::function<void(uint64_t ino)> changed) {
-  ctx.open_modes.SetObserver(std::move(changed));
-}
-
-InheritedInode OpenInodeRecord(const FsContext& ctx, uint64_t ino) {
-  const auto held = ctx.open_modes.Find(ino);
-  if (!held) return {ino, 0, 0};
-  const bool passthrough = held->choice.passthrough && held->choice.backing;
-  return {ino, held->opens, passthrough ? KernelPassthrough::BackingId(*held->choice.backing) : 0};
-}
-
-void InheritOpenInodes(FsContext& ctx, const std::vector<InheritedInode>& inodes) {
-  std::vector<int> kept;
-  for (const auto& i : inodes) {
-    OpenModes::Choice c;
-    if (i.backing_id > 0 && ctx.passthrough) {
-      c.passthrough = true;
-      c.backing = ctx.passthrough->AdoptBacking(i.backing_id);
-      kept.push_back(i.backing_id);
-    } else {
-      c.why = "open through the chunk path before a restart";
-    }
-    ctx.open_modes.Inherit(i.ino, i.opens, std::move(c));
-  }
-  if (ctx.passthrough) ctx.passthrough->CloseStaleBackings(kept);
-  if (ctx.connection) ctx.connection->Admit();
-}
-
-std::pair<std::string, std::string> PassthroughState(const FsContext& ctx) {
-  if (!ctx.passthrough) return {"off", "not attached"};
-  static const char* kNames[] = {"pending", "on", "off"};
-  return {kNames[static_cast<int>(ctx.passthrough->mode())], ctx.passthrough->reason()};
 }
 
 fuse_lowlevel_ops MakeOperations() {

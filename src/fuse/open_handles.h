@@ -18,21 +18,15 @@
 #include <utility>
 #include <vector>
 
-#include "ckptfs/file_cache.h"
+#include "ckptfs/file_server.h"
 #include "ckptfs/mutex.h"
 #include "ckptfs/view.h"
 
 namespace ckptfs::daemon {
 
-// Per open file: how it is served (see Open in fuse_ops.cpp) and, on the
-// chunk path, where the last read ended, to spot a sequential reader, and
-// how far ahead chunks have been requested.
+// Per open file: what the FileServer reads it through.
 struct OpenFile {
-  View::NodePtr node;
-  FileKey key;              // its host-tier key in the form it is served
-  FileCache::CopyPtr copy;  // a resident copy it reads from (or passthrough's backing)
-  std::atomic<uint64_t> next_offset{0};
-  std::atomic<uint64_t> readahead_until{0};  // chunks below this were requested
+  std::shared_ptr<ServedFile> served;
   // Opened by the daemon this one took over from, and counted in the open
   // modes it handed over (released as an inherited open).
   bool inherited = false;

@@ -18,7 +18,7 @@
 #include "ckptfs/thread_pool.h"
 #include "test_tree.h"
 
-namespace ckptfs::daemon {
+namespace ckptfs {
 namespace {
 
 using testing::MakeSafetensors;
@@ -31,10 +31,6 @@ const std::string kDigestB = "sha256-" + std::string(64, 'b');
 
 class HeaderStamperTest : public ::testing::Test {
  protected:
-  HeaderStamperTest() {
-    ctx_.cache = &cache_;
-    ctx_.reader = &reader_;
-  }
 
   // The file at `rel` as the view holds it once indexed into `digest`.
   View::NodePtr Indexed(const std::string& rel, const std::string& bytes, const std::string& digest) {
@@ -62,7 +58,7 @@ class HeaderStamperTest : public ::testing::Test {
   ThreadPool pool_{2};
   ChunkCache cache_{ChunkCache::Options{.host_capacity = 64 * kChunkSize}};
   SourceReader reader_;
-  FsContext ctx_;
+  FileServer server_{FileServer::Parts{.cache = &cache_, .reader = &reader_}, FileServer::Options{}, {}};
   HeaderStamper stamper_;
 };
 
@@ -73,7 +69,7 @@ std::string Model(const std::string& metadata = R"({"format": "pt"})") {
 TEST_F(HeaderStamperTest, StampsTheHeaderWithTheCheckpointAndFileDigests) {
   const std::string bytes = Model();
   const auto file = Indexed("m/model.safetensors", bytes, kDigestA);
-  auto stamped = stamper_.For(ctx_, file);
+  auto stamped = stamper_.For(server_, file);
   ASSERT_TRUE(stamped.ok()) << stamped.status().message();
   ASSERT_TRUE(stamped->has_value());
   const StampedFile& s = **stamped;
@@ -100,7 +96,7 @@ TEST_F(HeaderStamperTest, OneStampPerCheckpointKeptForTheNextOpen) {
   const std::string bytes = Model();
   const auto in_a = Indexed("a/model.safetensors", bytes, kDigestA);
   const auto in_b = Indexed("b/model.safetensors", bytes, kDigestB);
-  auto a = stamper_.For(ctx_, in_a), b = stamper_.For(ctx_, in_b), again = stamper_.For(ctx_, in_a);
+  auto a = stamper_.For(server_, in_a), b = stamper_.For(server_, in_b), again = stamper_.For(server_, in_a);
   ASSERT_TRUE(a.ok() && b.ok() && again.ok());
   ASSERT_TRUE(a->has_value() && b->has_value() && again->has_value());
   EXPECT_NE(*(*a)->prefix, *(*b)->prefix) << "two checkpoints with one file must not share a header";
@@ -112,7 +108,7 @@ TEST_F(HeaderStamperTest, AHeaderLongerThanAChunkIsReadWhole) {
   const std::string bytes = Model(big);
   ASSERT_GT(bytes.size(), kChunkSize);
   const auto file = Indexed("m/model.safetensors", bytes, kDigestA);
-  auto stamped = stamper_.For(ctx_, file);
+  auto stamped = stamper_.For(server_, file);
   ASSERT_TRUE(stamped.ok()) << stamped.status().message();
   ASSERT_TRUE(stamped->has_value());
   const std::string served = *(*stamped)->prefix + bytes.substr((*stamped)->source_prefix_len);
@@ -123,13 +119,13 @@ TEST_F(HeaderStamperTest, AHeaderLongerThanAChunkIsReadWhole) {
 }
 
 TEST_F(HeaderStamperTest, OtherFilesAndBrokenHeadersAreServedAsTheyAre) {
-  EXPECT_FALSE(stamper_.For(ctx_, Indexed("m/config.json", R"({"a": 1})", kDigestA))->has_value());
+  EXPECT_FALSE(stamper_.For(server_, Indexed("m/config.json", R"({"a": 1})", kDigestA))->has_value());
   std::string broken = Model();
   broken[8] = '[';  // the header is no longer a JSON object
-  auto stamped = stamper_.For(ctx_, Indexed("m/model.safetensors", broken, kDigestA));
+  auto stamped = stamper_.For(server_, Indexed("m/model.safetensors", broken, kDigestA));
   ASSERT_TRUE(stamped.ok()) << stamped.status().message();
   EXPECT_FALSE(stamped->has_value());
-  auto tiny = stamper_.For(ctx_, Indexed("m/tiny.safetensors", "abc", kDigestA));
+  auto tiny = stamper_.For(server_, Indexed("m/tiny.safetensors", "abc", kDigestA));
   ASSERT_TRUE(tiny.ok()) << tiny.status().message();
   EXPECT_FALSE(tiny->has_value());
 }
@@ -138,9 +134,9 @@ TEST_F(HeaderStamperTest, ASourceChangedSinceIndexingIsAnErrorNotAStamp) {
   const std::string bytes = Model();
   const auto file = Indexed("m/model.safetensors", bytes, kDigestA);
   WriteFile(file->source_path, Model(R"({"format": "tf"})"));  // rewritten in place, same length
-  auto stamped = stamper_.For(ctx_, file);
+  auto stamped = stamper_.For(server_, file);
   EXPECT_FALSE(stamped.ok()) << "stamped bytes that are not the indexed file's";
 }
 
 }  // namespace
-}  // namespace ckptfs::daemon
+}  // namespace ckptfs

@@ -4,7 +4,7 @@
 // comma or backslash in SRC cannot inject an option.
 #include "mount_options.h"
 
-#include "ckptfs/fuse_ops.h"
+#include "ckptfs/file_server.h"
 
 #define FUSE_USE_VERSION 312
 #include <fuse_opt.h>
@@ -46,7 +46,7 @@ TEST(MountOptionsTest, DefaultsAndPositionals) {
   EXPECT_EQ(o->settle_s, 5);
   EXPECT_EQ(o->symlinks, SymlinkPolicy::kContained);
   EXPECT_EQ(o->readahead, 4ull << 20);
-  EXPECT_EQ(o->fill, daemon::FillPolicy::kWait);
+  EXPECT_EQ(o->fill, FillPolicy::kWait);
   EXPECT_TRUE(o->passthrough);
   EXPECT_FALSE(o->allow_other);
   EXPECT_FALSE(o->stamp_headers);
@@ -72,7 +72,7 @@ TEST(MountOptionsTest, EveryOwnOptionIsApplied) {
   EXPECT_EQ(o.gpu, GpuChoice::kIndex);
   EXPECT_EQ(o.gpu_index, 1);
   EXPECT_FALSE(o.passthrough);
-  EXPECT_EQ(o.fill, daemon::FillPolicy::kWait);
+  EXPECT_EQ(o.fill, FillPolicy::kWait);
   EXPECT_EQ(o.fsname, "models");
   EXPECT_TRUE(o.stamp_headers);
   EXPECT_TRUE(o.allow_other);
@@ -92,8 +92,6 @@ void ExpectWordsRoundTrip(const std::string& key, const OptionWord<T> (&table)[N
 }
 
 TEST(MountOptionsTest, EveryEnumeratedValueIsParsedOnceAndShownAsItsWord) {
-  using daemon::FillPolicy;
-  using daemon::Verify;
   using Io = SourceReader::Io;
   using Fill = HostTierFill::Policy;
   ExpectWordsRoundTrip<LogLevel>("log", kLogLevelWords,
@@ -105,7 +103,7 @@ TEST(MountOptionsTest, EveryEnumeratedValueIsParsedOnceAndShownAsItsWord) {
                                   {"off", LogLevel::kOff}},
                                  &MountOptions::log_level);
   ExpectWordsRoundTrip<FillPolicy>(
-      "fill", daemon::kFillPolicyWords,
+      "fill", kFillPolicyWords,
       {{"open", FillPolicy::kOpen}, {"wait", FillPolicy::kWait}, {"preload", FillPolicy::kPreload}, {"off", FillPolicy::kOff}},
       &MountOptions::fill);
   ExpectWordsRoundTrip<Io>("fill_io", kSourceIoWords,
@@ -113,7 +111,7 @@ TEST(MountOptionsTest, EveryEnumeratedValueIsParsedOnceAndShownAsItsWord) {
                            &MountOptions::fill_io);
   ExpectWordsRoundTrip<Fill>("fill_on_index", kFillOnIndexWords, {{"free", Fill::kFree}, {"off", Fill::kOff}},
                              &MountOptions::fill_on_index);
-  ExpectWordsRoundTrip<Verify>("verify", daemon::kVerifyWords, {{"xxh3", Verify::kXxh3}, {"sha256", Verify::kSha256}},
+  ExpectWordsRoundTrip<Verify>("verify", kVerifyWords, {{"xxh3", Verify::kXxh3}, {"sha256", Verify::kSha256}},
                                &MountOptions::verify);
   ExpectWordsRoundTrip<SymlinkPolicy>("symlinks", kSymlinkPolicyWords,
                                       {{"contained", SymlinkPolicy::kContained}, {"follow", SymlinkPolicy::kFollow}},
@@ -138,25 +136,24 @@ TEST(MountOptionsTest, DefaultsOfTheEnumeratedOptions) {
   EXPECT_EQ(o.log_level, LogLevel::kInfo);
   EXPECT_EQ(o.log_to, LogTo::kDefault);
   EXPECT_EQ(o.gpu, GpuChoice::kNone);
-  EXPECT_EQ(o.fill, daemon::FillPolicy::kWait);
+  EXPECT_EQ(o.fill, FillPolicy::kWait);
   EXPECT_EQ(o.fill_io, SourceReader::Io::kAuto);
   EXPECT_EQ(o.fill_on_index, HostTierFill::Policy::kFree);
   EXPECT_TRUE(o.shmem_huge_advise);
   EXPECT_TRUE(o.supervise);
 }
 
-// One default fill policy: what the FUSE operations do with a context no
-// one set the policy of is what the mount option's default says.
-TEST(MountOptionsTest, TheFsContextsFillPolicyIsTheOptionsDefault) {
-  const daemon::FsContext ctx;
-  EXPECT_EQ(ctx.fill, ParseOk("settle=1").fill);
-  EXPECT_EQ(ctx.fill, MountOptions{}.fill);
+// One default fill policy: what a file server does when no one set its
+// policy is what the mount option's default says.
+TEST(MountOptionsTest, TheFileServersFillPolicyIsTheOptionsDefault) {
+  const FileServer::Options serving;
+  EXPECT_EQ(serving.fill, ParseOk("settle=1").fill);
+  EXPECT_EQ(serving.fill, MountOptions{}.fill);
 }
 
 // Storage shared with other nodes (manifests=) is checked against forgery by
 // default; a mount of its own storage is checked against corruption.
 TEST(MountOptionsTest, VerifyIsSha256WhereStorageIsSharedUnlessSaidOtherwise) {
-  using daemon::Verify;
   EXPECT_EQ(ParseOk("settle=1").verify, Verify::kXxh3);
   EXPECT_EQ(ParseOk("verify=sha256").verify, Verify::kSha256);
   EXPECT_EQ(ParseOk("manifests=/srv/m,manifest_keys=/etc/k.pem").verify, Verify::kSha256);

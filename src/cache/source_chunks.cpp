@@ -7,56 +7,18 @@
 #include <spdlog/spdlog.h>
 
 #include "ckptfs/file_filler.h"
-#include "ckptfs/fuse_ops.h"
+#include "ckptfs/file_server.h"
 
-namespace ckptfs::daemon {
+namespace ckptfs {
 
 namespace {
 
-bool Refused(const FsContext& ctx, const View::Node& file, const SourceCopy& copy) {
-  return ctx.refused.Contains(file.sha256, copy.stamp, copy.chunks.get());
-}
-
-// The copy's chunk, once more after the host tier gave back descriptors when
-// the daemon had none left to open the source with: descriptor pressure
-// costs the tier copies, never a reader an EIO.
-Status ReadChunkOf(FsContext& ctx, const SourceCopy& c, uint64_t index, uint8_t* dst, size_t len,
-                   SourceReader::Io io) {
-  Status s = ctx.reader->ReadChunk(c.path, c.stamp, *c.chunks, index, dst, len, io);
-  const int err = s.error_number();
-  if ((err != EMFILE && err != ENFILE) || ctx.files == nullptr) return s;
-  constexpr size_t kShedAtOnce = 16;
-  const size_t shed = ctx.files->ShedDescriptors(kShedAtOnce);
-  spdlog::warn("out of descriptors reading {}; {} copies of the host tier let go of theirs", c.path, shed);
-  return ctx.reader->ReadChunk(c.path, c.stamp, *c.chunks, index, dst, len, io);
-}
-
-}  // namespace
-
-void ReportSourceFailure(FsContext& ctx, const View::Node& file, const SourceCopy& copy, const Status& s,
-                         bool served_by_another) {
-  const bool changed = s.code() == Status::Code::kChanged, corrupt = s.code() == Status::Code::kCorrupt;
-  if (!changed && !corrupt) {
-    spdlog::error("{}: {}", file.digest, s.message());
-    return;
-  }
-  if (corrupt) ctx.cache->CountVerificationFailure();
-  if (!ctx.refused.Add(file.sha256, copy.stamp, copy.chunks)) return;  // already reported
-  const char* after = served_by_another ? "; another copy served the read" : "";
-  if (corrupt) {
-    spdlog::error("{}: {}; {} will be hashed again{}", file.digest, s.message(), copy.path,
-                  served_by_another ? "" : " and the digest is withdrawn");
-    if (ctx.on_corrupt_chunk) ctx.on_corrupt_chunk(file, copy, s, /*withdraw=*/!served_by_another);
-  } else {
-    spdlog::warn("{}: {}; its bytes are no longer served from there{}", file.digest, s.message(), after);
-    if (ctx.on_source_changed) ctx.on_source_changed();
-  }
+bool Refused(const RefusedFiles& refused, const View::Node& file, const SourceCopy& copy) {
+  return refused.Contains(file.sha256, copy.stamp, copy.chunks.get());
 }
 
 // The node's copies; a node made without them (by hand, in a test) has the
 // one its own fields name, in `own`.
-namespace {
-
 std::span<const SourceCopy> CopiesOf(const View::Node& file, std::optional<SourceCopy>& own) {
   if (!file.copies.empty()) return file.copies;
   own = SourceCopy{file.source_path, file.stamp, file.chunks};
@@ -65,15 +27,58 @@ std::span<const SourceCopy> CopiesOf(const View::Node& file, std::optional<Sourc
 
 }  // namespace
 
-bool AllCopiesRefused(const FsContext& ctx, const View::Node& file) {
+// The copy's chunk, once more after the host tier gave back descriptors when
+// the daemon had none left to open the source with: descriptor pressure
+// costs the tier copies, never a reader an EIO.
+Status FileServer::ReadChunkOf(const SourceCopy& c, uint64_t index, uint8_t* dst, size_t len,
+                   SourceReader::Io io) {
+  Status s = parts_.reader->ReadChunk(c.path, c.stamp, *c.chunks, index, dst, len, io);
+  const int err = s.error_number();
+  if ((err != EMFILE && err != ENFILE) || parts_.files == nullptr) return s;
+  constexpr size_t kShedAtOnce = 16;
+  const size_t shed = parts_.files->ShedDescriptors(kShedAtOnce);
+  spdlog::warn("out of descriptors reading {}; {} copies of the host tier let go of theirs", c.path, shed);
+  return parts_.reader->ReadChunk(c.path, c.stamp, *c.chunks, index, dst, len, io);
+}
+
+
+void FileServer::ReportSourceFailure(const View::Node& file, const SourceCopy& copy, const Status& s,
+                         bool served_by_another) {
+  const bool changed = s.code() == Status::Code::kChanged, corrupt = s.code() == Status::Code::kCorrupt;
+  if (!changed && !corrupt) {
+    spdlog::error("{}: {}", file.digest, s.message());
+    return;
+  }
+  if (corrupt) parts_.cache->CountVerificationFailure();
+  if (!refused_.Add(file.sha256, copy.stamp, copy.chunks)) return;  // already reported
+  const char* after = served_by_another ? "; another copy served the read" : "";
+  if (corrupt) {
+    spdlog::error("{}: {}; {} will be hashed again{}", file.digest, s.message(), copy.path,
+                  served_by_another ? "" : " and the digest is withdrawn");
+    if (reports_.corrupt_chunk) reports_.corrupt_chunk(file, copy, s, /*withdraw=*/!served_by_another);
+  } else {
+    spdlog::warn("{}: {}; its bytes are no longer served from there{}", file.digest, s.message(), after);
+    if (reports_.source_changed) reports_.source_changed();
+  }
+}
+
+
+const SourceCopy* FileServer::FirstUsableCopy(const View::Node& file) const {
+  for (const SourceCopy& c : file.copies) {
+    if (!Refused(refused_, file, c)) return &c;
+  }
+  return nullptr;
+}
+
+bool FileServer::AllCopiesRefused(const View::Node& file) const {
   std::optional<SourceCopy> own;
   for (const SourceCopy& c : CopiesOf(file, own)) {
-    if (!Refused(ctx, file, c)) return false;
+    if (!Refused(refused_, file, c)) return false;
   }
   return true;
 }
 
-Status ReadSourceChunk(FsContext& ctx, const View::Node& file, uint64_t index, uint8_t* dst, size_t len,
+Status FileServer::ReadSourceChunk(const View::Node& file, uint64_t index, uint8_t* dst, size_t len,
                        SourceReader::Io io, const Sha256Digest* chunk_sha256) {
   std::vector<std::pair<const SourceCopy*, Status>> failed;
   Status result = Status::Changed(file.source_path + ": no source copy still holds the bytes indexed for " +
@@ -81,8 +86,8 @@ Status ReadSourceChunk(FsContext& ctx, const View::Node& file, uint64_t index, u
   bool served = false;
   std::optional<SourceCopy> own;
   for (const SourceCopy& c : CopiesOf(file, own)) {
-    if (Refused(ctx, file, c)) continue;
-    Status s = ReadChunkOf(ctx, c, index, dst, len, io);
+    if (Refused(refused_, file, c)) continue;
+    Status s = ReadChunkOf(c, index, dst, len, io);
     if (s.ok() && chunk_sha256 != nullptr && Sha256Of(std::string_view(reinterpret_cast<const char*>(dst), len)) != *chunk_sha256) {
       s = Status::Corrupt(c.path + ": chunk " + std::to_string(index) +
                           " passes its XXH3-128 but not the SHA-256 proven by the whole file's");
@@ -95,22 +100,22 @@ Status ReadSourceChunk(FsContext& ctx, const View::Node& file, uint64_t index, u
     failed.emplace_back(&c, s);
     result = s;
   }
-  for (const auto& [copy, why] : failed) ReportSourceFailure(ctx, file, *copy, why, served);
+  for (const auto& [copy, why] : failed) ReportSourceFailure(file, *copy, why, served);
   return result;
 }
 
-Status ReadVerifiedChunk(FsContext& ctx, const View::NodePtr& file, uint64_t index, uint8_t* dst, size_t len,
+Status FileServer::ReadVerifiedChunk(const View::NodePtr& file, uint64_t index, uint8_t* dst, size_t len,
                          bool readahead) {
-  if (ctx.verify != Verify::kSha256) return ReadSourceChunk(ctx, *file, index, dst, len);
-  ProvenChunkTables::Table proven = ctx.proven != nullptr ? ctx.proven->Find(file->sha256) : nullptr;
+  if (options_.verify != Verify::kSha256) return ReadSourceChunk(*file, index, dst, len);
+  ProvenChunkTables::Table proven = parts_.proven != nullptr ? parts_.proven->Find(file->sha256) : nullptr;
   if (!proven && readahead) return Status::NotFound(file->source_path + ": not proven yet (no read-ahead)");
-  if (!proven && ctx.filler != nullptr) {
-    auto made = ctx.filler->Prove(file);
+  if (!proven && filler_ != nullptr) {
+    auto made = filler_->Prove(file);
     if (!made.ok()) return made.status();
     proven = *made;
   }
   if (!proven || proven->size() <= index) return Status::Error(file->source_path + ": no proven chunk table");
-  return ReadSourceChunk(ctx, *file, index, dst, len, SourceReader::Io::kBuffered, &(*proven)[index]);
+  return ReadSourceChunk(*file, index, dst, len, SourceReader::Io::kBuffered, &(*proven)[index]);
 }
 
-}  // namespace ckptfs::daemon
+}  // namespace ckptfs

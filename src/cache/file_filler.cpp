@@ -10,35 +10,11 @@
 #include "ckptfs/header_stamper.h"
 #include "ckptfs/mutex.h"
 
-namespace ckptfs::daemon {
-
-Result<ServedForm> ServedFormOf(FsContext& ctx, const View::NodePtr& file) {
-  ServedForm form;
-  form.key.sha256 = file->sha256;
-  form.size = file->size;
-  if (ctx.stamper == nullptr || !file->safetensors) return form;
-  auto stamped = ctx.stamper->For(ctx, file);
-  if (!stamped.ok()) return stamped.status();
-  if (!*stamped) return form;  // served unstamped (a header that breaks the format)
-  form.key.form = "stamped:" + file->digest;
-  form.size = (*stamped)->size;
-  form.prefix = (*stamped)->prefix;
-  form.source_prefix_len = (*stamped)->source_prefix_len;
-  return form;
-}
+namespace ckptfs {
 
 namespace {
 
 enum ChunkState : uint8_t { kPending, kTaken, kDone };
-
-// The copy ReadSourceChunk reads first now: the one to blame for bytes that
-// passed their chunk checks but not the whole file's SHA-256.
-const SourceCopy* FirstReadCopy(const FsContext& ctx, const View::Node& file) {
-  for (const SourceCopy& c : file.copies) {
-    if (!ctx.refused.Contains(file.sha256, c.stamp, c.chunks.get())) return &c;
-  }
-  return nullptr;
-}
 
 Status NotTheIndexedBytes(const View::Node& file) {
   return Status::Corrupt(file.source_path + ": every chunk passed its XXH3-128, but the file's SHA-256 is not "
@@ -110,7 +86,7 @@ class FillJob {
   std::atomic<bool> hash_complete{false};
 };
 
-FileFiller::FileFiller(FsContext& ctx, unsigned depth, SourceReader::Io io) : ctx_(ctx), io_(io) {
+FileFiller::FileFiller(FileServer& server, unsigned depth, SourceReader::Io io) : server_(server), io_(io) {
   for (unsigned i = 0; i < std::max(1u, depth); ++i) readers_.emplace_back([this] { ReadChunks(); });
   worker_ = std::thread([this] { RunQueue(); });
 }
@@ -154,14 +130,14 @@ std::shared_ptr<FillJob> FileFiller::Begin(const View::NodePtr& file, const Serv
   if (auto job = InFlight(form.key)) return job;
   // Never waiting here first: a fill of it may be ours, registered in a
   // moment; only one that is not ours (another party's claim) is waited for.
-  auto claim = ctx_.files->Claim(form.key, form.size, pin, /*wait=*/false);
+  auto claim = server_.parts().files->Claim(form.key, form.size, pin, /*wait=*/false);
   if (claim.ok() && !claim->resident && !claim->fill) {
     if (auto job = InFlight(form.key)) return job;
     if (!wait) {
       *refused = Status::Full(file->source_path + ": being copied by another fill");
       return nullptr;
     }
-    claim = ctx_.files->Claim(form.key, form.size, pin, /*wait=*/true);
+    claim = server_.parts().files->Claim(form.key, form.size, pin, /*wait=*/true);
   }
   if (!claim.ok()) {
     *refused = claim.status();
@@ -188,7 +164,7 @@ std::shared_ptr<FillJob> FileFiller::Begin(const View::NodePtr& file, const Serv
     }
   }
   auto job = std::make_shared<FillJob>(file, form, std::move(copy), std::move(claim->fill),
-                                       ctx_.verify == Verify::kSha256);
+                                       server_.options().verify == Verify::kSha256);
   if (job->chunks == 0) {
     Finish(job, Status::Ok());
     return job;
@@ -204,7 +180,7 @@ std::shared_ptr<FillJob> FileFiller::Begin(const View::NodePtr& file, const Serv
 
 Result<FileCache::CopyPtr> FileFiller::Fill(const View::NodePtr& file, bool pin,
                                             const std::function<bool(uint64_t)>& progress) {
-  auto form = ServedFormOf(ctx_, file);
+  auto form = server_.FormOf(file);
   if (!form.ok()) return form.status();
   FileCache::CopyPtr resident;
   Status refused;
@@ -224,14 +200,14 @@ Result<FileCache::CopyPtr> FileFiller::Fill(const View::NodePtr& file, bool pin,
     resident = job->published;
   }
   if (pin) {
-    if (Status s = ctx_.files->Pin(form->key); !s.ok()) return s;
+    if (Status s = server_.parts().files->Pin(form->key); !s.ok()) return s;
   }
   return resident;
 }
 
 void FileFiller::Start(const View::NodePtr& file) {
   if (cancel_) return;
-  auto form = ServedFormOf(ctx_, file);
+  auto form = server_.FormOf(file);
   if (!form.ok()) return;
   FileCache::CopyPtr resident;
   Status refused;
@@ -297,7 +273,7 @@ Status FileFiller::CopyChunk(FillJob& job, uint64_t chunk, uint8_t* buf) {
     const bool aligned_enough = io_ == SourceReader::Io::kBuffered || at % SourceReader::kDirectAlignment == 0;
     if (uint8_t* in_place = job.copy->WritableAt(at, len); in_place != nullptr && aligned_enough) dst = in_place;
   }
-  if (Status s = ReadSourceChunk(ctx_, *job.file, chunk, dst, len, io_); !s.ok()) return s;
+  if (Status s = server_.ReadSourceChunk(*job.file, chunk, dst, len, io_); !s.ok()) return s;
   if (job.prove) job.chunk_sha[chunk] = Sha256Of(std::string_view(reinterpret_cast<const char*>(dst), len));
   if (dst != buf) return Status::Ok();
   const size_t skip = static_cast<size_t>(std::min<uint64_t>(len, header - std::min(begin, header)));
@@ -374,14 +350,14 @@ void FileFiller::Finish(const std::shared_ptr<FillJob>& job, Status s, bool canc
   if (s.ok() && job->prove) {
     if (job->whole.Finish() != job->file->sha256) {
       s = NotTheIndexedBytes(*job->file);
-      if (const SourceCopy* c = FirstReadCopy(ctx_, *job->file)) ReportSourceFailure(ctx_, *job->file, *c, s, false);
-    } else if (ctx_.proven != nullptr) {
-      ctx_.proven->Put(job->file->sha256, std::make_shared<const std::vector<Sha256Digest>>(std::move(job->chunk_sha)));
+      if (const SourceCopy* c = server_.FirstUsableCopy(*job->file)) server_.ReportSourceFailure(*job->file, *c, s, false);
+    } else if (server_.parts().proven != nullptr) {
+      server_.parts().proven->Put(job->file->sha256, std::make_shared<const std::vector<Sha256Digest>>(std::move(job->chunk_sha)));
     }
   }
   if (s.ok()) s = job->copy->Seal();
   FileCache::CopyPtr published;
-  if (s.ok()) published = ctx_.files->Publish(std::move(job->reservation), job->copy);
+  if (s.ok()) published = server_.parts().files->Publish(std::move(job->reservation), job->copy);
   {
     MutexLock lock(jobs_mu_);
     job->end = s.ok() ? FillJob::End::kPublished : FillJob::End::kFailed;
@@ -441,12 +417,12 @@ std::optional<FileFiller::Streamed> FileFiller::Stream(const FileKey& key, uint6
 }
 
 Result<ProvenChunkTables::Table> FileFiller::Prove(const View::NodePtr& file) {
-  if (ctx_.proven == nullptr) return Status::Error("no proven chunk tables on this mount");
-  if (auto table = ctx_.proven->Find(file->sha256)) return table;
+  if (server_.parts().proven == nullptr) return Status::Error("no proven chunk tables on this mount");
+  if (auto table = server_.parts().proven->Find(file->sha256)) return table;
   {
     MutexLock lock(prove_mu_);
     while (proving_.count(file->sha256)) proved_.Wait(prove_mu_);
-    if (auto table = ctx_.proven->Find(file->sha256)) return table;
+    if (auto table = server_.parts().proven->Find(file->sha256)) return table;
     proving_.insert(file->sha256);
   }
   auto table = ProveByReading(file);
@@ -469,17 +445,17 @@ Result<ProvenChunkTables::Table> FileFiller::ProveByReading(const View::NodePtr&
   for (uint64_t c = 0; c < table->size(); ++c) {
     if (cancel_) return Status::Error(file->source_path + ": proving cancelled (stopping)");
     const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunkSize, file->size - c * kChunkSize));
-    if (Status s = ReadSourceChunk(ctx_, *file, c, buf.get(), len, io_); !s.ok()) return s;
+    if (Status s = server_.ReadSourceChunk(*file, c, buf.get(), len, io_); !s.ok()) return s;
     (*table)[c] = Sha256Of(std::string_view(reinterpret_cast<const char*>(buf.get()), len));
     whole.Update(buf.get(), len);
   }
   if (whole.Finish() != file->sha256) {
     Status s = NotTheIndexedBytes(*file);
-    if (const SourceCopy* c = FirstReadCopy(ctx_, *file)) ReportSourceFailure(ctx_, *file, *c, s, false);
+    if (const SourceCopy* c = server_.FirstUsableCopy(*file)) server_.ReportSourceFailure(*file, *c, s, false);
     return s;
   }
-  ctx_.proven->Put(file->sha256, table);
+  server_.parts().proven->Put(file->sha256, table);
   return ProvenChunkTables::Table(std::move(table));
 }
 
-}  // namespace ckptfs::daemon
+}  // namespace ckptfs

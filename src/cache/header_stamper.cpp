@@ -5,16 +5,16 @@
 #include "ckptfs/mutex.h"
 #include "ckptfs/safetensors_header.h"
 
-namespace ckptfs::daemon {
+namespace ckptfs {
 
 namespace {
 
 // Bytes [0, len) of `file`, through the verified cache.
-Result<std::string> ReadPrefix(FsContext& ctx, const View::NodePtr& file, uint64_t len) {
+Result<std::string> ReadPrefix(FileServer& server, const View::NodePtr& file, uint64_t len) {
   std::string out;
   out.reserve(static_cast<size_t>(len));
   for (uint64_t c = 0; c * kChunkSize < len; ++c) {
-    auto ref = FetchChunk(ctx, file, c, /*readahead=*/false);
+    auto ref = server.FetchChunk(file, c, /*readahead=*/false);
     if (!ref.ok()) return ref.status();
     const uint64_t take = std::min<uint64_t>(ref->size(), len - c * kChunkSize);
     out.append(reinterpret_cast<const char*>(ref->data()), static_cast<size_t>(take));
@@ -24,7 +24,7 @@ Result<std::string> ReadPrefix(FsContext& ctx, const View::NodePtr& file, uint64
 
 }  // namespace
 
-Result<std::optional<StampedFile>> HeaderStamper::For(FsContext& ctx, const View::NodePtr& file) {
+Result<std::optional<StampedFile>> HeaderStamper::For(FileServer& server, const View::NodePtr& file) {
   if (!file->safetensors) return std::optional<StampedFile>();
   const std::string key = file->digest + "/" + ToHex(file->sha256);
   {
@@ -33,7 +33,7 @@ Result<std::optional<StampedFile>> HeaderStamper::For(FsContext& ctx, const View
   }
   std::string why;
   auto header = ReadSafetensorsHeader(
-      file->size, [&](uint64_t len) { return ReadPrefix(ctx, file, len); }, &why);
+      file->size, [&](uint64_t len) { return ReadPrefix(server, file, len); }, &why);
   if (!header.ok()) return header.status();
   std::optional<StampedFile> result;
   if (*header) {
@@ -58,4 +58,4 @@ Result<std::optional<StampedFile>> HeaderStamper::For(FsContext& ctx, const View
   return result;
 }
 
-}  // namespace ckptfs::daemon
+}  // namespace ckptfs

@@ -8,7 +8,7 @@
 #include "ckptfs/file_filler.h"
 #include "ckptfs/mutex.h"
 
-namespace ckptfs::daemon {
+namespace ckptfs {
 
 namespace {
 constexpr size_t kMaxQueued = 4096;  // an open storm must not grow memory without bound
@@ -38,12 +38,14 @@ void FileFiller::QueueSiblingsOf(const View::NodePtr& file) {
   const size_t slash = path.rfind('/');
   const size_t dot = path.rfind('.');
   if (!IsWeightFileName(path.substr(slash + 1)) || dot == std::string_view::npos) return;
+  const View* view = server_.parts().view;
+  if (view == nullptr) return;  // a server of loose files: no digest directory to look in
   const std::string_view dir = path.substr(0, slash + 1), suffix = path.substr(dot);
-  const auto root = ctx_.view->Get(kRootInode);
+  const auto root = view->Get(kRootInode);
   const auto digest_dir = root ? root->children.find(file->digest) : std::map<std::string, InodeId>::const_iterator{};
   if (!root || digest_dir == root->children.end()) return;
   std::vector<View::NodePtr> siblings;
-  for (auto& f : ctx_.view->FilesUnder(ctx_.view->Get(digest_dir->second))) {
+  for (auto& f : view->FilesUnder(view->Get(digest_dir->second))) {
     const std::string_view p = f->source_path;
     if (f->sha256 != file->sha256 && p.size() > dir.size() + suffix.size() && p.substr(0, dir.size()) == dir &&
         p.find('/', dir.size()) == std::string_view::npos && p.substr(p.size() - suffix.size()) == suffix) {
@@ -51,11 +53,11 @@ void FileFiller::QueueSiblingsOf(const View::NodePtr& file) {
     }
   }
   std::sort(siblings.begin(), siblings.end(), [](const auto& a, const auto& b) { return a->source_path < b->source_path; });
-  const FileCache::Stats tier = ctx_.files->GetStats();
+  const FileCache::Stats tier = server_.parts().files->GetStats();
   uint64_t room = tier.capacity - std::min(tier.capacity, tier.used + tier.filling);
   for (const auto& f : siblings) {
-    auto form = ServedFormOf(ctx_, f);
-    if (!form.ok() || ctx_.files->Find(form->key, /*use=*/false)) continue;
+    auto form = server_.FormOf(f);
+    if (!form.ok() || server_.parts().files->Find(form->key, /*use=*/false)) continue;
     if (PageBytes(form->size) > room) break;
     room -= PageBytes(form->size);
     Enqueue(f, form->key);
@@ -83,7 +85,7 @@ void FileFiller::RunQueue() {
       QueueSiblingsOf(siblings_of);
       continue;
     }
-    if (!ctx_.files->Find(job.second, /*use=*/false)) {
+    if (!server_.parts().files->Find(job.second, /*use=*/false)) {
       auto filled = Fill(job.first, /*pin=*/false);
       if (!filled.ok() && filled.status().code() == Status::Code::kFull) {
         ++skipped_;
@@ -95,4 +97,4 @@ void FileFiller::RunQueue() {
   }
 }
 
-}  // namespace ckptfs::daemon
+}  // namespace ckptfs

@@ -1,0 +1,259 @@
+#include "ckptfs/file_server.h"
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+#include <spdlog/spdlog.h>
+
+#include "ckptfs/file_filler.h"
+#include "ckptfs/header_stamper.h"
+
+namespace ckptfs {
+
+size_t ServedBytes::size() const {
+  size_t n = 0;
+  for (const iovec& v : iov) n += v.iov_len;
+  return n;
+}
+
+FileServer::FileServer(Parts parts, Options options, Reports reports)
+    : parts_(parts), options_(options), reports_(std::move(reports)) {
+  if (options_.stamp_headers) stamper_ = std::make_unique<HeaderStamper>();
+  if (parts_.files != nullptr) filler_ = std::make_unique<FileFiller>(*this, options_.fill_depth, options_.fill_io);
+}
+
+// Fills and read-ahead tasks call back into the server: stop the one, and
+// wait for the others to be done with (run, or dropped by a cancelled pool).
+FileServer::~FileServer() {
+  if (filler_) filler_->Stop();
+  MutexLock lock(readahead_mu_);
+  while (readahead_in_flight_.load() > 0) readahead_done_.Wait(readahead_mu_);
+}
+
+void FileServer::EndReadAhead() {
+  if (readahead_in_flight_.fetch_sub(1) != 1) return;
+  MutexLock lock(readahead_mu_);  // the destructor may be between its check and its wait
+  readahead_done_.NotifyAll();
+}
+
+Result<ServedForm> FileServer::FormOf(const View::NodePtr& file) {
+  ServedForm form;
+  form.key.sha256 = file->sha256;
+  form.size = file->size;
+  if (stamper_ == nullptr || !file->safetensors) return form;
+  auto stamped = stamper_->For(*this, file);
+  if (!stamped.ok()) return stamped.status();
+  if (!*stamped) return form;  // served unstamped (a header that breaks the format)
+  form.key.form = "stamped:" + file->digest;
+  form.size = (*stamped)->size;
+  form.prefix = (*stamped)->prefix;
+  form.source_prefix_len = (*stamped)->source_prefix_len;
+  return form;
+}
+
+Result<uint64_t> FileServer::ServedSize(const View::NodePtr& file) {
+  if (stamper_ == nullptr || !file->safetensors) return file->size;
+  if (file->stamped_size) return *file->stamped_size;  // stored at indexing: stat reads nothing
+  auto form = FormOf(file);
+  if (!form.ok()) return form.status();
+  return form->size;
+}
+
+// An open whose reads may be served from the copy while it is made, rather
+// than wait for all of it: one with O_DIRECT, which a page cache could not
+// serve anyway (a buffered or mmap reader runs faster on the passthrough it
+// gets by waiting; README, measured performance), and only while chunks
+// are served as they are verified (not under verify=sha256, where a copy is
+// served only once its whole SHA-256 passed).
+static bool StreamsWhileFilling(const FileServer::Options& o, int open_flags) {
+  return (open_flags & O_DIRECT) != 0 && o.verify == Verify::kXxh3;
+}
+
+Result<std::shared_ptr<ServedFile>> FileServer::Served(const View::NodePtr& file) {
+  auto f = std::make_shared<ServedFile>();
+  f->node = file;
+  if (file->content) return f;  // a file the daemon holds itself (a hub ref): no source, no copy
+  auto form = FormOf(file);
+  if (!form.ok()) return form.status();
+  f->key = form->key;
+  return f;
+}
+
+Result<std::shared_ptr<ServedFile>> FileServer::Open(const View::NodePtr& file, int open_flags, bool inode_open) {
+  auto f = Served(file);
+  if (!f.ok() || file->content) return f;
+  if (options_.fill == FillPolicy::kWait && filler_ != nullptr && !inode_open && !Resident((*f)->key, false)) {
+    if (StreamsWhileFilling(options_, open_flags)) {
+      // A parallel loader (O_DIRECT, many threads, every shard at once)
+      // gains nothing from waiting for the whole copy: its reads are served
+      // from the copy as each chunk is verified, the chunks it asks for
+      // first, and its next open passes through.
+      filler_->Start(file);
+    } else if (auto filled = filler_->Fill(file, /*pin=*/false); !filled.ok()) {
+      // Failing that (no room, a bad source), the chunk path serves it.
+      spdlog::debug("{}: not copied at open: {}", file->source_path, filled.status().message());
+    }
+    // After this file's copy, not beside it: the next shard then fills while
+    // the engine loads this one, instead of slowing this one's fill down.
+    filler_->EnqueueSiblings(file);
+  }
+  return f;
+}
+
+Result<std::shared_ptr<ServedFile>> FileServer::Adopt(const View::NodePtr& file) { return Served(file); }
+
+void FileServer::Opened(const ServedFile&) { ++open_files_; }
+
+void FileServer::OpenedOnChunkPath(const ServedFile& f) {
+  if (f.node->content || f.copy || options_.fill != FillPolicy::kOpen || filler_ == nullptr) return;
+  filler_->Enqueue(f.node, f.key);
+  filler_->EnqueueSiblings(f.node);
+}
+
+bool FileServer::Closed(const ServedFile& f) {
+  --open_files_;
+  return !f.node->content && Resident(f.key, /*use=*/false) != nullptr;
+}
+
+FileCache::CopyPtr FileServer::Resident(const FileKey& key, bool use) const {
+  return parts_.files != nullptr ? parts_.files->Find(key, use) : nullptr;
+}
+
+ServedBytes FileServer::FromCopy(const FileCache::CopyPtr& copy, uint64_t offset, size_t size) {
+  ServedBytes out;
+  if (offset >= copy->size() || size == 0) return out;
+  const size_t n = static_cast<size_t>(std::min<uint64_t>(size, copy->size() - offset));
+  out.iov.push_back({const_cast<uint8_t*>(copy->data() + offset), n});
+  out.holds.push_back(copy);
+  ++reads_;
+  bytes_read_ += n;
+  return out;
+}
+
+Result<ServedBytes> FileServer::Read(ServedFile& f, uint64_t offset, size_t size) {
+  if (const auto& content = f.node->content) {  // a hub ref: no source read, no cache
+    ServedBytes out;
+    if (offset < content->size()) {
+      out.iov.push_back({const_cast<char*>(content->data() + offset),
+                         static_cast<size_t>(std::min<uint64_t>(size, content->size() - offset))});
+      out.holds.push_back(f.node);
+    }
+    return out;
+  }
+  // A copy made since the open serves the reads that follow.
+  if (f.copy) return FromCopy(f.copy, offset, size);
+  // A copy being made serves what it has verified, rather than the source
+  // being read twice.
+  if (filler_ != nullptr) {
+    if (auto streamed = filler_->Stream(f.key, offset, size)) {
+      ServedBytes out;
+      out.iov.push_back({const_cast<uint8_t*>(streamed->data), streamed->len});
+      ++reads_;
+      bytes_read_ += streamed->len;
+      out.holds.push_back(std::make_shared<FileFiller::Streamed>(std::move(*streamed)));
+      return out;
+    }
+  }
+  // Looked for after the fill, which publishes its copy before it leaves the
+  // filler: no fill in flight means any copy there is is published by now.
+  if (const FileCache::CopyPtr made = Resident(f.key, /*use=*/false)) return FromCopy(made, offset, size);
+  auto out = FromChunkPath(f, offset, size);
+  if (!out.ok()) ++failed_reads_;
+  return out;
+}
+
+// With stamp_headers a safetensors file is served as the stamped header
+// followed by the source's tensor bytes, shifted by the header's growth.
+Result<ServedBytes> FileServer::FromChunkPath(ServedFile& f, uint64_t offset, size_t size) {
+  auto form = FormOf(f.node);
+  if (!form.ok()) return form.status();
+  ServedBytes out;
+  if (offset >= form->size || size == 0) return out;
+  const uint64_t begin = offset, end = std::min<uint64_t>(form->size, begin + size);
+  uint64_t source_begin = begin, source_end = end;
+  if (form->prefix) {
+    const uint64_t prefix = form->prefix->size();
+    if (begin < prefix) {
+      out.iov.push_back({const_cast<char*>(form->prefix->data() + begin),
+                         static_cast<size_t>(std::min(end, prefix) - begin)});
+      out.holds.push_back(form->prefix);
+    }
+    source_begin = std::max(begin, prefix) - prefix + form->source_prefix_len;
+    source_end = end <= prefix ? source_begin : end - prefix + form->source_prefix_len;
+  }
+  if (Status s = AppendSourceRange(f.node, source_begin, source_end, out); !s.ok()) return s;
+  // The kernel's read-ahead sends neighbouring requests in parallel, so
+  // "sequential" means near where the last one ended, not exactly there.
+  const uint64_t prev = f.next_offset.exchange(end);
+  const bool sequential = begin == 0 || (begin + 2 * kChunkSize >= prev && begin <= prev + 2 * kChunkSize);
+  if (sequential && parts_.readahead_pool != nullptr && source_end > source_begin) {
+    ReadAhead(f, (source_end - 1) / kChunkSize);
+  }
+  ++reads_;
+  bytes_read_ += end - begin;
+  return out;
+}
+
+// Appends iovecs for source bytes [begin, end) of `file`, keeping the chunk
+// references that back them.
+Status FileServer::AppendSourceRange(const View::NodePtr& file, uint64_t begin, uint64_t end, ServedBytes& out) {
+  if (begin >= end) return Status::Ok();
+  for (uint64_t c = begin / kChunkSize; c <= (end - 1) / kChunkSize; ++c) {
+    auto ref = FetchChunk(file, c, /*readahead=*/false);
+    if (!ref.ok()) return ref.status();
+    const uint64_t chunk_start = c * kChunkSize;
+    const uint64_t from = std::max(begin, chunk_start) - chunk_start;
+    const uint64_t to = std::min(end, chunk_start + ref->size()) - chunk_start;
+    out.iov.push_back({const_cast<uint8_t*>(ref->data() + from), static_cast<size_t>(to - from)});
+    out.chunks.push_back(std::move(*ref));
+  }
+  return Status::Ok();
+}
+
+// Requests the chunks after `last_chunk` on the read-ahead pool, so the
+// source's I/O and the checks overlap the reader's consumption.
+void FileServer::ReadAhead(ServedFile& f, uint64_t last_chunk) {
+  const uint64_t chunks = ChunkCount(f.node->size);
+  // Two chunks per open file (the one being read and the next the kernel
+  // asks for) come first; read ahead only into what is left.
+  const uint64_t readers = std::max<uint64_t>(1, open_files_.load());
+  const uint64_t share = options_.cache_chunks / readers;
+  const uint64_t window = std::min<uint64_t>(options_.readahead_chunks, share > 2 ? share - 2 : 0);
+  if (window == 0) return;
+  const uint64_t target = std::min<uint64_t>(chunks, last_chunk + 1 + window);
+  uint64_t from = f.readahead_until.load();
+  from = std::max(from, last_chunk + 1);
+  if (from >= target) return;
+  f.readahead_until = target;
+  for (uint64_t c = from; c < target; ++c) {
+    if (readahead_in_flight_.fetch_add(1) >= options_.readahead_budget_chunks) {
+      readahead_in_flight_.fetch_sub(1);
+      f.readahead_until = c;  // the rest when there is room again
+      return;
+    }
+    // The count goes back when the task is done with, run or dropped (a
+    // pool cancelled at shutdown destroys the tasks it will not run).
+    std::shared_ptr<FileServer> done(this, [](FileServer* s) { s->EndReadAhead(); });
+    parts_.readahead_pool->Submit([this, node = f.node, c, done = std::move(done)] {
+      (void)FetchChunk(node, c, /*readahead=*/true);
+    });
+  }
+}
+
+Result<ChunkCache::Ref> FileServer::FetchChunk(const View::NodePtr& file, uint64_t index, bool readahead) {
+  if (AllCopiesRefused(*file)) {
+    return Status::Changed(file->source_path + ": no source copy still holds the bytes indexed for " + file->digest);
+  }
+  const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunkSize, file->size - index * kChunkSize));
+  ChunkKey key{file->sha256, static_cast<uint32_t>(index)};
+  auto ref = parts_.cache->Get(
+      key, len, [&](uint8_t* dst, size_t n) { return ReadVerifiedChunk(file, index, dst, n, readahead); },
+      readahead);
+  if (!ref.ok() && ref.status().code() == Status::Code::kFull) spdlog::error("{}: {}", file->digest, ref.status().message());
+  return ref;
+}
+
+}  // namespace ckptfs
