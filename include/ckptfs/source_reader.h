@@ -5,7 +5,9 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,11 +18,23 @@
 
 namespace ckptfs {
 
+class KeptSourceFile;
+class OpenSourceFiles;
+
 class SourceReader {
  public:
+  // Files kept open between chunks, at most, and how long one nobody reads
+  // stays open (see OpenSourceFiles).
+  static constexpr size_t kKeptOpen = 32;
+  static constexpr std::chrono::milliseconds kIdleClose{5000};
+
   // `root`: the canonical source root every path read lies in (see
   // OpenSourceFile); empty in tests that read loose files.
-  explicit SourceReader(std::string root = "") : root_(std::move(root)) {}
+  explicit SourceReader(std::string root = "", size_t kept_open = kKeptOpen,
+                        std::chrono::milliseconds idle_close = kIdleClose);
+  ~SourceReader();
+  SourceReader(const SourceReader&) = delete;
+  SourceReader& operator=(const SourceReader&) = delete;
 
   // How the source is read. kDirect (O_DIRECT) bypasses the source's page
   // cache, for fills that would otherwise keep every byte twice in memory.
@@ -47,9 +61,16 @@ class SourceReader {
   uint64_t direct_bytes_read() const { return direct_bytes_read_.load(); }
   uint64_t cached_bytes_read() const { return cached_bytes_read_.load(); }
   uint64_t direct_reads_refused() const { return direct_reads_refused_.load(); }
+  // Opens of a source file by path (a file read chunk after chunk is opened
+  // once), and the files kept open now.
+  uint64_t source_opens() const;
+  size_t source_files_open() const;
 
  private:
-  const std::string root_;
+  Status ReadFrom(KeptSourceFile& file, const std::string& path, const FileStamp& stamp,
+                  const std::vector<ChunkHash>& chunks, uint64_t index, uint8_t* dst, size_t len, Io io);
+
+  const std::unique_ptr<OpenSourceFiles> files_;
   std::atomic<uint64_t> bytes_read_{0};
   std::atomic<uint64_t> chunks_read_{0};
   std::atomic<uint64_t> direct_bytes_read_{0};

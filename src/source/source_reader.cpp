@@ -11,7 +11,7 @@
 #include <cstring>
 #include <optional>
 
-#include "source_file.h"
+#include "open_source_files.h"
 #include "ckptfs/retry_eintr.h"
 #include "ckptfs/unique_fd.h"
 
@@ -19,23 +19,19 @@ namespace ckptfs {
 
 namespace {
 
-// As much of [offset, offset + len) as one O_DIRECT read gives, into `dst`
-// (aligned, with room for `len` rounded up to the alignment); the caller
-// reads the rest, if any, buffered. nullopt when the read could not be
-// direct at all: a misaligned buffer, or a filesystem that refuses O_DIRECT
-// (EINVAL). The descriptor is left buffered either way, since the stamp
-// checks and any remainder use it.
+// As much of [offset, offset + len) as one O_DIRECT read of `fd` (opened
+// with O_DIRECT) gives, into `dst` (aligned, with room for `len` rounded up
+// to the alignment); the caller reads the rest, if any, buffered. nullopt
+// when the read could not be direct at all: a misaligned buffer, or a
+// filesystem that refuses the read (EINVAL).
 std::optional<size_t> ReadDirect(int fd, uint64_t offset, uint8_t* dst, size_t len) {
   constexpr size_t kAlign = SourceReader::kDirectAlignment;
   if (reinterpret_cast<uintptr_t>(dst) % kAlign != 0 || offset % kAlign != 0) return std::nullopt;
-  const int flags = ::fcntl(fd, F_GETFL);
-  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_DIRECT) != 0) return std::nullopt;
   const size_t want = (len + kAlign - 1) / kAlign * kAlign;
   ssize_t n;
   do {
     n = ::pread(fd, dst, want, static_cast<off_t>(offset));
   } while (n < 0 && errno == EINTR);
-  ::fcntl(fd, F_SETFL, flags);
   // The block holding the end of the file comes whole (also from a read
   // that failed part way); what lies past the end is not the file's, so it
   // must not stay where a mapping of the copy could show it.
@@ -68,20 +64,42 @@ std::optional<double> CachedShare(int fd, uint64_t offset, size_t len) {
 
 }  // namespace
 
+SourceReader::SourceReader(std::string root, size_t kept_open, std::chrono::milliseconds idle_close)
+    : files_(std::make_unique<OpenSourceFiles>(std::move(root), kept_open, idle_close)) {}
+
+SourceReader::~SourceReader() = default;
+
+uint64_t SourceReader::source_opens() const { return files_->opens(); }
+size_t SourceReader::source_files_open() const { return files_->open_files(); }
+
 Status SourceReader::ReadChunk(const std::string& path, const FileStamp& stamp, const std::vector<ChunkHash>& chunks,
                                uint64_t index, uint8_t* dst, size_t len, Io io) {
   if (index >= chunks.size()) {
     return Status::Error(path + ": chunk " + std::to_string(index) + " is past the end of the chunk table");
   }
-  auto opened = OpenSourceFile(root_, path);
-  if (!opened.ok()) {
-    if (opened.status().error_number() == ENOENT) return Status::Changed(path + ": source file is gone");
-    return opened.status();
+  // A descriptor kept from an earlier chunk that fails any check (the file
+  // changed, was removed or renamed over, went stale on NFS) is let go, and
+  // the path opened again: the answer is then what a first read gives.
+  Status s;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    bool held = false;
+    auto file = files_->Get(path, stamp, &held);
+    if (!file.ok()) {
+      if (file.status().error_number() == ENOENT) return Status::Changed(path + ": source file is gone");
+      return file.status();
+    }
+    s = ReadFrom(**file, path, stamp, chunks, index, dst, len, io);
+    if (s.ok()) return s;
+    files_->Forget(path, stamp);
+    if (!held) break;
   }
-  const UniqueFd& fd = opened->fd;
-  struct stat st = opened->st;
-  if (FileStamp::FromStat(st) != stamp) return Status::Changed(path + ": source changed since it was indexed");
+  return s;
+}
 
+Status SourceReader::ReadFrom(KeptSourceFile& file, const std::string& path, const FileStamp& stamp,
+                              const std::vector<ChunkHash>& chunks, uint64_t index, uint8_t* dst, size_t len,
+                              Io io) {
+  const int fd = file.fd();
   const uint64_t offset = index * kChunkSize;
   size_t done = 0;
   bool direct = io == Io::kDirect;
@@ -89,12 +107,13 @@ Status SourceReader::ReadChunk(const std::string& path, const FileStamp& stamp, 
     // A chunk mostly in the page cache is copied from it; one mostly not is
     // read directly from the disk, so that it is not cached a second time.
     // Where the kernel cannot say, buffered.
-    const std::optional<double> cached = CachedShare(fd.get(), offset, len);
+    const std::optional<double> cached = CachedShare(fd, offset, len);
     direct = cached && *cached < 0.5;
     if (cached && !direct) cached_bytes_read_ += len;
   }
   if (direct) {
-    if (auto from_disk = ReadDirect(fd.get(), offset, dst, len)) {
+    const int direct_fd = file.Direct();
+    if (auto from_disk = direct_fd >= 0 ? ReadDirect(direct_fd, offset, dst, len) : std::nullopt) {
       direct_bytes_read_ += *from_disk;
       done += *from_disk;
     } else {
@@ -102,7 +121,7 @@ Status SourceReader::ReadChunk(const std::string& path, const FileStamp& stamp, 
     }
   }
   while (done < len) {
-    ssize_t n = ::pread(fd.get(), dst + done, len - done, static_cast<off_t>(offset + done));
+    ssize_t n = ::pread(fd, dst + done, len - done, static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return Status::FromErrno("cannot read source " + path + " at offset " + std::to_string(offset), errno);
     if (n == 0) return Status::Changed(path + ": source is shorter than when it was indexed");
@@ -110,8 +129,11 @@ Status SourceReader::ReadChunk(const std::string& path, const FileStamp& stamp, 
   }
   bytes_read_ += len;
   ++chunks_read_;
-  // The stamp again: a write that raced with the read shows here.
-  if (RetryOnEintr([&] { return ::fstat(fd.get(), &st); }) != 0 || FileStamp::FromStat(st) != stamp) {
+  // The stamp after the read: a write that raced with it shows here, and so
+  // does a file removed or renamed over since it was opened (its link count,
+  // and with it its ctime, changed).
+  struct stat st {};
+  if (RetryOnEintr([&] { return ::fstat(fd, &st); }) != 0 || FileStamp::FromStat(st) != stamp) {
     return Status::Changed(path + ": source changed while it was read");
   }
   if (HashChunk(dst, len) != chunks[index]) {

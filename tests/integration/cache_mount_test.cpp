@@ -95,6 +95,10 @@ TEST_F(CacheMountTest, ReadAfterPreloadReadsNoSourceBytes) {
       << pre.out;
   const auto before = Stats(mnt_);
   EXPECT_EQ(before["source_bytes_read"].get<uint64_t>(), 40 * kMiB + 123 + 2);
+  // Eleven chunks of the model and one of the config, each file opened once
+  // (kept open between its chunks: OpenSourceFiles).
+  EXPECT_EQ(before["source_chunks_read"], 12);
+  EXPECT_EQ(before["source_opens"], 2) << before.dump();
   EXPECT_TRUE(ReadDirect(mnt_ + "/by-name/m/model.safetensors") == ReadFile(src_ + "/m/model.safetensors"));
   const auto after = Stats(mnt_);
   EXPECT_EQ(after["source_bytes_read"], before["source_bytes_read"]);  // served from memory only

@@ -20,6 +20,7 @@
 #include "ckptfs/sealed_copy.h"
 #include "ckptfs/source_reader.h"
 #include "kernel_tuning.h"
+#include "indexed_source_file.h"
 #include "test_tree.h"
 
 namespace ckptfs {
@@ -29,25 +30,7 @@ using testing::RandomBytes;
 using testing::TempDir;
 using testing::WriteFile;
 
-// A source file of two chunks, the second ending off a page boundary, with
-// its stamp and chunk table as the index would hold them.
-struct SourceFile {
-  explicit SourceFile(const std::string& dir)
-      : path(dir + "/model.safetensors"), bytes(RandomBytes(2 * kChunkSize - 5000, 7)) {
-    WriteFile(path, bytes);
-    struct stat st;
-    EXPECT_EQ(::stat(path.c_str(), &st), 0);
-    stamp = FileStamp::FromStat(st);
-    for (uint64_t c = 0; c < ChunkCount(bytes.size()); ++c) {
-      chunks.push_back(HashChunk(bytes.data() + c * kChunkSize, ChunkLen(c)));
-    }
-  }
-  size_t ChunkLen(uint64_t c) const { return std::min<size_t>(kChunkSize, bytes.size() - c * kChunkSize); }
-  std::string path;
-  std::string bytes;
-  FileStamp stamp;
-  std::vector<ChunkHash> chunks;
-};
+using testing::SourceFile;
 
 std::unique_ptr<uint8_t, decltype(&std::free)> AlignedChunk() {
   auto* p = static_cast<uint8_t*>(std::aligned_alloc(SourceReader::kDirectAlignment, kChunkSize));
