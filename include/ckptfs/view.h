@@ -171,6 +171,9 @@ class View {
     uint64_t reused = 0;
   };
   PublishStats LastPublish() const { return {last_built_.load(), last_reused_.load()}; }
+  // Publishes that have begun building their snapshot (a publish in progress
+  // counts), for whoever must know that one is under way.
+  uint64_t PublishesBegun() const { return publishes_begun_.load(); }
 
   // The fingerprint of everything a publish reads from `checkpoint`.
   static Sha256Digest InputsOf(const ExposedCheckpoint& checkpoint);
@@ -256,6 +259,7 @@ class View {
   mutable Mutex current_mu_;
   SnapshotPtr current_ GUARDED_BY(current_mu_);
   std::atomic<uint64_t> last_built_{0}, last_reused_{0};
+  std::atomic<uint64_t> publishes_begun_{0};
   mutable std::array<HeldStripe, kHeldStripes> held_;
 };
 

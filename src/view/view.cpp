@@ -27,6 +27,7 @@ View::Changes View::Publish(const std::vector<ExposedCheckpoint>& checkpoints,
   // Only publishes wait here; lookups go on reading the current snapshot
   // while the next one is built.
   MutexLock publishing(publish_mu_);
+  ++publishes_begun_;
   SnapshotPtr next = Build(checkpoints, source_dirs, hub_refs);
   SnapshotPtr before = Current();
   Changes changes = before ? Diff(*before, *next) : Changes{};

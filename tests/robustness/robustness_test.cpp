@@ -305,8 +305,12 @@ TEST_F(RobustnessTest, MemoryStaysFlatAcrossManyVersionsOfACheckpoint) {
     ASSERT_TRUE(WaitFor([&] { return Digest("m") != before && !Digest("m").empty(); })) << m->Log();
     if (version == 10) after_10 = rss_kib();
   }
-  RunCommand("sync; echo 2 > /proc/sys/vm/drop_caches");  // the kernel forgets unused dentries and inodes
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // The kernel forgets unused dentries and inodes, and the daemon the nodes
+  // it held for them (their FORGETs come asynchronously).
+  ASSERT_TRUE(WaitFor([&] {
+    RunCommand("sync; echo 2 > /proc/sys/vm/drop_caches");
+    return Ctl("stats").value("kernel_held_nodes", uint64_t{1} << 60) == 0;
+  })) << Ctl("stats").dump();
   const unsigned long after_50 = rss_kib();
   EXPECT_LE(after_50, after_10 + after_10 / 10 + 4096) << "VmRSS " << after_10 << " kB after 10 versions, "
                                                        << after_50 << " kB after 50";

@@ -189,15 +189,15 @@ TEST(ViewTest, LookupsGoOnWhileAPublishBuildsItsSnapshot) {
   view.Publish({kTree[0]}, {}, {});
   auto by_name = view.Resolve("by-name");
 
-  // The reader starts a moment after the publish began, so that the
-  // publish is building by then, and looks up until it sees the new
-  // snapshot. Under a view-wide lock its first lookup would wait for the
-  // publish to end and see the new snapshot at once; with snapshots it goes
-  // on answering from the old one meanwhile.
+  // The reader starts once the publish has begun building, and looks up
+  // until it sees the new snapshot. Under a view-wide lock its first lookup
+  // would wait for the publish to end and see the new snapshot at once;
+  // with snapshots it goes on answering from the old one meanwhile.
   const std::string last = big.back().name;
   long answered_from_old = 0;
+  const uint64_t begun = view.PublishesBegun();
   std::thread reader([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    while (view.PublishesBegun() == begun) std::this_thread::yield();
     while (!view.Lookup(kRootInode, last)) {
       EXPECT_NE(view.Lookup(by_name->ino, "base"), nullptr);
       ++answered_from_old;
