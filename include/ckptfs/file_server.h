@@ -178,9 +178,26 @@ class FileServer {
   // A read the FUSE layer failed before it reached the server, for stats.
   void CountFailedRead() { ++failed_reads_; }
 
+  // Whole-file copies into the host tier (FileFiller): false without one.
+  bool fills_whole_files() const { return filler_ != nullptr; }
+  // The resident copy of `file`, made now if needed (ckptfsctl preload),
+  // waiting for a fill of it already in flight. `progress(bytes)` is called
+  // about five times a second; returning false cancels the fill.
+  Result<FileCache::CopyPtr> Fill(const View::NodePtr& file, bool pin,
+                                  const std::function<bool(uint64_t)>& progress = nullptr);
+  // Fills in flight give up; none starts after this.
+  void StopFills();
+  struct FillStats {
+    unsigned depth = 0;           // chunk reads in flight for all fills together
+    uint64_t failed = 0;          // fills a source failure abandoned
+    uint64_t skipped = 0;         // background fills that found no room
+    uint64_t streamed_reads = 0;  // reads served from a copy while it was made
+    SourceReader::Io io = SourceReader::Io::kBuffered;
+  };
+  FillStats GetFillStats() const;
+
   const Parts& parts() const { return parts_; }
   const Options& options() const { return options_; }
-  FileFiller* filler() { return filler_.get(); }  // null without a host tier of whole files
   uint64_t open_files() const { return open_files_.load(); }
   uint64_t reads() const { return reads_.load(); }
   uint64_t bytes_read() const { return bytes_read_.load(); }

@@ -1,4 +1,4 @@
-#include "ckptfs/file_filler.h"
+#include "file_filler.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -7,7 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "ckptfs/header_stamper.h"
+#include "header_stamper.h"
 #include "ckptfs/mutex.h"
 
 namespace ckptfs {

@@ -8,8 +8,8 @@
 
 #include <spdlog/spdlog.h>
 
-#include "ckptfs/file_filler.h"
-#include "ckptfs/header_stamper.h"
+#include "file_filler.h"
+#include "header_stamper.h"
 
 namespace ckptfs {
 
@@ -37,6 +37,27 @@ void FileServer::EndReadAhead() {
   if (readahead_in_flight_.fetch_sub(1) != 1) return;
   MutexLock lock(readahead_mu_);  // the destructor may be between its check and its wait
   readahead_done_.NotifyAll();
+}
+
+Result<FileCache::CopyPtr> FileServer::Fill(const View::NodePtr& file, bool pin,
+                                            const std::function<bool(uint64_t)>& progress) {
+  if (filler_ == nullptr) return Status::Error(file->source_path + ": no host tier of whole files on this mount");
+  return filler_->Fill(file, pin, progress);
+}
+
+void FileServer::StopFills() {
+  if (filler_) filler_->Stop();
+}
+
+FileServer::FillStats FileServer::GetFillStats() const {
+  FillStats s;
+  if (filler_ == nullptr) return s;
+  s.depth = filler_->depth();
+  s.failed = filler_->fills_failed();
+  s.skipped = filler_->fills_skipped();
+  s.streamed_reads = filler_->streamed_reads();
+  s.io = filler_->io();
+  return s;
 }
 
 Result<ServedForm> FileServer::FormOf(const View::NodePtr& file) {

@@ -5,7 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ckptfs/catalog.h"
-#include "ckptfs/file_filler.h"
+#include "file_filler.h"
 #include "ckptfs/mutex.h"
 
 namespace ckptfs {

@@ -1,4 +1,4 @@
-#include "ckptfs/header_stamper.h"
+#include "header_stamper.h"
 
 #include <spdlog/spdlog.h>
 

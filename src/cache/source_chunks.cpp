@@ -6,7 +6,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "ckptfs/file_filler.h"
+#include "file_filler.h"
 #include "ckptfs/file_server.h"
 
 namespace ckptfs {

@@ -5,7 +5,7 @@
 #include <set>
 
 #include "ckptfs/control_protocol.h"
-#include "ckptfs/file_filler.h"
+#include "ckptfs/file_server.h"
 
 namespace ckptfs::daemon {
 
@@ -76,7 +76,7 @@ nlohmann::json PreloadFiles(FsContext& ctx, const ControlServer::Request& r, con
                             bool pin, uint64_t total) {
   uint64_t done = 0;
   for (const auto& f : files) {
-    auto filled = ctx.server->filler()->Fill(f, pin, [&](uint64_t bytes) {
+    auto filled = ctx.server->Fill(f, pin, [&](uint64_t bytes) {
       return !r.stopping->load() && r.progress(protocol::ProgressLine(done + bytes, total));
     });
     if (!filled.ok()) {
@@ -100,7 +100,7 @@ nlohmann::json HandlePreload(FsContext& ctx, const ControlServer::Request& r) {
   const bool pin = r.body.value(protocol::kPin, false);
   uint64_t total = 0;
   for (const auto& f : *files) total += f->size;
-  const bool whole_files = ctx.server->options().fill != FillPolicy::kOff && ctx.server->filler() != nullptr;
+  const bool whole_files = ctx.server->options().fill != FillPolicy::kOff && ctx.server->fills_whole_files();
   nlohmann::json out =
       whole_files ? PreloadFiles(ctx, r, *files, pin, total) : PreloadChunks(ctx, r, *files, pin, total);
   if (out[protocol::kOk] != true) return out;
@@ -219,20 +219,20 @@ nlohmann::json IndexFillsJson(const HostTierFill* index_fill) {
 }
 
 nlohmann::json FillsJson(FileServer& server, const FileCache::Stats& f, const HostTierFill* index_fill) {
-  const FileFiller* filler = server.filler();
+  const FileServer::FillStats fills = server.GetFillStats();
   const double rate = f.fill_seconds > 0 ? static_cast<double>(f.fill_bytes) / f.fill_seconds : 0;
   using namespace protocol;
   return {{kFillPolicy, WordOf(kFillPolicyWords, server.options().fill)},
-          {kFillDepth, filler != nullptr ? filler->depth() : 0},
+          {kFillDepth, fills.depth},
           {kFillsCompleted, f.fills},
           {kBytes, f.fill_bytes},
           {"seconds", f.fill_seconds},
           {kBytesPerSecond, static_cast<uint64_t>(rate)},
           {kFillsAbandoned, f.fills_abandoned},
-          {"failed", filler != nullptr ? filler->fills_failed() : 0},
-          {kFillsSkipped, filler != nullptr ? filler->fills_skipped() : 0},
+          {"failed", fills.failed},
+          {kFillsSkipped, fills.skipped},
           // reads served from a copy while it was being made (its verified chunks)
-          {"streamed_reads", filler != nullptr ? filler->streamed_reads() : 0},
+          {"streamed_reads", fills.streamed_reads},
           // what fills and chunk reads check (verify=), and the files whose
           // chunks are proven by their SHA-256 for the chunk path
           {"verify", WordOf(kVerifyWords, server.options().verify)},
@@ -241,7 +241,7 @@ nlohmann::json FillsJson(FileServer& server, const FileCache::Stats& f, const Ho
           // How fills read the source (fill_io=), the bytes read with O_DIRECT,
           // and the direct reads that had to be buffered (a filesystem that
           // refuses O_DIRECT, a copy not aligned for it).
-          {"io", WordOf(kSourceIoWords, filler != nullptr ? filler->io() : SourceReader::Io::kBuffered)},
+          {"io", WordOf(kSourceIoWords, fills.io)},
           {"direct_bytes", server.parts().reader->direct_bytes_read()},
           {"cached_bytes", server.parts().reader->cached_bytes_read()},
           {"direct_refused", server.parts().reader->direct_reads_refused()}};

@@ -1,6 +1,5 @@
 #include "daemon.h"
 
-#include "ckptfs/file_filler.h"
 
 #include "fleet.h"
 
@@ -302,7 +301,7 @@ void Daemon::Shutdown() {
   if (handover_) handover_->Stop(ctx_);  // a drained daemon hands its open inodes over
   if (control_) control_->Stop();
   stop_repin_ = true;
-  if (server_ && server_->filler()) server_->filler()->Stop();
+  if (server_) server_->StopFills();
   if (repin_.joinable()) repin_.join();
   if (readahead_pool_) readahead_pool_->Cancel();
   // The watcher's thread: an in-progress walk or hash stops at its next step.

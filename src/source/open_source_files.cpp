@@ -7,7 +7,7 @@
 #include <tuple>
 #include <vector>
 
-#include "ckptfs/retry_eintr.h"
+#include "retry_eintr.h"
 #include "source_file.h"
 
 namespace ckptfs {

@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <memory>
 
-#include "ckptfs/retry_eintr.h"
+#include "retry_eintr.h"
 
 namespace ckptfs {
 

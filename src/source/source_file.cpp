@@ -7,7 +7,7 @@
 #include <cerrno>
 
 #include "ckptfs/open_beneath.h"
-#include "ckptfs/retry_eintr.h"
+#include "retry_eintr.h"
 
 namespace ckptfs {
 

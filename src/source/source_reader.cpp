@@ -12,7 +12,7 @@
 #include <optional>
 
 #include "open_source_files.h"
-#include "ckptfs/retry_eintr.h"
+#include "retry_eintr.h"
 #include "ckptfs/unique_fd.h"
 
 namespace ckptfs {

@@ -15,7 +15,7 @@
 #include <string>
 
 #include "ckptfs/file_hasher.h"
-#include "ckptfs/header_stamper.h"
+#include "header_stamper.h"
 #include "ckptfs/thread_pool.h"
 #include "test_tree.h"
 

@@ -4,7 +4,7 @@
 // are not safetensors, or whose header breaks the format, are served as
 // they are; a source that changed since indexing is an error, never a stamp
 // of other bytes.
-#include "ckptfs/header_stamper.h"
+#include "header_stamper.h"
 
 #include <sys/stat.h>
 
