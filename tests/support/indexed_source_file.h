@@ -1,4 +1,4 @@
-// A source file on disk with its stamp and chunk table as the index would
+// Source files on disk with their stamp and chunk table as the index would
 // hold them, for tests of the readers of SRC.
 #pragma once
 
@@ -7,11 +7,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "ckptfs/file_hasher.h"
 #include "ckptfs/file_stamp.h"
 #include "ckptfs/hashes.h"
+#include "ckptfs/thread_pool.h"
+#include "ckptfs/view.h"
 #include "test_tree.h"
 
 namespace ckptfs::testing {
@@ -35,5 +39,28 @@ struct SourceFile {
   FileStamp stamp;
   std::vector<ChunkHash> chunks;
 };
+
+// `bytes` written to `path`, and the file node the view holds for it once
+// indexed (hashed for real) into checkpoint `digest`.
+inline View::NodePtr IndexedFileNode(const std::string& path, const std::string& bytes, const std::string& digest,
+                                     ThreadPool* pool) {
+  WriteFile(path, bytes);
+  struct stat st;
+  EXPECT_EQ(::stat(path.c_str(), &st), 0);
+  auto node = std::make_shared<View::Node>();
+  node->kind = View::Kind::kFile;
+  node->source_path = path;
+  node->stamp = FileStamp::FromStat(st);
+  node->size = bytes.size();
+  node->safetensors = path.ends_with(".safetensors");
+  node->digest = digest;
+  auto hashes = FileHasher(pool).Hash(path, node->stamp);
+  EXPECT_TRUE(hashes.ok()) << hashes.status().message();
+  if (hashes.ok()) {
+    node->sha256 = hashes->sha256;
+    node->chunks = std::make_shared<const std::vector<ChunkHash>>(hashes->chunks);
+  }
+  return node;
+}
 
 }  // namespace ckptfs::testing

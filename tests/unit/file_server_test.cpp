@@ -14,9 +14,9 @@
 #include <memory>
 #include <string>
 
-#include "ckptfs/file_hasher.h"
 #include "header_stamper.h"
 #include "ckptfs/thread_pool.h"
+#include "indexed_source_file.h"
 #include "test_tree.h"
 
 namespace ckptfs {
@@ -40,24 +40,7 @@ class FileServerTest : public ::testing::Test {
  protected:
   // The file at `rel` as the view holds it once indexed.
   View::NodePtr Indexed(const std::string& rel, const std::string& bytes) {
-    const std::string path = src_ / rel;
-    WriteFile(path, bytes);
-    struct stat st;
-    EXPECT_EQ(::stat(path.c_str(), &st), 0);
-    auto node = std::make_shared<View::Node>();
-    node->kind = View::Kind::kFile;
-    node->source_path = path;
-    node->stamp = FileStamp::FromStat(st);
-    node->size = bytes.size();
-    node->safetensors = rel.ends_with(".safetensors");
-    node->digest = kDigest;
-    auto hashes = FileHasher(&pool_).Hash(path, node->stamp);
-    EXPECT_TRUE(hashes.ok()) << hashes.status().message();
-    if (hashes.ok()) {
-      node->sha256 = hashes->sha256;
-      node->chunks = std::make_shared<const std::vector<ChunkHash>>(hashes->chunks);
-    }
-    return node;
+    return testing::IndexedFileNode(src_ / rel, bytes, kDigest, &pool_);
   }
 
   std::unique_ptr<FileServer> Server(FillPolicy fill, bool stamp_headers = false) {

@@ -16,6 +16,7 @@
 #include "ckptfs/file_hasher.h"
 #include "ckptfs/safetensors_header.h"
 #include "ckptfs/thread_pool.h"
+#include "indexed_source_file.h"
 #include "test_tree.h"
 
 namespace ckptfs {
@@ -34,24 +35,7 @@ class HeaderStamperTest : public ::testing::Test {
 
   // The file at `rel` as the view holds it once indexed into `digest`.
   View::NodePtr Indexed(const std::string& rel, const std::string& bytes, const std::string& digest) {
-    const std::string path = src_ / rel;
-    WriteFile(path, bytes);
-    struct stat st;
-    EXPECT_EQ(::stat(path.c_str(), &st), 0);
-    auto node = std::make_shared<View::Node>();
-    node->kind = View::Kind::kFile;
-    node->source_path = path;
-    node->stamp = FileStamp::FromStat(st);
-    node->size = bytes.size();
-    node->safetensors = rel.ends_with(".safetensors");
-    node->digest = digest;
-    auto hashes = FileHasher(&pool_).Hash(path, node->stamp);
-    EXPECT_TRUE(hashes.ok()) << hashes.status().message();
-    if (hashes.ok()) {
-      node->sha256 = hashes->sha256;
-      node->chunks = std::make_shared<const std::vector<ChunkHash>>(hashes->chunks);
-    }
-    return node;
+    return testing::IndexedFileNode(src_ / rel, bytes, digest, &pool_);
   }
 
   testing::TempDir src_{"ckptfs-stamper"};
