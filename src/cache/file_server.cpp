@@ -33,10 +33,12 @@ FileServer::~FileServer() {
   while (readahead_in_flight_.load() > 0) readahead_done_.Wait(readahead_mu_);
 }
 
+// Under the lock, the count and the wake-up are one step: were the count
+// lowered first, the destructor could see 0 and free the server before the
+// notify touches its condition variable.
 void FileServer::EndReadAhead() {
-  if (readahead_in_flight_.fetch_sub(1) != 1) return;
-  MutexLock lock(readahead_mu_);  // the destructor may be between its check and its wait
-  readahead_done_.NotifyAll();
+  MutexLock lock(readahead_mu_);
+  if (readahead_in_flight_.fetch_sub(1) == 1) readahead_done_.NotifyAll();
 }
 
 Result<FileCache::CopyPtr> FileServer::Fill(const View::NodePtr& file, bool pin,

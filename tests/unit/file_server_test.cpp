@@ -11,6 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+
 #include <memory>
 #include <string>
 
@@ -57,9 +59,9 @@ class FileServerTest : public ::testing::Test {
   testing::TempDir src_{"ckptfs-file-server"};
   ThreadPool pool_{2};
   FileCache files_{64 * kChunkSize};
-  ChunkCache cache_{ChunkCache::Options{.host_capacity = 16 * kChunkSize}};
+  ChunkCache cache_{ChunkCache::Options{.capacity = 16 * kChunkSize}};
   SourceReader reader_;
-  int source_changes_ = 0;
+  std::atomic<int> source_changes_{0};  // reported by read-ahead threads too
 };
 
 TEST_F(FileServerTest, TheChunkPathServesTheSourceBytesAcrossChunksAndStopsAtTheEnd) {
@@ -124,13 +126,13 @@ TEST_F(FileServerTest, ASourceChangedSinceIndexingIsNeverServedAndNotReadAgain) 
   auto read = server->Read(**opened, 0, 100);
   ASSERT_FALSE(read.ok());
   EXPECT_EQ(read.status().code(), Status::Code::kChanged) << read.status().message();
-  EXPECT_EQ(source_changes_, 1);
+  EXPECT_EQ(source_changes_.load(), 1);
   EXPECT_TRUE(server->AllCopiesRefused(*file));
   const uint64_t chunks_read = reader_.chunks_read();
   auto again = server->Read(**opened, kChunkSize, 5);
   ASSERT_FALSE(again.ok());
   EXPECT_EQ(reader_.chunks_read(), chunks_read);  // refused: the source is not read again
-  EXPECT_EQ(source_changes_, 1);                  // and reported once
+  EXPECT_EQ(source_changes_.load(), 1);                  // and reported once
   EXPECT_EQ(server->failed_reads(), 2u);
 }
 
