@@ -211,7 +211,9 @@ void Daemon::StartCaches() {
                host_bytes - chunk_bytes, descriptors, SealedCopy::kMemoryCopyMax);
   files_ = std::make_unique<FileCache>(host_bytes - chunk_bytes, device_.get(), descriptors);
   cache_ = std::make_unique<ChunkCache>(ChunkCache::Options{.host_capacity = chunk_bytes, .files = files_.get()});
-  reader_ = std::make_unique<SourceReader>(o.source);
+  // On a network or FUSE source a kept descriptor's fstat may answer from
+  // cached attributes; there every read opens its file (close-to-open).
+  reader_ = std::make_unique<SourceReader>(o.source, source_fs_.inotify_complete ? SourceReader::kKeptOpen : 0);
   readahead_pool_ = std::make_unique<ThreadPool>(EffectiveThreads(o.threads));
   if (o.verify == Verify::kSha256) {
     // 32 bytes a 4 MiB chunk: 2^20 chunks (4 TiB of files) in 32 MiB.

@@ -27,7 +27,12 @@ int KeptSourceFile::Direct() {
   const int flags = O_RDONLY | O_DIRECT | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
   int fd = RetryOnEintr([&] { return ::open(self.c_str(), flags | O_NOATIME); });
   if (fd < 0 && errno == EPERM) fd = RetryOnEintr([&] { return ::open(self.c_str(), flags); });
-  if (fd < 0) return -1;  // no /proc, or O_DIRECT refused (EINVAL): read buffered
+  if (fd < 0) {
+    // Out of descriptors or memory passes: try again at the next read. No
+    // /proc, or O_DIRECT refused (EINVAL), does not: read buffered.
+    if (errno == EMFILE || errno == ENFILE || errno == ENOMEM) direct_tried_ = false;
+    return -1;
+  }
   UniqueFd direct(fd);
   struct stat st {};
   if (::fstat(direct.get(), &st) != 0 || st.st_dev != st_.st_dev || st.st_ino != st_.st_ino) return -1;
@@ -49,15 +54,23 @@ OpenSourceFiles::~OpenSourceFiles() {
 
 Result<OpenSourceFiles::Handle> OpenSourceFiles::Get(const std::string& path, const FileStamp& stamp, bool* held) {
   Key key{path, stamp};
+  Handle kept;
   {
     MutexLock lock(mu_);
     if (auto it = files_.find(key); it != files_.end()) {
       it->second.used = std::chrono::steady_clock::now();
       lru_.splice(lru_.begin(), lru_, it->second.lru);
-      *held = true;
-      return it->second.file;
+      kept = it->second.file;
     }
   }
+  // The path must still lead to the kept file, as it did when it was
+  // opened: a directory on it moved (out of SRC, say) changes nothing the
+  // descriptor shows. Checked at every read, as a fresh open would be.
+  if (kept && CheckSourcePath(root_, path, kept->st()).ok()) {
+    *held = true;
+    return kept;
+  }
+  if (kept) Forget(path, stamp);
   *held = false;
   auto opened = OpenSourceFile(root_, path);  // outside the lock: opens of other files go on
   if (!opened.ok()) return opened.status();
@@ -65,24 +78,28 @@ Result<OpenSourceFiles::Handle> OpenSourceFiles::Get(const std::string& path, co
   if (FileStamp::FromStat(opened->st) != stamp) return Status::Changed(path + ": source changed since it was indexed");
   auto file = std::make_shared<KeptSourceFile>(std::move(opened->fd), opened->st);
   if (capacity_ == 0) return file;
+  std::vector<Handle> closing;  // closed outside the lock (a close can take a while on NFS)
   MutexLock lock(mu_);
   if (stopping_) return file;
   if (auto it = files_.find(key); it != files_.end()) return it->second.file;  // another reader's open won
   lru_.push_front(key);
   files_.emplace(std::move(key), Entry{file, std::chrono::steady_clock::now(), lru_.begin()});
-  while (files_.size() > capacity_) Erase(files_.find(lru_.back()));
+  while (files_.size() > capacity_) closing.push_back(Erase(files_.find(lru_.back())));
   if (!closer_.joinable()) closer_ = std::thread([this] { CloseIdle(); });
   return file;
 }
 
 void OpenSourceFiles::Forget(const std::string& path, const FileStamp& stamp) {
+  Handle closing;  // closed outside the lock
   MutexLock lock(mu_);
-  if (auto it = files_.find(Key{path, stamp}); it != files_.end()) Erase(it);
+  if (auto it = files_.find(Key{path, stamp}); it != files_.end()) closing = Erase(it);
 }
 
-void OpenSourceFiles::Erase(std::map<Key, Entry>::iterator it) {
+OpenSourceFiles::Handle OpenSourceFiles::Erase(std::map<Key, Entry>::iterator it) {
+  Handle file = std::move(it->second.file);
   lru_.erase(it->second.lru);
   files_.erase(it);
+  return file;
 }
 
 size_t OpenSourceFiles::open_files() const {
@@ -101,8 +118,7 @@ void OpenSourceFiles::CloseIdle() {
     while (!lru_.empty()) {
       auto it = files_.find(lru_.back());
       if (now - it->second.used < idle_) break;
-      closing.push_back(std::move(it->second.file));
-      Erase(it);
+      closing.push_back(Erase(it));
     }
   }
 }

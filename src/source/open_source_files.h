@@ -4,11 +4,20 @@
 //
 // An entry is keyed by the path and the stamp it was opened under, and is
 // only ever a descriptor of a file that had that stamp when opened through
-// OpenSourceFile (inside SRC, no symlink on the way). Whether the path
-// still names those bytes is the reader's check after each read: a file
-// changed, removed or renamed over changes its ctime (the last through its
-// link count), so the fstat after the read sees it, and the reader then
-// forgets the entry and opens the path again, as a first read would.
+// OpenSourceFile (inside SRC, no symlink on the way). Before each read from
+// a kept file, its path is walked again the same way (O_PATH, nothing
+// opened for reading: CheckSourcePath) and must lead to the same inode, so
+// a directory on it moved out of SRC ends the keeping as a fresh open would
+// fail. Whether the file still holds those bytes is the reader's check after
+// each read: a file changed, removed or renamed over changes its ctime (the
+// last through its link count), so the fstat after the read sees it, and
+// the reader then forgets the entry and opens the path again, as a first
+// read would.
+//
+// A source on a filesystem whose changes this kernel may not see at once
+// (NFS and other network or FUSE filesystems: close-to-open consistency, an
+// fstat answered from cached attributes) keeps nothing open: the daemon
+// asks for capacity 0 there, and each read opens its file afresh.
 //
 // Bounds: at most `capacity` files (the least recently used is closed), and
 // a file not read for `idle` is closed by a thread of its own, so that a
@@ -41,6 +50,7 @@ class KeptSourceFile {
  public:
   KeptSourceFile(UniqueFd fd, const struct stat& st) : fd_(std::move(fd)), st_(st) {}
   int fd() const { return fd_.get(); }
+  const struct stat& st() const { return st_; }  // when it was opened
   // The O_DIRECT descriptor, or -1 where the file cannot be read so (a
   // filesystem that refuses O_DIRECT, no /proc to reopen it through): then
   // buffered reads serve.
@@ -84,7 +94,9 @@ class OpenSourceFiles {
     std::chrono::steady_clock::time_point used;
     std::list<Key>::iterator lru;  // its place in lru_, most recent first
   };
-  void Erase(std::map<Key, Entry>::iterator it) REQUIRES(mu_);
+  // Takes the entry out; its file is closed when the caller lets go of it,
+  // which it does after unlocking.
+  Handle Erase(std::map<Key, Entry>::iterator it) REQUIRES(mu_);
   void CloseIdle() EXCLUDES(mu_);
 
   const std::string root_;

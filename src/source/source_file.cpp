@@ -24,7 +24,12 @@ Result<OpenedSource> OpenSourceFile(const std::string& root, const std::string& 
   return OpenSourceFile(root, path, -1);
 }
 
-Result<OpenedSource> OpenSourceFile(const std::string& root, const std::string& path, int root_fd) {
+namespace {
+
+// The walk both take: beneath an O_PATH descriptor of `root` (`root_fd`, or
+// one opened for this call), no symlink followed. `flags` are open(2)'s; a
+// refused O_NOATIME (a file we do not own, unprivileged) is dropped.
+Result<UniqueFd> OpenOnPath(const std::string& root, const std::string& path, int root_fd, uint64_t flags) {
   UniqueFd dir;
   std::string rel = path;
   int at = AT_FDCWD;
@@ -40,11 +45,10 @@ Result<OpenedSource> OpenSourceFile(const std::string& root, const std::string& 
   uint64_t resolve = RESOLVE_NO_MAGICLINKS;
   if (!root.empty()) resolve |= RESOLVE_NO_SYMLINKS;
   if (at != AT_FDCWD) resolve |= RESOLVE_BENEATH;
-  // O_NOATIME keeps indexing from dirtying every inode; it is refused for
-  // files we do not own unless privileged, so fall back without it.
-  const uint64_t flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
-  int fd = RetryOnEintr([&] { return OpenAt2(at, rel, flags | O_NOATIME, resolve); });
-  if (fd < 0 && errno == EPERM) fd = RetryOnEintr([&] { return OpenAt2(at, rel, flags, resolve); });
+  int fd = RetryOnEintr([&] { return OpenAt2(at, rel, flags, resolve); });
+  if (fd < 0 && errno == EPERM && (flags & O_NOATIME) != 0) {
+    fd = RetryOnEintr([&] { return OpenAt2(at, rel, flags & ~uint64_t{O_NOATIME}, resolve); });
+  }
   if (fd < 0) {
     const int err = errno;
     if (IsEscapeErrno(err)) {
@@ -52,11 +56,36 @@ Result<OpenedSource> OpenSourceFile(const std::string& root, const std::string& 
     }
     return Status::FromErrno("cannot open " + path, err);
   }
+  return UniqueFd(fd);
+}
+
+}  // namespace
+
+Result<OpenedSource> OpenSourceFile(const std::string& root, const std::string& path, int root_fd) {
+  // O_NOATIME keeps indexing from dirtying every inode.
+  auto fd = OpenOnPath(root, path, root_fd, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | O_NOATIME);
+  if (!fd.ok()) return fd.status();
   OpenedSource out;
-  out.fd.reset(fd);
-  if (RetryOnEintr([&] { return ::fstat(fd, &out.st); }) != 0) return Status::FromErrno("cannot stat " + path, errno);
+  out.fd = std::move(*fd);
+  if (RetryOnEintr([&] { return ::fstat(out.fd.get(), &out.st); }) != 0) {
+    return Status::FromErrno("cannot stat " + path, errno);
+  }
   if (!S_ISREG(out.st.st_mode)) return Status::Changed(path + ": no longer a regular file");
   return out;
+}
+
+Status CheckSourcePath(const std::string& root, const std::string& path, const struct stat& st) {
+  auto fd = OpenOnPath(root, path, -1, O_PATH | O_CLOEXEC);
+  if (!fd.ok()) {
+    if (fd.status().error_number() == ENOENT) return Status::Changed(path + ": source file is gone");
+    return fd.status();
+  }
+  struct stat now {};
+  if (RetryOnEintr([&] { return ::fstat(fd->get(), &now); }) != 0) return Status::FromErrno("cannot stat " + path, errno);
+  if (now.st_dev != st.st_dev || now.st_ino != st.st_ino) {
+    return Status::Changed(path + ": the path leads to another file than the one open");
+  }
+  return Status::Ok();
 }
 
 }  // namespace ckptfs

@@ -35,4 +35,10 @@ Result<OpenedSource> OpenSourceFile(const std::string& root, const std::string& 
 // opened once for many files (-1: open the root for this file only).
 Result<OpenedSource> OpenSourceFile(const std::string& root, const std::string& path, int root_fd);
 
+// Whether canonical `path`, walked as OpenSourceFile walks it, still leads to
+// the file `st` describes (its device and inode). The walk opens nothing for
+// reading (O_PATH). kChanged when it leads elsewhere or nowhere: the file
+// was moved, or a directory on its path was (out of SRC, say).
+Status CheckSourcePath(const std::string& root, const std::string& path, const struct stat& st);
+
 }  // namespace ckptfs

@@ -77,9 +77,11 @@ Status SourceReader::ReadChunk(const std::string& path, const FileStamp& stamp, 
   if (index >= chunks.size()) {
     return Status::Error(path + ": chunk " + std::to_string(index) + " is past the end of the chunk table");
   }
-  // A descriptor kept from an earlier chunk that fails any check (the file
-  // changed, was removed or renamed over, went stale on NFS) is let go, and
-  // the path opened again: the answer is then what a first read gives.
+  // A descriptor kept from an earlier chunk whose file changed, was removed
+  // or renamed over (or went stale) is let go, and the path opened again:
+  // the answer is then what a first read gives. A read error or a chunk
+  // that does not match is the file's own answer, not the descriptor's: it
+  // is not read a second time.
   Status s;
   for (int attempt = 0; attempt < 2; ++attempt) {
     bool held = false;
@@ -91,7 +93,8 @@ Status SourceReader::ReadChunk(const std::string& path, const FileStamp& stamp, 
     s = ReadFrom(**file, path, stamp, chunks, index, dst, len, io);
     if (s.ok()) return s;
     files_->Forget(path, stamp);
-    if (!held) break;
+    const bool stale = s.code() == Status::Code::kChanged || s.error_number() == ESTALE;
+    if (!held || !stale) break;
   }
   return s;
 }

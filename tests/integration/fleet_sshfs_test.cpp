@@ -102,5 +102,24 @@ TEST_F(SshfsSourceTest, ServerSideChangesAreFoundByTheRescanNotByInotify) {
   }
 }
 
+// Where this kernel may not see a change at once, nothing is kept open:
+// each chunk read opens its file afresh (close-to-open), as an fstat of a
+// kept descriptor could be answered from sshfs's cached attributes.
+TEST_F(SshfsSourceTest, TheChunkPathKeepsNoSourceFileOpen) {
+  const std::string bytes = RandomBytes(3 * (4 << 20), 5);  // three 4 MiB chunks
+  WriteFile(remote_ + "/m/w.bin", bytes);
+  SshfsLoopback sshfs(tmp_ / "ssh", remote_, sshfs_mnt_, "dcache_timeout=1");
+  ASSERT_TRUE(sshfs.ok()) << sshfs.output();
+  MountedCkptfs m(kDaemon, sshfs_mnt_, tmp_ / "mnt", "state=" + tmp_ / "state" + ",settle=0,fill=off,fill_on_index=off",
+                  tmp_ / "d.log");
+  ASSERT_TRUE(m.ok()) << m.Log();
+  ASSERT_TRUE(WaitFor([&] { return !Link(m.mountpoint(), "m").empty(); })) << m.Log();
+  EXPECT_TRUE(ReadFile(m.mountpoint() + "/by-name/m/w.bin") == bytes);
+  const auto stats = QueryMount(kCtl, "stats", m.mountpoint());
+  EXPECT_GE(stats["source_chunks_read"].get<uint64_t>(), 3u) << stats.dump();
+  EXPECT_EQ(stats["source_opens"], stats["source_chunks_read"]) << stats.dump();
+  EXPECT_EQ(stats["source_files_open"], 0) << stats.dump();
+}
+
 }  // namespace
 }  // namespace ckptfs::testing

@@ -92,6 +92,35 @@ TEST_F(KeptOpenSourceTest, ARemovedFileIsLetGoOf) {
   EXPECT_EQ(DescriptorsOn(f.path), 0);  // its blocks are not held
 }
 
+// The file itself is untouched (same inode, same stamp): only a directory
+// on its path moved, out of the source root. A fresh open would fail; so
+// must a read through the kept descriptor.
+TEST_F(KeptOpenSourceTest, AFileWhoseDirectoryMovesOutOfTheRootIsLetGoOf) {
+  TempDir root("ckptfs-kept-open-root"), outside("ckptfs-kept-open-outside");
+  SourceFile g(root / "ckpt");
+  SourceReader reader(root.path());
+  ASSERT_TRUE(Read(reader, g, 0).ok());
+  ASSERT_EQ(reader.source_files_open(), 1u);
+  ASSERT_EQ(::rename((root / "ckpt").c_str(), (outside / "ckpt").c_str()), 0);
+  const Status s = Read(reader, g, 1);
+  EXPECT_EQ(s.code(), Status::Code::kChanged) << s.message();
+  EXPECT_EQ(reader.source_files_open(), 0u);
+  EXPECT_EQ(DescriptorsOn(outside / "ckpt/model.safetensors"), 0);
+}
+
+// A chunk that does not match is the file's answer, not a stale
+// descriptor's: it is not read a second time through a fresh open.
+TEST_F(KeptOpenSourceTest, AChunkThatDoesNotMatchIsReadOnce) {
+  SourceReader reader;
+  ASSERT_TRUE(Read(reader, f, 0).ok());
+  SourceFile wrong = f;
+  wrong.chunks[1][0] ^= 1;
+  const Status s = Read(reader, wrong, 1);
+  EXPECT_EQ(s.code(), Status::Code::kCorrupt) << s.message();
+  EXPECT_EQ(reader.chunks_read(), 2u);
+  EXPECT_EQ(reader.source_opens(), 1u);
+}
+
 TEST_F(KeptOpenSourceTest, AFileNobodyReadsIsClosedAfterTheIdleTime) {
   SourceReader reader("", SourceReader::kKeptOpen, std::chrono::milliseconds(50));
   ASSERT_TRUE(Read(reader, f, 0).ok());
