@@ -1,6 +1,7 @@
-// FileCache: the host tier. Whole verified files, each in a SealedCopy (a
-// sealed memfd), keyed by the file's SHA-256 and the form it is served in,
-// so every checkpoint and every name that holds a file shares one copy.
+// FileCache: the host tier (see cache_tier.h). Whole verified files, each
+// in a SealedCopy (a sealed memfd), keyed by the file's SHA-256 and the form
+// it is served in, so every checkpoint and every name that holds a file
+// shares one copy.
 //
 // Budget: `capacity` bounds the memory of the copies the tier holds plus the
 // fills in flight (each file counts its size rounded up to whole pages, so a
@@ -44,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "ckptfs/cache_tier.h"
 #include "ckptfs/device_memory.h"
 #include "ckptfs/hashes.h"
 #include "ckptfs/mutex.h"
@@ -60,7 +62,7 @@ struct FileKey {
   auto operator<=>(const FileKey&) const = default;
 };
 
-class FileCache {
+class FileCache final : public CacheTier {
  public:
   using CopyPtr = std::shared_ptr<const SealedCopy>;
 
@@ -69,7 +71,7 @@ class FileCache {
   // null without one. It must outlive the cache.
   explicit FileCache(uint64_t capacity, DeviceMemory* device = nullptr,
                      uint64_t descriptor_budget = kNoDescriptorLimit);
-  ~FileCache();
+  ~FileCache() override;
   FileCache(const FileCache&) = delete;
   FileCache& operator=(const FileCache&) = delete;
 
@@ -133,9 +135,14 @@ class FileCache {
   // Pins the resident copy of `key` (registered with the device, or mlock;
   // see Stats::registered and Stats::locked_memory).
   Status Pin(const FileKey& key);
-  // Every form of file `sha256`: returns the bytes unpinned / evicted.
-  uint64_t Unpin(const Sha256Digest& sha256);
-  uint64_t Evict(const Sha256Digest& sha256);
+
+  // CacheTier. CopyOut copies from the source's bytes (the form ""), not a
+  // stamped form.
+  const char* name() const override;
+  bool CopyOut(const Sha256Digest& file, uint64_t offset, size_t len, uint8_t* dst) const override;
+  uint64_t Unpin(const Sha256Digest& sha256) override EXCLUDES(pin_mu_, mu_);
+  uint64_t Evict(const Sha256Digest& sha256) override EXCLUDES(pin_mu_, mu_);
+  std::map<Sha256Digest, Residency> ResidencyByFile() const override EXCLUDES(mu_);
 
   struct Stats {
     uint64_t capacity = 0;
@@ -155,11 +162,6 @@ class FileCache {
     uint64_t registered = 0;    // pinned bytes registered with the gpu= device
   };
   Stats GetStats() const;
-
-  struct Residency {
-    uint64_t bytes = 0, pinned = 0;  // file bytes (not pages), every form
-  };
-  std::map<Sha256Digest, Residency> ResidencyByFile() const;
 
  private:
   struct Entry {

@@ -197,6 +197,9 @@ class FileServer {
   FillStats GetFillStats() const;
 
   const Parts& parts() const { return parts_; }
+  // The cache's tiers, upper first: the host tier (whole files, when there
+  // is one), then the chunk tier.
+  std::vector<CacheTier*> tiers() const;
   const Options& options() const { return options_; }
   uint64_t open_files() const { return open_files_.load(); }
   uint64_t reads() const { return reads_.load(); }

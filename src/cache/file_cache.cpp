@@ -164,7 +164,7 @@ Result<FileCache::Claimed> FileCache::Claim(const FileKey& key, uint64_t size, b
 }
 
 Status FileCache::PinRefused() const {
-  return Status::Full("pinning would exceed the host cache (" + std::to_string(pinned_) + " bytes pinned of " +
+  return Status::Full("pinning would exceed the host tier (" + std::to_string(pinned_) + " bytes pinned of " +
                       std::to_string(capacity_) + " for whole files); unpin something or raise cache_size");
 }
 
@@ -327,7 +327,22 @@ FileCache::Stats FileCache::GetStats() const {
   return s;
 }
 
-std::map<Sha256Digest, FileCache::Residency> FileCache::ResidencyByFile() const {
+const char* FileCache::name() const { return "host"; }
+
+bool FileCache::CopyOut(const Sha256Digest& file, uint64_t offset, size_t len, uint8_t* dst) const {
+  CopyPtr copy;
+  {
+    MutexLock lock(mu_);
+    auto it = entries_.find(FileKey{file, ""});
+    if (it == entries_.end()) return false;
+    copy = it->second.copy;  // kept alive past the lock, the copy made outside it
+  }
+  if (copy->data() == nullptr || offset > copy->size() || len > copy->size() - offset) return false;
+  std::memcpy(dst, copy->data() + offset, len);
+  return true;
+}
+
+std::map<Sha256Digest, CacheTier::Residency> FileCache::ResidencyByFile() const {
   MutexLock lock(mu_);
   std::map<Sha256Digest, Residency> out;
   for (const auto& [key, e] : entries_) {

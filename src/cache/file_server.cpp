@@ -141,6 +141,13 @@ bool FileServer::Closed(const ServedFile& f) {
   return !f.node->content && Resident(f.key, /*use=*/false) != nullptr;
 }
 
+std::vector<CacheTier*> FileServer::tiers() const {
+  std::vector<CacheTier*> out;
+  if (parts_.files != nullptr) out.push_back(parts_.files);
+  if (parts_.cache != nullptr) out.push_back(parts_.cache);
+  return out;
+}
+
 FileCache::CopyPtr FileServer::Resident(const FileKey& key, bool use) const {
   return parts_.files != nullptr ? parts_.files->Find(key, use) : nullptr;
 }

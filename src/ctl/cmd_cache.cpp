@@ -1,4 +1,4 @@
-// ckptfsctl preload / unpin / evict / stats: the chunk cache of a mount.
+// ckptfsctl preload / unpin / evict / stats: the cache tiers of a mount.
 #include <unistd.h>
 
 #include <climits>

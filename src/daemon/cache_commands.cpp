@@ -31,7 +31,7 @@ Result<std::vector<View::NodePtr>> FilesOf(FsContext& ctx, const ControlServer::
   return ctx.view->FilesUnder(node);
 }
 
-nlohmann::json TierJson(const TierStats& t) {
+nlohmann::json ChunkTierJson(const ChunkTierStats& t) {
   using namespace protocol;
   return {{kCapacity, t.capacity}, {kUsed, t.used},   {kPinned, t.pinned},        {kHits, t.hits},
           {kMisses, t.misses},     {kFills, t.fills}, {kEvictions, t.evictions},
@@ -112,20 +112,17 @@ nlohmann::json HandlePreload(FsContext& ctx, const ControlServer::Request& r) {
 
 namespace {
 
-// Applies `drop_files` and `drop_chunks` (Unpin or Evict of both caches)
-// once to every distinct file under the request's path; answers with the
-// bytes they report.
+// Applies `drop` (Unpin or Evict) in every tier, once to every distinct
+// file under the request's path; answers with the bytes they report.
 nlohmann::json ForEachFile(FsContext& ctx, const ControlServer::Request& r,
-                           uint64_t (FileCache::*drop_files)(const Sha256Digest&),
-                           uint64_t (ChunkCache::*drop_chunks)(const Sha256Digest&)) {
+                           uint64_t (CacheTier::*drop)(const Sha256Digest&)) {
   auto files = FilesOf(ctx, r);
   if (!files.ok()) return Refuse(files.status().message());
   uint64_t bytes = 0;
   std::set<Sha256Digest> seen;
   for (const auto& f : *files) {
     if (!seen.insert(f->sha256).second) continue;
-    if (ctx.server->parts().files != nullptr) bytes += (ctx.server->parts().files->*drop_files)(f->sha256);
-    bytes += (ctx.server->parts().cache->*drop_chunks)(f->sha256);
+    for (CacheTier* tier : ctx.server->tiers()) bytes += (tier->*drop)(f->sha256);
   }
   return {{protocol::kOk, true}, {protocol::kBytes, bytes}};
 }
@@ -171,36 +168,38 @@ nlohmann::json HostTierJson(const FileCache::Stats& f) {
           {"in_memory", f.in_memory}};
 }
 
-// Per digest directory: bytes of its distinct files held whole in the host
-// tier, as chunks, and pinned.
+// Per digest directory: bytes of its distinct files held by each tier
+// (under the tier's name: whole files in the host tier, chunks), and pinned.
 // Only the digests in `by_name` (those the caller may see), with their
 // by-name paths.
 nlohmann::json PerCheckpoint(FsContext& ctx, const std::map<std::string, std::vector<std::string>>& by_name) {
+  struct TierResidency {
+    const char* name;
+    std::map<Sha256Digest, CacheTier::Residency> files;
+  };
+  std::vector<TierResidency> tiers;
+  for (const CacheTier* tier : ctx.server->tiers()) tiers.push_back({tier->name(), tier->ResidencyByFile()});
   nlohmann::json per = nlohmann::json::array();
-  const auto chunks = ctx.server->parts().cache->ResidencyByFile();
-  const auto whole = ctx.server->parts().files != nullptr ? ctx.server->parts().files->ResidencyByFile() : std::map<Sha256Digest, FileCache::Residency>{};
   auto root = ctx.view->Get(FUSE_ROOT_ID);
   for (const auto& [name, ino] : root->children) {
     const auto visible = by_name.find(name);
     if (name.rfind("sha256-", 0) != 0 || visible == by_name.end()) continue;
-    uint64_t host = 0, in_chunks = 0, pinned = 0;
-    std::set<Sha256Digest> seen;
-    for (const auto& f : ctx.view->FilesUnder(ctx.view->Get(ino))) {
-      if (!seen.insert(f->sha256).second) continue;
-      if (auto it = whole.find(f->sha256); it != whole.end()) {
-        host += it->second.bytes;
-        pinned += it->second.pinned;
+    nlohmann::json entry = {{protocol::kName, name}, {protocol::kByName, visible->second}};
+    std::set<Sha256Digest> distinct;
+    for (const auto& f : ctx.view->FilesUnder(ctx.view->Get(ino))) distinct.insert(f->sha256);
+    uint64_t pinned = 0;
+    for (const TierResidency& tier : tiers) {
+      uint64_t held = 0;
+      for (const Sha256Digest& file : distinct) {
+        if (auto it = tier.files.find(file); it != tier.files.end()) {
+          held += it->second.bytes;
+          pinned += it->second.pinned;
+        }
       }
-      if (auto it = chunks.find(f->sha256); it != chunks.end()) {
-        in_chunks += it->second.host;
-        pinned += it->second.pinned;
-      }
+      entry[tier.name] = held;
     }
-    per.push_back({{protocol::kName, name},
-                   {protocol::kByName, visible->second},
-                   {protocol::kTierHost, host},
-                   {protocol::kTierChunks, in_chunks},
-                   {protocol::kPinned, pinned}});
+    entry[protocol::kPinned] = pinned;
+    per.push_back(std::move(entry));
   }
   return per;
 }
@@ -250,11 +249,11 @@ nlohmann::json FillsJson(FileServer& server, const FileCache::Stats& f, const Ho
 }  // namespace
 
 nlohmann::json HandleUnpin(FsContext& ctx, const ControlServer::Request& r) {
-  return ForEachFile(ctx, r, &FileCache::Unpin, &ChunkCache::Unpin);
+  return ForEachFile(ctx, r, &CacheTier::Unpin);
 }
 
 nlohmann::json HandleEvict(FsContext& ctx, const ControlServer::Request& r) {
-  return ForEachFile(ctx, r, &FileCache::Evict, &ChunkCache::Evict);
+  return ForEachFile(ctx, r, &CacheTier::Evict);
 }
 
 nlohmann::json HandleStats(FsContext& ctx, const HostTierFill* index_fill,
@@ -263,7 +262,7 @@ nlohmann::json HandleStats(FsContext& ctx, const HostTierFill* index_fill,
   CacheStats s = server.parts().cache->Stats();
   const FileCache::Stats f = server.parts().files != nullptr ? server.parts().files->GetStats() : FileCache::Stats{};
   using namespace protocol;
-  nlohmann::json tiers = {{kTierHost, HostTierJson(f)}, {kTierChunks, TierJson(s.host)}};
+  nlohmann::json tiers = {{kTierHost, HostTierJson(f)}, {kTierChunks, ChunkTierJson(s.slots)}};
   const auto [mode, reason] = PassthroughState(ctx);
   nlohmann::json opens = nlohmann::json::object();
   for (const auto& [how, n] : ctx.opens.Get()) opens[how] = n;
@@ -275,7 +274,7 @@ nlohmann::json HandleStats(FsContext& ctx, const HostTierFill* index_fill,
           {kTiers, tiers},
           {kHeldByReaders, f.held_by_readers},
           {kFills, FillsJson(server, f, index_fill)},
-          {kMemory, {{kLocked, f.locked_memory && s.host_pinned_memory}, {kHugePages, HugePages()}}},
+          {kMemory, {{kLocked, f.locked_memory && s.slots_pinned_memory}, {kHugePages, HugePages()}}},
           {kVerificationFailures, s.verification_failures},
           {kReadaheadFills, s.readahead_fills},
           {kReadaheadHits, s.readahead_hits},

@@ -210,7 +210,7 @@ void Daemon::StartCaches() {
                "vm.max_map_count allow; files up to {} bytes are held in memory)",
                host_bytes - chunk_bytes, descriptors, SealedCopy::kMemoryCopyMax);
   files_ = std::make_unique<FileCache>(host_bytes - chunk_bytes, device_.get(), descriptors);
-  cache_ = std::make_unique<ChunkCache>(ChunkCache::Options{.host_capacity = chunk_bytes, .files = files_.get()});
+  cache_ = std::make_unique<ChunkCache>(ChunkCache::Options{.capacity = chunk_bytes, .below = files_.get()});
   // On a network or FUSE source a kept descriptor's fstat may answer from
   // cached attributes; there every read opens its file (close-to-open).
   reader_ = std::make_unique<SourceReader>(o.source, source_fs_.inotify_complete ? SourceReader::kKeptOpen : 0);

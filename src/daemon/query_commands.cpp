@@ -98,8 +98,8 @@ nlohmann::json StatusJson(const std::vector<CheckpointState>& visible, const Cat
           {"reads", {{"requests", ctx.server->reads()}, {"bytes", ctx.server->bytes_read()}, {"failed", ctx.server->failed_reads()}}},
           {kCache,
            {{kTierHost, ctx.server->parts().files->GetStats().capacity},
-            {kTierChunks, ctx.server->parts().cache->Stats().host.capacity},
-            {kPinnedMemory, ctx.server->parts().cache->Stats().host_pinned_memory && ctx.server->parts().files->GetStats().locked_memory}}},
+            {kTierChunks, ctx.server->parts().cache->Stats().slots.capacity},
+            {kPinnedMemory, ctx.server->parts().cache->Stats().slots_pinned_memory && ctx.server->parts().files->GetStats().locked_memory}}},
           {kCheckpoints, list}};
 }
 

@@ -121,7 +121,7 @@ TEST_F(CacheMountTest, PinsLargerThanTheCacheFailClearly) {
   ASSERT_TRUE(WaitForLink("m")) << m->Log();
   CommandResult r = RunCommand(kCtl + " preload --pin " + mnt_ + "/by-name/m", true);
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.out.find("pinning would exceed the host cache"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("pinning would exceed the host tier"), std::string::npos) << r.out;
   // Reads still work, from the unpinned slots.
   EXPECT_TRUE(ReadDirect(mnt_ + "/by-name/m/model.safetensors") == ReadFile(src_ + "/m/model.safetensors"));
 }

@@ -109,12 +109,27 @@ TEST(FileCacheTest, PinnedFilesStayAndPinsThatDoNotFitAreRefused) {
   ASSERT_TRUE(Fill(cache, Key(1), 3 * kMiB, /*pin=*/true));
   auto refused = cache.Claim(Key(2), 2 * kMiB, /*pin=*/true, true);
   ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.status().message().find("pinning would exceed the host cache"), std::string::npos);
+  EXPECT_NE(refused.status().message().find("pinning would exceed the host tier"), std::string::npos);
   EXPECT_FALSE(Fill(cache, Key(2), 2 * kMiB));  // only room by evicting the pinned one: refused
   EXPECT_TRUE(cache.Find(Key(1)));
   EXPECT_EQ(cache.Unpin(Key(1).sha256), 3 * kMiB);
   EXPECT_TRUE(Fill(cache, Key(2), 2 * kMiB));
   EXPECT_FALSE(cache.Find(Key(1)));
+}
+
+// What the chunk tier copies from: the source's bytes of a resident copy,
+// never a stamped form, and no use counted.
+TEST(FileCacheTest, CopyOutGivesAResidentCopysBytesOnly) {
+  FileCache cache(16 * kMiB);
+  ASSERT_TRUE(Fill(cache, Key(1), 3 * kMiB + 5));
+  ASSERT_TRUE(Fill(cache, Key(2, "stamped:sha256-0"), kMiB));
+  std::vector<uint8_t> out(5, 0);
+  ASSERT_TRUE(cache.CopyOut(Key(1).sha256, 3 * kMiB, out.size(), out.data()));
+  EXPECT_EQ(out, std::vector<uint8_t>(5, 'x'));
+  EXPECT_FALSE(cache.CopyOut(Key(1).sha256, 3 * kMiB + 1, out.size(), out.data()));  // past its end
+  EXPECT_FALSE(cache.CopyOut(Key(2).sha256, 0, out.size(), out.data()));  // only a stamped form is resident
+  EXPECT_FALSE(cache.CopyOut(Key(3).sha256, 0, out.size(), out.data()));
+  EXPECT_EQ(cache.GetStats().hits + cache.GetStats().misses, 0u);
 }
 
 TEST(FileCacheTest, EvictedCopiesHeldByReadersAreCountedApart) {

@@ -40,7 +40,7 @@ class HeaderStamperTest : public ::testing::Test {
 
   testing::TempDir src_{"ckptfs-stamper"};
   ThreadPool pool_{2};
-  ChunkCache cache_{ChunkCache::Options{.host_capacity = 64 * kChunkSize}};
+  ChunkCache cache_{ChunkCache::Options{.capacity = 64 * kChunkSize}};
   SourceReader reader_;
   FileServer server_{FileServer::Parts{.cache = &cache_, .reader = &reader_}, FileServer::Options{}, {}};
   HeaderStamper stamper_;

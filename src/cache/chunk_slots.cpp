@@ -1,4 +1,4 @@
-#include "ckptfs/host_chunk_tier.h"
+#include "chunk_slots.h"
 
 #include <utility>
 
@@ -13,7 +13,7 @@ constexpr double kProtectedShare = 0.8;
 constexpr uint64_t kUnpinnedReserveSlots = 2;
 }  // namespace
 
-struct HostChunkTier::Entry {
+struct ChunkSlot {
   enum class Segment { kNone, kProbation, kProtected };
   ChunkKey key;
   size_t len = 0;
@@ -23,17 +23,60 @@ struct HostChunkTier::Entry {
   bool pinned = false;
   bool readahead = false;  // filled ahead of the reader and not read yet
   Segment segment = Segment::kNone;
-  std::list<Entry*>::iterator pos;
+  std::list<ChunkSlot*>::iterator pos;
 };
 
-HostChunkTier::HostChunkTier(Options options)
+ChunkSlots::ChunkSlots(Options options)
     : options_(std::move(options)), memory_(options_.capacity, kChunkSize) {
   counters_.tier.capacity = options_.capacity;
 }
 
-HostChunkTier::~HostChunkTier() = default;
+ChunkSlots::~ChunkSlots() = default;
 
-void HostChunkTier::Unlink(Entry& e) {
+ChunkClaim::ChunkClaim(ChunkClaim&& o) noexcept
+    : slots_(std::exchange(o.slots_, nullptr)),
+      entry_(std::exchange(o.entry_, nullptr)),
+      filling_(std::exchange(o.filling_, false)) {}
+
+ChunkClaim& ChunkClaim::operator=(ChunkClaim&& o) noexcept {
+  if (this != &o) {
+    Reset();
+    slots_ = std::exchange(o.slots_, nullptr);
+    entry_ = std::exchange(o.entry_, nullptr);
+    filling_ = std::exchange(o.filling_, false);
+  }
+  return *this;
+}
+
+ChunkClaim::~ChunkClaim() { Reset(); }
+
+void ChunkClaim::Reset() {
+  if (entry_ == nullptr) return;
+  if (filling_) {
+    slots_->Abort(entry_);
+  } else {
+    slots_->Release(entry_);
+  }
+  entry_ = nullptr;
+  slots_ = nullptr;
+  filling_ = false;
+}
+
+uint8_t* ChunkClaim::data() const { return entry_ != nullptr ? entry_->slot : nullptr; }
+
+size_t ChunkClaim::length() const { return entry_ != nullptr ? entry_->len : 0; }
+
+void ChunkClaim::Commit(Use use, bool from_source) {
+  if (entry_ == nullptr || !filling_) return;
+  slots_->Commit(entry_, use, from_source);
+  filling_ = false;
+}
+
+void ChunkClaim::Pin() {
+  if (present()) slots_->Pin(entry_);
+}
+
+void ChunkSlots::Unlink(Entry& e) {
   if (e.segment == Entry::Segment::kProbation) probation_.erase(e.pos);
   if (e.segment == Entry::Segment::kProtected) {
     protected_.erase(e.pos);
@@ -42,13 +85,13 @@ void HostChunkTier::Unlink(Entry& e) {
   e.segment = Entry::Segment::kNone;
 }
 
-void HostChunkTier::PushProbation(Entry& e) {
+void ChunkSlots::PushProbation(Entry& e) {
   probation_.push_front(&e);
   e.pos = probation_.begin();
   e.segment = Entry::Segment::kProbation;
 }
 
-void HostChunkTier::Touch(Entry& e) {
+void ChunkSlots::Touch(Entry& e) {
   if (e.segment == Entry::Segment::kProtected) {
     protected_.splice(protected_.begin(), protected_, e.pos);
     return;
@@ -68,7 +111,7 @@ void HostChunkTier::Touch(Entry& e) {
   }
 }
 
-void HostChunkTier::CountHitLocked(Entry& e, Use use) {
+void ChunkSlots::CountHitLocked(Entry& e, Use use) {
   if (use != Use::kRead) return;
   ++counters_.tier.hits;
   if (e.readahead) {
@@ -80,7 +123,7 @@ void HostChunkTier::CountHitLocked(Entry& e, Use use) {
 
 // The slot of the least recently used chunk nobody reads, fills or pinned,
 // taken out of the tier; null when there is none.
-uint8_t* HostChunkTier::TakeVictimLocked() {
+uint8_t* ChunkSlots::TakeVictimLocked() {
   auto evictable = [](const Entry* e) { return e->refs == 0 && !e->pinned && !e->filling; };
   for (auto* list : {&probation_, &protected_}) {
     for (auto it = list->rbegin(); it != list->rend(); ++it) {
@@ -100,13 +143,13 @@ uint8_t* HostChunkTier::TakeVictimLocked() {
 
 // A free slot: a new one from HostMemory while the tier has room (its slab
 // mapped without this tier's lock), else a victim's.
-uint8_t* HostChunkTier::TakeSlot() {
+uint8_t* ChunkSlots::TakeSlot() {
   if (uint8_t* slot = memory_.Take()) return slot;
   MutexLock lock(mu_);
   return TakeVictimLocked();
 }
 
-Result<HostChunkTier::Claimed> HostChunkTier::Claim(const ChunkKey& key, size_t len, Use use) {
+Result<ChunkClaim> ChunkSlots::Claim(const ChunkKey& key, size_t len, Use use) {
   MutexLock lock(mu_);
   bool waited = false;
   for (;;) {
@@ -120,7 +163,7 @@ Result<HostChunkTier::Claimed> HostChunkTier::Claim(const ChunkKey& key, size_t 
     }
     CountHitLocked(e, use);
     ++e.refs;
-    return Claimed{&e, e.slot, true};
+    return ChunkClaim(this, &e, /*filling=*/false);
   }
   if (use == Use::kRead) ++counters_.tier.misses;
   auto owned = std::make_unique<Entry>();
@@ -135,14 +178,22 @@ Result<HostChunkTier::Claimed> HostChunkTier::Claim(const ChunkKey& key, size_t 
   if (slot == nullptr) {
     entries_.erase(key);
     filled_.NotifyAll();
-    return Status::Full("host tier full of pinned or busy chunks");
+    return Status::Full("the chunk tier is full of pinned or busy chunks");
   }
   e->slot = slot;
   counters_.tier.used += kChunkSize;
-  return Claimed{e, slot, false};
+  return ChunkClaim(this, e, /*filling=*/true);
 }
 
-void HostChunkTier::Commit(Entry* e, Use use, bool from_source) {
+ChunkClaim ChunkSlots::Peek(const ChunkKey& key) {
+  MutexLock lock(mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end() || it->second->filling) return ChunkClaim();
+  ++it->second->refs;
+  return ChunkClaim(this, it->second.get(), /*filling=*/false);
+}
+
+void ChunkSlots::Commit(Entry* e, Use use, bool from_source) {
   MutexLock lock(mu_);
   e->filling = false;
   e->readahead = use == Use::kReadAhead && from_source;
@@ -156,7 +207,7 @@ void HostChunkTier::Commit(Entry* e, Use use, bool from_source) {
   filled_.NotifyAll();
 }
 
-void HostChunkTier::Abort(Entry* e) {
+void ChunkSlots::Abort(Entry* e) {
   uint8_t* slot = e->slot;
   {
     MutexLock lock(mu_);
@@ -167,31 +218,31 @@ void HostChunkTier::Abort(Entry* e) {
   memory_.Give(slot);
 }
 
-void HostChunkTier::Release(Entry* e) {
+void ChunkSlots::Release(Entry* e) {
   MutexLock lock(mu_);
   --e->refs;
 }
 
-Status HostChunkTier::CheckPinRoom(const ChunkKey& key) const {
+Status ChunkSlots::CheckPinRoom(const ChunkKey& key) const {
   MutexLock lock(mu_);
   auto it = entries_.find(key);
   if (it != entries_.end() && it->second->pinned) return Status::Ok();
   if (pinned_ + kChunkSize + kUnpinnedReserveSlots * kChunkSize > options_.capacity) {
-    return Status::Full("pinning would exceed the host cache (" + std::to_string(pinned_) +
-                        " bytes pinned of cache_size=" + std::to_string(options_.capacity) +
-                        "); unpin something or raise cache_size");
+    return Status::Full("pinning would exceed the chunk tier (" + std::to_string(pinned_) +
+                        " bytes pinned of " + std::to_string(options_.capacity) +
+                        " for chunks); unpin something or raise cache_size");
   }
   return Status::Ok();
 }
 
-void HostChunkTier::Pin(Entry* e) {
+void ChunkSlots::Pin(Entry* e) {
   MutexLock lock(mu_);
   if (e->pinned) return;
   e->pinned = true;
   pinned_ += kChunkSize;
 }
 
-uint64_t HostChunkTier::Unpin(const Sha256Digest& file) {
+uint64_t ChunkSlots::Unpin(const Sha256Digest& file) {
   MutexLock lock(mu_);
   uint64_t bytes = 0;
   for (auto it = entries_.lower_bound(ChunkKey{file, 0}); it != entries_.end() && it->first.file == file; ++it) {
@@ -204,7 +255,7 @@ uint64_t HostChunkTier::Unpin(const Sha256Digest& file) {
   return bytes;
 }
 
-uint64_t HostChunkTier::Evict(const Sha256Digest& file) {
+uint64_t ChunkSlots::Evict(const Sha256Digest& file) {
   std::vector<uint8_t*> slots;
   uint64_t bytes = 0;
   {
@@ -227,26 +278,26 @@ uint64_t HostChunkTier::Evict(const Sha256Digest& file) {
   return bytes;
 }
 
-void HostChunkTier::AddResidency(const Sha256Digest& file, ChunkResidency& r) const {
+void ChunkSlots::AddResidency(const Sha256Digest& file, CacheTier::Residency& r) const {
   MutexLock lock(mu_);
   for (auto it = entries_.lower_bound(ChunkKey{file, 0}); it != entries_.end() && it->first.file == file; ++it) {
     if (it->second->filling) continue;
-    r.host += it->second->len;
+    r.bytes += it->second->len;
     if (it->second->pinned) r.pinned += it->second->len;
   }
 }
 
-void HostChunkTier::AddResidency(std::map<Sha256Digest, ChunkResidency>& out) const {
+void ChunkSlots::AddResidency(std::map<Sha256Digest, CacheTier::Residency>& out) const {
   MutexLock lock(mu_);
   for (const auto& [key, e] : entries_) {
     if (e->filling) continue;
-    ChunkResidency& r = out[key.file];
-    r.host += e->len;
+    CacheTier::Residency& r = out[key.file];
+    r.bytes += e->len;
     if (e->pinned) r.pinned += e->len;
   }
 }
 
-HostChunkTier::Counters HostChunkTier::Stats() const {
+ChunkSlots::Counters ChunkSlots::Stats() const {
   MutexLock lock(mu_);
   Counters c = counters_;
   c.tier.pinned = pinned_;
