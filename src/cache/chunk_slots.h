@@ -32,7 +32,7 @@
 
 #include "ckptfs/cache_tier.h"
 #include "ckptfs/chunk_tier.h"
-#include "ckptfs/host_memory.h"
+#include "host_memory.h"
 #include "ckptfs/mutex.h"
 #include "ckptfs/status.h"
 

@@ -1,4 +1,4 @@
-#include "ckptfs/host_memory.h"
+#include "host_memory.h"
 #include "ckptfs/mutex.h"
 
 #include <sys/mman.h>

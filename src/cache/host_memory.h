@@ -1,4 +1,4 @@
-// HostMemory: the host tier's chunk slots. Memory is taken in slabs as the
+// HostMemory: the chunk tier's slots. Memory is taken in slabs as the
 // cache fills, never all at start, so a cache_size larger than free memory
 // costs nothing until it is used. Slabs are pinned: mmap + mlock with
 // transparent huge pages requested. (They are read only by the daemon, into
