@@ -23,6 +23,7 @@
 #include "ckptfs/file_stamp.h"
 #include "ckptfs/index.h"
 #include "file_reads.h"
+#include "mount_fixture.h"
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
 #include "test_binaries.h"
@@ -34,14 +35,9 @@ namespace fs = std::filesystem;
 
 nlohmann::json Stats(const std::string& mnt) { return QueryMount(kCtl, "stats", mnt); }
 
-class CacheMountTest : public ::testing::Test {
+class CacheMountTest : public MountFixture {
  protected:
-  std::unique_ptr<MountedCkptfs> Mount(const std::string& extra) {
-    auto m = std::make_unique<MountedCkptfs>(kDaemon, src_, mnt_, "state=" + state_ + ",settle=0,rescan=0," + extra,
-                                             tmp_ / ("daemon-" + std::to_string(++mounts_) + ".log"));
-    EXPECT_TRUE(m->ok()) << m->Log();
-    return m;
-  }
+  CacheMountTest() : MountFixture("ckptfs-cache") {}
   std::string Digest(const std::string& by_name) { return fs::read_symlink(mnt_ + "/by-name/" + by_name).filename(); }
   bool WaitForLink(const std::string& name) {
     return WaitFor([&] { return fs::is_symlink(mnt_ + "/by-name/" + name); });
@@ -74,12 +70,6 @@ class CacheMountTest : public ::testing::Test {
     EXPECT_TRUE((*index)->PutFile(FileStamp::FromStat(st), (*found)->path, (*found)->hashes).ok());
     return bytes;
   }
-
-  TempDir tmp_{"ckptfs-cache"};
-  std::string src_ = tmp_ / "src";
-  std::string mnt_ = tmp_ / "mnt";
-  std::string state_ = tmp_ / "state";
-  int mounts_ = 0;
 };
 
 TEST_F(CacheMountTest, ReadAfterPreloadReadsNoSourceBytes) {

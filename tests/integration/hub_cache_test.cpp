@@ -10,6 +10,7 @@
 
 #include <filesystem>
 
+#include "mount_fixture.h"
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
 #include "test_binaries.h"
@@ -21,8 +22,9 @@ namespace fs = std::filesystem;
 const std::string kCommitA = "0123456789abcdef0123456789abcdef01234567";
 const std::string kCommitB = "89abcdef0123456789abcdef0123456789abcdef";
 
-class HubCacheTest : public ::testing::Test {
+class HubCacheTest : public MountFixture {
  protected:
+  HubCacheTest() : MountFixture("ckptfs-hub") {}
   void SetUp() override {
     ::chmod(tmp_.path().c_str(), 0755);
     WriteHubSnapshot(repo_, kCommitA, {{"model.safetensors", RandomBytes(64 << 10, 1)}, {"config.json", "{}\n"}});
@@ -35,9 +37,7 @@ class HubCacheTest : public ::testing::Test {
   }
 
   std::unique_ptr<MountedCkptfs> Mount() {
-    auto m = std::make_unique<MountedCkptfs>(kDaemon, src_, mnt_, "state=" + state_ + ",settle=0,rescan=0,allow_other",
-                                             tmp_ / "daemon.log");
-    EXPECT_TRUE(m->ok()) << m->Log();
+    auto m = MountFixture::Mount("allow_other");
     EXPECT_TRUE(WaitFor([&] { return fs::exists(hub_ + "/models--org--tiny/refs/main"); })) << m->Log();
     return m;
   }
@@ -48,10 +48,6 @@ class HubCacheTest : public ::testing::Test {
     return hub_ + "/models--org--tiny/snapshots/" + commit;
   }
 
-  TempDir tmp_{"ckptfs-hub"};
-  std::string src_ = tmp_ / "src";
-  std::string mnt_ = tmp_ / "mnt";
-  std::string state_ = tmp_ / "state";
   std::string repo_ = src_ + "/hub/models--org--tiny";
   std::string hub_ = mnt_ + "/by-name/hub";  // what HF_HUB_CACHE points at
 };

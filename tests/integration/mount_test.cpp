@@ -15,6 +15,7 @@
 #include <set>
 #include <thread>
 
+#include "mount_fixture.h"
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
 #include "test_binaries.h"
@@ -79,26 +80,14 @@ std::string ReadViaSendfile(const std::string& path, const std::string& scratch)
   return ReadFile(scratch);
 }
 
-class MountTest : public ::testing::Test {
+class MountTest : public MountFixture {
  protected:
+  MountTest() : MountFixture("ckptfs-mount") {}
   void SetUp() override { ::chmod(tmp_.path().c_str(), 0755); }
 
-  std::unique_ptr<MountedCkptfs> Mount(const std::string& extra = "") {
-    std::string opts = "state=" + state_ + ",settle=0,rescan=0";
-    if (!extra.empty()) opts += "," + extra;
-    auto m = std::make_unique<MountedCkptfs>(kDaemon, src_, mnt_, opts, tmp_ / ("daemon-" + std::to_string(++mounts_) + ".log"));
-    EXPECT_TRUE(m->ok()) << m->Log();
-    return m;
-  }
   bool WaitForDigests(size_t n) {
     return WaitFor([&] { return DigestDirs(mnt_).size() == n; });
   }
-
-  TempDir tmp_{"ckptfs-mount"};
-  std::string src_ = tmp_ / "src";
-  std::string mnt_ = tmp_ / "mnt";
-  std::string state_ = tmp_ / "state";
-  int mounts_ = 0;
 };
 
 TEST_F(MountTest, ViewOfTheDemoTree) {

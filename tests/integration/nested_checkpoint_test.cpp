@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "mount_fixture.h"
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
 #include "test_binaries.h"
@@ -26,8 +27,9 @@ std::string Xattr(const std::string& path, const std::string& name) {
   return n < 0 ? "<" + std::string(std::strerror(errno)) + ">" : std::string(buf, static_cast<size_t>(n));
 }
 
-class NestedCheckpointTest : public ::testing::Test {
+class NestedCheckpointTest : public MountFixture {
  protected:
+  NestedCheckpointTest() : MountFixture("ckptfs-nested") {}
   void SetUp() override {
     ::chmod(tmp_.path().c_str(), 0755);
     ASSERT_EQ(RunCommand(std::string(MAKE_DEMO_TREE_PATH) + " " + src_).exit_code, 0);
@@ -37,9 +39,7 @@ class NestedCheckpointTest : public ::testing::Test {
     step1000_ = CoreutilsDigest(src_ + "/run7/checkpoint-1000");
     // fill_on_index=off: the preload test counts what preload (not indexing)
     // made resident.
-    m_ = std::make_unique<MountedCkptfs>(kDaemon, src_, mnt_,
-                                         "state=" + state_ + ",settle=0,rescan=0,allow_other,fill_on_index=off",
-                                         tmp_ / "daemon.log");
+    m_ = Mount("allow_other,fill_on_index=off");
     ASSERT_TRUE(m_->ok()) << m_->Log();
     ASSERT_TRUE(WaitFor([&] { return fs::is_symlink(mnt_ + "/by-name/run7/checkpoint-1000"); })) << m_->Log();
   }
@@ -53,10 +53,6 @@ class NestedCheckpointTest : public ::testing::Test {
     return nullptr;
   }
 
-  TempDir tmp_{"ckptfs-nested"};
-  std::string src_ = tmp_ / "src";
-  std::string mnt_ = tmp_ / "mnt";
-  std::string state_ = tmp_ / "state";
   std::string run7_, step500_, step1000_;
   std::unique_ptr<MountedCkptfs> m_;
 };

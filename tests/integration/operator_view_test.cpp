@@ -8,6 +8,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "mount_fixture.h"
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
 #include "test_binaries.h"
@@ -38,31 +39,23 @@ size_t Count(const std::string& haystack, const std::string& needle) {
   return n;
 }
 
-class OperatorViewTest : public ::testing::Test {
+class OperatorViewTest : public MountFixture {
  protected:
+  OperatorViewTest() : MountFixture("ckptfs-ops") {}
   void SetUp() override {
     ::chmod(tmp_.path().c_str(), 0755);
     WriteModel(src_ + "/m", {});
     WriteFile(src_ + "/m/tok/vocab.txt", "a b c\n");
     WriteModel(src_ + "/other", {.seed = 2});
   }
+  // Without settle=0: some tests here set their own.
   std::unique_ptr<MountedCkptfs> Mount(const std::string& extra = "") {
-    auto m = std::make_unique<MountedCkptfs>(kDaemon, src_, mnt_,
-                                             "state=" + state_ + ",rescan=0" + (extra.empty() ? "" : "," + extra),
-                                             tmp_ / ("daemon-" + std::to_string(++mounts_) + ".log"));
-    EXPECT_TRUE(m->ok()) << m->Log();
-    return m;
+    return MountWith(src_, mnt_, "state=" + state_ + ",rescan=0" + (extra.empty() ? "" : "," + extra));
   }
   bool WaitForBoth() {
     return WaitFor([&] { return fs::is_symlink(mnt_ + "/by-name/m") && fs::is_symlink(mnt_ + "/by-name/other"); });
   }
   std::string DigestOf(const std::string& name) { return fs::read_symlink(mnt_ + "/by-name/" + name).filename(); }
-
-  TempDir tmp_{"ckptfs-ops"};
-  std::string src_ = tmp_ / "src";
-  std::string mnt_ = tmp_ / "mnt";
-  std::string state_ = tmp_ / "state";
-  int mounts_ = 0;
 };
 
 TEST_F(OperatorViewTest, ListingsHaveDotAndDotDotWithTheParentsInode) {

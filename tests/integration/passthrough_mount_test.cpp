@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "file_reads.h"
+#include "mount_fixture.h"
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
 #include "test_binaries.h"
@@ -65,16 +66,16 @@ void DropPageCache(const std::string& path) {
   ::close(fd);
 }
 
-class PassthroughMountTest : public ::testing::Test {
+class PassthroughMountTest : public MountFixture {
  public:  // also for the helpers that several tests share
+  PassthroughMountTest() : MountFixture("ckptfs-pass") {}
   // The tests of fills at open mount with fill_on_index=off: by default every
   // file hashed at mount is resident before anything opens it.
+  // Files are copied at their first open here, not as they are hashed,
+  // unless a test says otherwise.
   std::unique_ptr<MountedCkptfs> Mount(std::string extra) {
     if (extra.find("fill_on_index=") == std::string::npos) extra += ",fill_on_index=off";
-    auto m = std::make_unique<MountedCkptfs>(kDaemon, src_, mnt_, "state=" + state_ + ",settle=0,rescan=0," + extra,
-                                             tmp_ / ("daemon-" + std::to_string(++mounts_) + ".log"));
-    EXPECT_TRUE(m->ok()) << m->Log();
-    return m;
+    return MountFixture::Mount(extra);
   }
   // Mounts and waits for by-name/m; skips the test on a kernel that gives no
   // passthrough (the fallback tests cover those).
@@ -115,12 +116,7 @@ class PassthroughMountTest : public ::testing::Test {
     }
   }
 
-  TempDir tmp_{"ckptfs-pass"};
-  std::string src_ = tmp_ / "src";
-  std::string mnt_ = tmp_ / "mnt";
-  std::string state_ = tmp_ / "state";
   std::string skip_;
-  int mounts_ = 0;
 };
 
 #define SKIP_WITHOUT_PASSTHROUGH() \

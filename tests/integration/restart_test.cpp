@@ -27,6 +27,7 @@
 #include <utility>
 
 #include "file_reads.h"
+#include "mount_fixture.h"
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
 #include "test_binaries.h"
@@ -67,14 +68,9 @@ struct ReaderTally {
   std::atomic<bool> in_read{false};  // inside pread: a request is likely with the daemon
 };
 
-class RestartTest : public ::testing::Test {
+class RestartTest : public MountFixture {
  protected:
-  std::unique_ptr<MountedCkptfs> Mount(const std::string& extra, const std::string& daemon = kDaemon) {
-    auto m = std::make_unique<MountedCkptfs>(daemon, src_, mnt_, "state=" + state_ + ",settle=0,rescan=0," + extra,
-                                             tmp_ / ("daemon-" + std::to_string(++mounts_) + ".log"));
-    EXPECT_TRUE(m->ok()) << m->Log();
-    return m;
-  }
+  RestartTest() : MountFixture("ckptfs-restart") {}
   bool WaitForLink(const std::string& name) {
     return WaitFor([&] { return fs::is_symlink(mnt_ + "/by-name/" + name); }, std::chrono::seconds(60));
   }
@@ -97,11 +93,6 @@ class RestartTest : public ::testing::Test {
     })) << m.Log();
   }
 
-  TempDir tmp_{"ckptfs-restart"};
-  std::string src_ = tmp_ / "src";
-  std::string mnt_ = tmp_ / "mnt";
-  std::string state_ = tmp_ / "state";
-  int mounts_ = 0;
   std::vector<pid_t> stragglers_;
 };
 

@@ -13,6 +13,7 @@
 
 #include "ckptfs/hashes.h"
 #include "ckptfs/safetensors_header.h"
+#include "mount_fixture.h"
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
 #include "test_binaries.h"
@@ -62,21 +63,19 @@ std::string HeaderFingerprint(const std::string& dir) {
   return ToHex(h.Finish());
 }
 
-class StampMountTest : public ::testing::Test {
+class StampMountTest : public MountFixture {
  protected:
+  StampMountTest() : MountFixture("ckptfs-stamp") {}
   void SetUp() override {
     ASSERT_EQ(RunCommand(std::string(MAKE_DEMO_TREE_PATH) + " " + src_).exit_code, 0);
   }
+  // At `mnt`, and waits for the run's nested checkpoint. Periodic rescans
+  // stay on here (the default).
   std::unique_ptr<MountedCkptfs> Mount(const std::string& mnt, const std::string& extra) {
-    auto m = std::make_unique<MountedCkptfs>(kDaemon, src_, mnt, "state=" + state_ + ",settle=0" + extra,
-                                             tmp_ / ("daemon-" + fs::path(mnt).filename().string() + ".log"));
-    EXPECT_TRUE(m->ok()) << m->Log();
+    auto m = MountWith(src_, mnt, "state=" + state_ + ",settle=0" + extra);
     EXPECT_TRUE(WaitFor([&] { return fs::is_symlink(mnt + "/by-name/run7/checkpoint-500"); })) << m->Log();
     return m;
   }
-  TempDir tmp_{"ckptfs-stamp"};
-  std::string src_ = tmp_ / "src";
-  std::string state_ = tmp_ / "state";
 };
 
 TEST_F(StampMountTest, TensorsIdenticalAndKeysPresentThroughAStampedMount) {

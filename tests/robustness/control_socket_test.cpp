@@ -21,6 +21,7 @@
 #include "ckptfs/json_path.h"
 #include "ckptfs/unique_fd.h"
 #include "control_flood.h"
+#include "mount_fixture.h"
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
 #include "test_binaries.h"
@@ -55,23 +56,20 @@ nlohmann::json CtlJson(const std::string& args) {
   return j;
 }
 
-class ControlRobustnessTest : public ::testing::Test {
+class ControlRobustnessTest : public MountFixture {
  protected:
+  ControlRobustnessTest() : MountFixture("ckptfs-ctlrobust") {
+    src_ = tmp_ / "src-\xff";  // the source root itself is not UTF-8 either
+  }
   void SetUp() override { ::chmod(tmp_.path().c_str(), 0755); }  // so that uid 65534 reaches what it needs
 
   void Mount(const std::string& extra = "") {
-    mount_ = std::make_unique<MountedCkptfs>(kDaemon, src_, mnt_,
-                                             "state=" + state_ + ",settle=0,rescan=0" + (extra.empty() ? "" : "," + extra),
-                                             tmp_ / "daemon.log");
+    mount_ = MountFixture::Mount(extra);
     ASSERT_TRUE(mount_->ok()) << mount_->Log();
   }
   bool DaemonAlive() { return ::kill(mount_->pid(), 0) == 0 && IsMounted(mnt_); }
   std::string Q(const std::string& path) { return ShellQuote(path); }
 
-  TempDir tmp_{"ckptfs-ctlrobust"};
-  std::string src_ = tmp_ / "src-\xff";  // the source root itself is not UTF-8 either
-  std::string mnt_ = tmp_ / "mnt";
-  std::string state_ = tmp_ / "state";
   std::unique_ptr<MountedCkptfs> mount_;
 };
 

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckptfs/mount_table.h"
+#include "mount_fixture.h"
 #include "mounted_ckptfs.h"
 #include "test_binaries.h"
 #include "test_tree.h"
@@ -68,19 +69,11 @@ class BackgroundCommand {
   pid_t pid_ = -1;
 };
 
-class MountPerimeterTest : public ::testing::Test {
+class MountPerimeterTest : public MountFixture {
  protected:
+  MountPerimeterTest() : MountFixture("ckptfs-perimeter") {}
   void SetUp() override { ::chmod(tmp_.path().c_str(), 0755); }
 
-  std::unique_ptr<MountedCkptfs> Mount(const std::string& extra = "") {
-    auto m = std::make_unique<MountedCkptfs>(kDaemon, src_, mnt_, Options(extra),
-                                             tmp_ / ("daemon-" + std::to_string(++mounts_) + ".log"));
-    EXPECT_TRUE(m->ok()) << m->Log();
-    return m;
-  }
-  std::string Options(const std::string& extra = "") const {
-    return "state=" + state_ + ",settle=0,rescan=0" + (extra.empty() ? "" : "," + extra);
-  }
   // The daemon in the foreground, given 20 s: a start that is refused
   // returns long before; one that is not would be ended by timeout(1).
   CommandResult StartInForeground(const std::string& src, const std::string& extra = "") {
@@ -123,12 +116,7 @@ class MountPerimeterTest : public ::testing::Test {
     return close != std::string::npos && line.size() > close + 2 && line[close + 2] == 'Z';
   }
 
-  TempDir tmp_{"ckptfs-perimeter"};
-  std::string src_ = tmp_ / "src";
-  std::string mnt_ = tmp_ / "mnt";
-  std::string state_ = tmp_ / "state";
   std::string successor_pidfile_ = tmp_ / "successor.pid";
-  int mounts_ = 0;
 };
 
 // Item 10: a second mount on a mount point that holds one is refused,

@@ -21,6 +21,7 @@
 
 #include "ckptfs/file_stamp.h"
 #include "ckptfs/index.h"
+#include "mount_fixture.h"
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
 #include "test_binaries.h"
@@ -30,16 +31,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class RobustnessTest : public ::testing::Test {
+class RobustnessTest : public MountFixture {
  protected:
-  std::unique_ptr<MountedCkptfs> Mount(const std::string& extra = "") {
-    std::string opts = "state=" + state_ + ",settle=0,rescan=0";
-    if (!extra.empty()) opts += "," + extra;
-    auto m = std::make_unique<MountedCkptfs>(kDaemon, src_, mnt_, opts,
-                                             tmp_ / ("daemon-" + std::to_string(++mounts_) + ".log"));
-    EXPECT_TRUE(m->ok()) << m->Log();
-    return m;
-  }
+  RobustnessTest() : MountFixture("ckptfs-robust") {}
   nlohmann::json Ctl(const std::string& cmd) {
     auto j = nlohmann::json::parse(RunCommand(kCtl + " " + cmd + " --json " + mnt_).out, nullptr, false);
     return j.is_discarded() ? nlohmann::json::object() : j;
@@ -74,12 +68,6 @@ class RobustnessTest : public ::testing::Test {
     for (size_t p = haystack.find(needle); p != std::string::npos; p = haystack.find(needle, p + 1)) ++n;
     return n;
   }
-
-  TempDir tmp_{"ckptfs-robust"};
-  std::string src_ = tmp_ / "src";
-  std::string mnt_ = tmp_ / "mnt";
-  std::string state_ = tmp_ / "state";
-  int mounts_ = 0;
 };
 
 // Item 3: a FIFO put in place of an indexed file. Reads of the old digest

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "ckptfs/safetensors_header.h"
+#include "mount_fixture.h"
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
 #include "test_binaries.h"
@@ -55,19 +56,15 @@ bool DaemonRunning(pid_t pid) {
   return static_cast<bool>(stat >> pid_field >> comm >> state) && state != "Z";
 }
 
-class StampRobustnessTest : public ::testing::Test {
+class StampRobustnessTest : public MountFixture {
  protected:
+  StampRobustnessTest() : MountFixture("ckptfs-stamp-robust") {}
+  // Periodic rescans stay on here (the default).
   std::unique_ptr<MountedCkptfs> MountStamped(const std::string& wait_for) {
-    auto m = std::make_unique<MountedCkptfs>(kDaemon, src_, mnt_, "state=" + state_ + ",settle=0,stamp_headers",
-                                             tmp_ / "daemon.log");
-    EXPECT_TRUE(m->ok()) << m->Log();
+    auto m = MountWith(src_, mnt_, "state=" + state_ + ",settle=0,stamp_headers");
     EXPECT_TRUE(WaitFor([&] { return fs::is_symlink(mnt_ + "/by-name/" + wait_for); })) << m->Log();
     return m;
   }
-  TempDir tmp_{"ckptfs-stamp-robust"};
-  std::string src_ = tmp_ / "src";
-  std::string mnt_ = tmp_ / "mnt";
-  std::string state_ = tmp_ / "state";
 };
 
 TEST_F(StampRobustnessTest, DeeplyNestedHeaderIsServedUnstampedAndTheDaemonLives) {

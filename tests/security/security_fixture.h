@@ -13,6 +13,7 @@
 #include <string>
 
 #include "as_user.h"
+#include "mount_fixture.h"
 #include "mounted_ckptfs.h"
 #include "test_binaries.h"
 #include "test_tree.h"
@@ -30,8 +31,9 @@ inline const User kExcluded{"excluded-group", 2004, 2004, {5000}};  // kept out 
 inline std::string Daemon() { return kDaemon; }
 inline std::string Ctl() { return kCtl; }
 
-class SecurityTest : public ::testing::Test {
+class SecurityTest : public MountFixture {
  protected:
+  SecurityTest() : MountFixture("ckptfs-sec") {}
   void SetUp() override {
     ::chmod(tmp_.path().c_str(), 0755);  // so the test users can reach SRC and the mount
     MakeDirs(src_);
@@ -41,12 +43,7 @@ class SecurityTest : public ::testing::Test {
   std::unique_ptr<MountedCkptfs> Mount(const std::string& extra = "allow_other") { return MountAt(src_, mnt_, extra); }
   std::unique_ptr<MountedCkptfs> MountAt(const std::string& src, const std::string& mnt,
                                          const std::string& extra = "allow_other") {
-    std::string opts = "state=" + state_ + ",settle=0,rescan=0";
-    if (!extra.empty()) opts += "," + extra;
-    auto m = std::make_unique<MountedCkptfs>(Daemon(), src, mnt, opts,
-                                             tmp_ / ("daemon-" + std::to_string(++mounts_) + ".log"));
-    EXPECT_TRUE(m->ok()) << m->Log();
-    return m;
+    return MountWith(src, mnt, Options(extra));
   }
 
   nlohmann::json Status() {
@@ -80,12 +77,6 @@ class SecurityTest : public ::testing::Test {
     ASSERT_EQ(::lchown(path.c_str(), uid, gid), 0) << path;
     ASSERT_EQ(::chmod(path.c_str(), mode), 0) << path;
   }
-
-  TempDir tmp_{"ckptfs-sec"};
-  std::string src_ = tmp_ / "src";
-  std::string mnt_ = tmp_ / "mnt";
-  std::string state_ = tmp_ / "state";
-  int mounts_ = 0;
 };
 
 }  // namespace ckptfs::testing
