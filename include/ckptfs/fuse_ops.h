@@ -23,7 +23,7 @@
 #include "ckptfs/unique_fd.h"
 #include "ckptfs/view.h"
 
-namespace ckptfs::daemon {
+namespace ckptfs::fuse {
 
 class KernelPassthrough;
 class ConnectionIo;
@@ -119,4 +119,4 @@ std::pair<std::string, std::string> PassthroughState(const FsContext& ctx);
 
 fuse_lowlevel_ops MakeOperations();
 
-}  // namespace ckptfs::daemon
+}  // namespace ckptfs::fuse

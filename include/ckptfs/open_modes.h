@@ -29,7 +29,7 @@
 #include "ckptfs/mutex.h"
 #include "ckptfs/sealed_copy.h"
 
-namespace ckptfs::daemon {
+namespace ckptfs::fuse {
 
 class OpenModes {
  public:
@@ -107,4 +107,4 @@ class OpenModes {
   std::shared_ptr<const Observer> observer_ GUARDED_BY(mu_);
 };
 
-}  // namespace ckptfs::daemon
+}  // namespace ckptfs::fuse

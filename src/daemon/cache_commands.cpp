@@ -18,7 +18,7 @@ nlohmann::json Refuse(const std::string& why) { return protocol::ErrorReply(why)
 // checkpoint-500/), which stands for its own digest directory. The client
 // resolves by-name links before asking. Errors leave the path out: the
 // client says which path it asked about.
-Result<std::vector<View::NodePtr>> FilesOf(FsContext& ctx, const ControlServer::Request& r) {
+Result<std::vector<View::NodePtr>> FilesOf(fuse::FsContext& ctx, const ControlServer::Request& r) {
   if (!r.body.contains(protocol::kPath) || !r.body[protocol::kPath].is_string()) return Status::Error("missing \"path\"");
   const std::string path = r.body[protocol::kPath];
   auto node = ctx.view->Resolve(path);
@@ -46,7 +46,7 @@ namespace {
 // cache. It copies a chunk of a file resident in the host tier from there
 // (those bytes were verified at fill); `fill` reads the source only for the
 // others.
-nlohmann::json PreloadChunks(FsContext& ctx, const ControlServer::Request& r, const std::vector<View::NodePtr>& files,
+nlohmann::json PreloadChunks(fuse::FsContext& ctx, const ControlServer::Request& r, const std::vector<View::NodePtr>& files,
                              bool pin, uint64_t total) {
   uint64_t done = 0;
   auto last_progress = std::chrono::steady_clock::now();
@@ -72,7 +72,7 @@ nlohmann::json PreloadChunks(FsContext& ctx, const ControlServer::Request& r, co
 }
 
 // The host-tier preload: every file copied whole into a sealed memfd.
-nlohmann::json PreloadFiles(FsContext& ctx, const ControlServer::Request& r, const std::vector<View::NodePtr>& files,
+nlohmann::json PreloadFiles(fuse::FsContext& ctx, const ControlServer::Request& r, const std::vector<View::NodePtr>& files,
                             bool pin, uint64_t total) {
   uint64_t done = 0;
   for (const auto& f : files) {
@@ -91,7 +91,7 @@ nlohmann::json PreloadFiles(FsContext& ctx, const ControlServer::Request& r, con
 
 }  // namespace
 
-nlohmann::json HandlePreload(FsContext& ctx, const ControlServer::Request& r) {
+nlohmann::json HandlePreload(fuse::FsContext& ctx, const ControlServer::Request& r) {
   const std::string tier_name = r.body.value(protocol::kTier, std::string(protocol::kTierHost));
   if (tier_name == protocol::kRemovedTierGpu) return Refuse(protocol::kRemovedTierGpuWhy);
   if (tier_name != protocol::kTierHost) return Refuse("tier must be host, not " + tier_name);
@@ -114,7 +114,7 @@ namespace {
 
 // Applies `drop` (Unpin or Evict) in every tier, once to every distinct
 // file under the request's path; answers with the bytes they report.
-nlohmann::json ForEachFile(FsContext& ctx, const ControlServer::Request& r,
+nlohmann::json ForEachFile(fuse::FsContext& ctx, const ControlServer::Request& r,
                            uint64_t (CacheTier::*drop)(const Sha256Digest&)) {
   auto files = FilesOf(ctx, r);
   if (!files.ok()) return Refuse(files.status().message());
@@ -172,7 +172,7 @@ nlohmann::json HostTierJson(const FileCache::Stats& f) {
 // (under the tier's name: whole files in the host tier, chunks), and pinned.
 // Only the digests in `by_name` (those the caller may see), with their
 // by-name paths.
-nlohmann::json PerCheckpoint(FsContext& ctx, const std::map<std::string, std::vector<std::string>>& by_name) {
+nlohmann::json PerCheckpoint(fuse::FsContext& ctx, const std::map<std::string, std::vector<std::string>>& by_name) {
   struct TierResidency {
     const char* name;
     std::map<Sha256Digest, CacheTier::Residency> files;
@@ -248,22 +248,22 @@ nlohmann::json FillsJson(FileServer& server, const FileCache::Stats& f, const Ho
 
 }  // namespace
 
-nlohmann::json HandleUnpin(FsContext& ctx, const ControlServer::Request& r) {
+nlohmann::json HandleUnpin(fuse::FsContext& ctx, const ControlServer::Request& r) {
   return ForEachFile(ctx, r, &CacheTier::Unpin);
 }
 
-nlohmann::json HandleEvict(FsContext& ctx, const ControlServer::Request& r) {
+nlohmann::json HandleEvict(fuse::FsContext& ctx, const ControlServer::Request& r) {
   return ForEachFile(ctx, r, &CacheTier::Evict);
 }
 
-nlohmann::json HandleStats(FsContext& ctx, const HostTierFill* index_fill,
+nlohmann::json HandleStats(fuse::FsContext& ctx, const HostTierFill* index_fill,
                            const std::map<std::string, std::vector<std::string>>& by_name) {
   FileServer& server = *ctx.server;
   CacheStats s = server.parts().cache->Stats();
   const FileCache::Stats f = server.parts().files != nullptr ? server.parts().files->GetStats() : FileCache::Stats{};
   using namespace protocol;
   nlohmann::json tiers = {{kTierHost, HostTierJson(f)}, {kTierChunks, ChunkTierJson(s.slots)}};
-  const auto [mode, reason] = PassthroughState(ctx);
+  const auto [mode, reason] = fuse::PassthroughState(ctx);
   nlohmann::json opens = nlohmann::json::object();
   for (const auto& [how, n] : ctx.opens.Get()) opens[how] = n;
   return {{kOk, true},

@@ -15,13 +15,13 @@
 
 namespace ckptfs::daemon {
 
-nlohmann::json HandlePreload(FsContext& ctx, const ControlServer::Request& r);
-nlohmann::json HandleUnpin(FsContext& ctx, const ControlServer::Request& r);
-nlohmann::json HandleEvict(FsContext& ctx, const ControlServer::Request& r);
+nlohmann::json HandlePreload(fuse::FsContext& ctx, const ControlServer::Request& r);
+nlohmann::json HandleUnpin(fuse::FsContext& ctx, const ControlServer::Request& r);
+nlohmann::json HandleEvict(fuse::FsContext& ctx, const ControlServer::Request& r);
 // `by_name`: the digests the caller may see, with their by-name paths
 // (VisibleByName); only they get a per-checkpoint row. `index_fill`: the
 // copies made as files were hashed (fill_on_index), or null.
-nlohmann::json HandleStats(FsContext& ctx, const HostTierFill* index_fill,
+nlohmann::json HandleStats(fuse::FsContext& ctx, const HostTierFill* index_fill,
                            const std::map<std::string, std::vector<std::string>>& by_name);
 
 }  // namespace ckptfs::daemon

@@ -149,9 +149,9 @@ Status Daemon::Mount() {
                            " (is /dev/fuse there, and fusermount3 installed?)");
     }
     log_->BeforeDaemonize();
-    ConnectionSetup setup;
+    fuse::ConnectionSetup setup;
     setup.fd = fuse_session_fd(session_->get());
-    if (Status s = AttachConnection(ctx_, session_->get(), options_.passthrough, std::move(setup)); !s.ok()) {
+    if (Status s = fuse::AttachConnection(ctx_, session_->get(), options_.passthrough, std::move(setup)); !s.ok()) {
       spdlog::warn("kernel passthrough off: {}", s.message());
     }
   }
@@ -185,10 +185,10 @@ Status Daemon::Mount() {
 // connection's INIT request, replayed to libfuse).
 Status Daemon::AttachToConnection() {
   FdHandover* handover = handover_.get();
-  ConnectionSetup setup{handover->fuse_fd(), handover->adopted_init(), /*shared_device=*/true,
+  fuse::ConnectionSetup setup{handover->fuse_fd(), handover->adopted_init(), /*shared_device=*/true,
                         handover->TakeChannels(),
                         [handover](const std::vector<uint8_t>& init) { handover->SendInit(init); }};
-  Status s = AttachConnection(ctx_, session_->get(), options_.passthrough, std::move(setup));
+  Status s = fuse::AttachConnection(ctx_, session_->get(), options_.passthrough, std::move(setup));
   if (!session_->InstallSignalHandlers() || !s.ok()) {
     return Status::Error("cannot serve the supervisor's FUSE connection: " + s.message());
   }

@@ -108,7 +108,7 @@ class Daemon {
   std::atomic<bool> stopping_{false};
   std::unique_ptr<Index> index_;
   std::unique_ptr<View> view_;
-  FsContext ctx_;  // what the FUSE operations see of the parts
+  fuse::FsContext ctx_;  // what the FUSE operations see of the parts
   std::unique_ptr<FuseSession> session_;
   std::unique_ptr<CatalogWatcher> watcher_;
   std::unique_ptr<DeviceMemory> device_;

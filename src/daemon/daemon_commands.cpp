@@ -58,7 +58,7 @@ nlohmann::json Daemon::RecordPins(const ControlServer::Request& r, nlohmann::jso
 // the kernel retries the requests a dead daemon held.
 nlohmann::json Daemon::DaemonStatusJson() {
   nlohmann::json j = handover_ ? handover_->StatusJson() : UnsupervisedStatusJson(started_at_);
-  j["kernel_resend"] = KernelHasResend(ctx_);
+  j["kernel_resend"] = fuse::KernelHasResend(ctx_);
   return j;
 }
 

@@ -111,12 +111,12 @@ void FdHandover::SendInit(const std::vector<uint8_t>& request) {
 
 void FdHandover::SendReady() { Send({{"type", "ready"}}); }
 
-void FdHandover::Listen(FsContext& ctx) {
+void FdHandover::Listen(fuse::FsContext& ctx) {
   // Every change of an inode's open files, for the successor should this
   // daemon crash; an open only notes its inode, and never waits for a
   // lagging supervisor (open_inode_reporter.h).
-  auto reporter = std::make_unique<OpenInodeReporter>(link_.get(), [&ctx](uint64_t ino) { return OpenInodeRecord(ctx, ino); });
-  WatchOpenInodes(ctx, [r = reporter.get()](uint64_t ino) { r->Changed(ino); });
+  auto reporter = std::make_unique<OpenInodeReporter>(link_.get(), [&ctx](uint64_t ino) { return fuse::OpenInodeRecord(ctx, ino); });
+  fuse::WatchOpenInodes(ctx, [r = reporter.get()](uint64_t ino) { r->Changed(ino); });
   {
     MutexLock lock(reporter_mu_);
     reporter_ = std::move(reporter);
@@ -129,7 +129,7 @@ void FdHandover::Listen(FsContext& ctx) {
       if (type == "drain") {
         spdlog::info("asked to drain (a hand-over, or a restart under systemd): finishing the requests in hand and exiting");
         drained_ = true;
-        DrainConnection(ctx);
+        fuse::DrainConnection(ctx);
       } else if (type == "handover-failed") {
         const std::string why = msg->value("error", std::string("?"));
         spdlog::error("restart failed, this daemon goes on serving: {}", why);
@@ -137,16 +137,16 @@ void FdHandover::Listen(FsContext& ctx) {
         ++handover_failures_;
         last_handover_error_ = why;
       } else if (type == "resend") {
-        std::vector<InheritedInode> inodes;
+        std::vector<fuse::InheritedInode> inodes;
         for (const auto& i : msg->value("inodes", nlohmann::json::array())) {
           if (i.is_array() && i.size() == 3 && i[0].is_number_unsigned() && i[1].is_number_unsigned() &&
               i[2].is_number_integer()) {
             inodes.push_back({i[0].get<uint64_t>(), i[1].get<uint64_t>(), i[2].get<int>()});
           }
         }
-        InheritOpenInodes(ctx, inodes);
+        fuse::InheritOpenInodes(ctx, inodes);
         if (!inodes.empty()) spdlog::info("took over {} inode(s) with open files from the previous daemon", inodes.size());
-        if (Status s = ResendRequests(ctx); s.ok()) {
+        if (Status s = fuse::ResendRequests(ctx); s.ok()) {
           spdlog::info("asked the kernel to resend the requests the previous daemon left unanswered");
         } else {
           spdlog::warn("{}: requests the previous daemon read but did not answer stay unanswered until the "
@@ -158,10 +158,10 @@ void FdHandover::Listen(FsContext& ctx) {
   });
 }
 
-void FdHandover::Stop(FsContext& ctx) {
+void FdHandover::Stop(fuse::FsContext& ctx) {
   // The reporter goes first, as it reads `ctx`; a drained daemon's "inherit"
   // below carries every record anyway.
-  WatchOpenInodes(ctx, nullptr);
+  fuse::WatchOpenInodes(ctx, nullptr);
   {
     MutexLock lock(reporter_mu_);
     // A daemon that hands over sends every record in "inherit" below; one
@@ -171,7 +171,7 @@ void FdHandover::Stop(FsContext& ctx) {
   }
   if (drained_) {
     nlohmann::json inodes = nlohmann::json::array();
-    for (const auto& i : HandOverOpenInodes(ctx)) inodes.push_back({i.ino, i.opens, i.backing_id});
+    for (const auto& i : fuse::HandOverOpenInodes(ctx)) inodes.push_back({i.ino, i.opens, i.backing_id});
     Send({{"type", "inherit"}, {"inodes", inodes}});
   }
   if (!listener_.joinable()) return;

@@ -44,9 +44,9 @@ class FdHandover {
 
   // Serves the supervisor's requests (drain, resend) on a thread, acting on
   // `ctx`'s connection, until Stop.
-  void Listen(FsContext& ctx);
+  void Listen(fuse::FsContext& ctx);
   // After the session loop: a drained daemon hands its open inodes over.
-  void Stop(FsContext& ctx);
+  void Stop(fuse::FsContext& ctx);
 
   // Control command "restart": asks the supervisor to start `binary` (the
   // same one if not given) and hand the connection over to it.

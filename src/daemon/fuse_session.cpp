@@ -6,14 +6,14 @@
 
 namespace ckptfs::daemon {
 
-Result<std::unique_ptr<FuseSession>> FuseSession::Create(const MountOptions& o, const char* argv0, FsContext* ctx) {
+Result<std::unique_ptr<FuseSession>> FuseSession::Create(const MountOptions& o, const char* argv0, fuse::FsContext* ctx) {
   const std::string fuse_opts = FuseOptionString(o);
   std::unique_ptr<FuseSession> s(new FuseSession());
   s->argv_strings_ = {argv0, "-o", fuse_opts};
   if (o.debug) s->argv_strings_.push_back("-d");
   for (auto& a : s->argv_strings_) s->argv_.push_back(a.data());
   s->args_ = FUSE_ARGS_INIT(static_cast<int>(s->argv_.size()), s->argv_.data());
-  const fuse_lowlevel_ops ops = MakeOperations();  // copied by libfuse
+  const fuse_lowlevel_ops ops = fuse::MakeOperations();  // copied by libfuse
   s->se_ = fuse_session_new(&s->args_, &ops, sizeof ops, ctx);
   if (s->se_ == nullptr) return Status::Error("cannot create the FUSE session (options: " + fuse_opts + ")");
   return s;

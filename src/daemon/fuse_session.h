@@ -17,7 +17,7 @@ namespace ckptfs::daemon {
 class FuseSession {
  public:
   // `ctx` is the operations' userdata and must outlive the session.
-  static Result<std::unique_ptr<FuseSession>> Create(const MountOptions& o, const char* argv0, FsContext* ctx);
+  static Result<std::unique_ptr<FuseSession>> Create(const MountOptions& o, const char* argv0, fuse::FsContext* ctx);
   ~FuseSession();
   FuseSession(const FuseSession&) = delete;
   FuseSession& operator=(const FuseSession&) = delete;

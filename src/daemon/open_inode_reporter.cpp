@@ -78,7 +78,7 @@ void OpenInodeReporter::Run() {
     }
     for (const uint64_t ino : batch) {
       // Read now, not when noted: the last record sent is the one in force.
-      const InheritedInode record = read_(ino);
+      const fuse::InheritedInode record = read_(ino);
       if (Status s = SendWhenRoom(record, stalled); !s.ok()) {
         if (!stopping()) {
           spdlog::warn("{}: a daemon that replaces this one after a crash may not know every open file", s.message());
@@ -95,7 +95,7 @@ void OpenInodeReporter::Run() {
   }
 }
 
-Status OpenInodeReporter::SendWhenRoom(const InheritedInode& record, bool& stalled) {
+Status OpenInodeReporter::SendWhenRoom(const fuse::InheritedInode& record, bool& stalled) {
   const nlohmann::json m{{"type", "open-inode"}, {"inode", {record.ino, record.opens, record.backing_id}}};
   for (;;) {
     Status s = handover::Send(link_, m, /*wait=*/false);

@@ -26,7 +26,7 @@ namespace ckptfs::daemon {
 
 class OpenInodeReporter {
  public:
-  using ReadRecord = std::function<InheritedInode(uint64_t ino)>;
+  using ReadRecord = std::function<fuse::InheritedInode(uint64_t ino)>;
   // Sends on `link` (not owned; a SOCK_SEQPACKET socket, on which each
   // message goes whole, so other threads may send on it too).
   OpenInodeReporter(int link, ReadRecord read);
@@ -48,7 +48,7 @@ class OpenInodeReporter {
   void Run();
   // Sends `record`, waiting for room on the link while not stopped; logs
   // once (`stalled`) that the supervisor is not reading.
-  Status SendWhenRoom(const InheritedInode& record, bool& stalled);
+  Status SendWhenRoom(const fuse::InheritedInode& record, bool& stalled);
   bool stopping() const;
 
   const int link_;

@@ -91,7 +91,7 @@ void PinList::Record(const ControlServer::Request& r, const nlohmann::json& repl
   if (Status s = Save(pins); !s.ok()) spdlog::warn("{}", s.message());
 }
 
-void RestorePins(FsContext& ctx, const PinList& pins, const std::atomic<bool>& stop) {
+void RestorePins(fuse::FsContext& ctx, const PinList& pins, const std::atomic<bool>& stop) {
   for (const PinList::Pin& p : pins.Load()) {
     if (stop) return;
     ControlServer::Request r{{{"cmd", "preload"}, {"path", p.path}, {"tier", p.tier}, {"pin", true}},

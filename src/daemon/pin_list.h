@@ -14,6 +14,10 @@
 #include "ckptfs/mutex.h"
 #include "ckptfs/status.h"
 
+namespace ckptfs::fuse {
+struct FsContext;
+}  // namespace ckptfs::fuse
+
 namespace ckptfs::daemon {
 
 class PinList {
@@ -44,10 +48,8 @@ class PinList {
   mutable Mutex mu_;  // serialises reads and rewrites of the file
 };
 
-struct FsContext;
-
 // Pins again what `pins` lists (a preload --pin of each), logging what
 // cannot be (a digest withdrawn meanwhile); gives up when `stop` turns true.
-void RestorePins(FsContext& ctx, const PinList& pins, const std::atomic<bool>& stop);
+void RestorePins(fuse::FsContext& ctx, const PinList& pins, const std::atomic<bool>& stop);
 
 }  // namespace ckptfs::daemon

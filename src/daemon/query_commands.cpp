@@ -69,7 +69,7 @@ nlohmann::json LastScanJson(const CatalogWatcher::ScanStats& s) {
 }  // namespace
 
 nlohmann::json StatusJson(const std::vector<CheckpointState>& visible, const CatalogWatcher& watcher,
-                          const MountFacts& mount, const FsContext& ctx) {
+                          const MountFacts& mount, const fuse::FsContext& ctx) {
   nlohmann::json list = nlohmann::json::array();
   size_t counts[4] = {0, 0, 0, 0};
   for (const auto& s : visible) {
@@ -77,7 +77,7 @@ nlohmann::json StatusJson(const std::vector<CheckpointState>& visible, const Cat
     list.push_back(CheckpointRow(s));
   }
   const MountOptions& o = *mount.options;
-  const auto [mode, reason] = PassthroughState(ctx);
+  const auto [mode, reason] = fuse::PassthroughState(ctx);
   using namespace protocol;
   return {{kOk, true},
           {kSource, o.source},

@@ -25,7 +25,7 @@ struct MountFacts {
 };
 
 nlohmann::json StatusJson(const std::vector<CheckpointState>& visible, const CatalogWatcher& watcher,
-                          const MountFacts& mount, const FsContext& ctx);
+                          const MountFacts& mount, const fuse::FsContext& ctx);
 
 // One row per digest directory: its by-name paths and sources, from the
 // checkpoint states the caller may see.

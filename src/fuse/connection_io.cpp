@@ -17,7 +17,7 @@
 #include "ckptfs/mutex.h"
 #include "passthrough_shim.h"
 
-namespace ckptfs::daemon {
+namespace ckptfs::fuse {
 
 namespace {
 
@@ -348,4 +348,4 @@ ssize_t ConnectionIo::Writev(int fd, struct iovec* iov, int count) {
   return static_cast<ssize_t>(total);
 }
 
-}  // namespace ckptfs::daemon
+}  // namespace ckptfs::fuse

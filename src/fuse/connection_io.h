@@ -52,7 +52,7 @@
 #include "ckptfs/status.h"
 #include "ckptfs/unique_fd.h"
 
-namespace ckptfs::daemon {
+namespace ckptfs::fuse {
 
 class KernelPassthrough;
 
@@ -131,4 +131,4 @@ class ConnectionIo {
   std::vector<uint8_t> init_request_ GUARDED_BY(mu_);
 };
 
-}  // namespace ckptfs::daemon
+}  // namespace ckptfs::fuse

@@ -10,7 +10,7 @@
 #include "connection_io.h"
 #include "passthrough_shim.h"
 
-namespace ckptfs::daemon {
+namespace ckptfs::fuse {
 
 Status AttachConnection(FsContext& ctx, fuse_session* se, bool passthrough_wanted, ConnectionSetup setup) {
   ctx.passthrough = std::make_shared<KernelPassthrough>(passthrough_wanted);
@@ -81,4 +81,4 @@ std::pair<std::string, std::string> PassthroughState(const FsContext& ctx) {
   return {kNames[static_cast<int>(ctx.passthrough->mode())], ctx.passthrough->reason()};
 }
 
-}  // namespace ckptfs::daemon
+}  // namespace ckptfs::fuse

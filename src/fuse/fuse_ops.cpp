@@ -25,7 +25,7 @@
 #include "reply_errno.h"
 #include "request_caller.h"
 
-namespace ckptfs::daemon {
+namespace ckptfs::fuse {
 
 namespace {
 
@@ -532,4 +532,4 @@ fuse_lowlevel_ops MakeOperations() {
   return ops;
 }
 
-}  // namespace ckptfs::daemon
+}  // namespace ckptfs::fuse

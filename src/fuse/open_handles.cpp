@@ -7,7 +7,7 @@
 #include "ckptfs/fuse_ops.h"
 #include "ckptfs/mutex.h"
 
-namespace ckptfs::daemon {
+namespace ckptfs::fuse {
 
 namespace {
 
@@ -78,4 +78,4 @@ void OpenHandles::RemoveDir(uint64_t fh) {
   dirs_.erase(fh);
 }
 
-}  // namespace ckptfs::daemon
+}  // namespace ckptfs::fuse

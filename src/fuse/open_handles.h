@@ -22,7 +22,7 @@
 #include "ckptfs/mutex.h"
 #include "ckptfs/view.h"
 
-namespace ckptfs::daemon {
+namespace ckptfs::fuse {
 
 // Per open file: what the FileServer reads it through.
 struct OpenFile {
@@ -63,4 +63,4 @@ class OpenHandles {
   std::unordered_map<uint64_t, std::shared_ptr<DirHandle>> dirs_ GUARDED_BY(mu_);
 };
 
-}  // namespace ckptfs::daemon
+}  // namespace ckptfs::fuse

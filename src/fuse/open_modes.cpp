@@ -1,6 +1,6 @@
 #include "ckptfs/open_modes.h"
 
-namespace ckptfs::daemon {
+namespace ckptfs::fuse {
 
 OpenModes::Counted OpenModes::Count(uint64_t ino, uint64_t opens, uint64_t inherited) {
   MutexLock lock(mu_);
@@ -132,4 +132,4 @@ size_t OpenModes::inodes() const {
   return held_.size();
 }
 
-}  // namespace ckptfs::daemon
+}  // namespace ckptfs::fuse

@@ -16,7 +16,7 @@
 
 #include <spdlog/spdlog.h>
 
-namespace ckptfs::daemon {
+namespace ckptfs::fuse {
 
 namespace {
 
@@ -254,4 +254,4 @@ int KernelPassthrough::ReplyOpen(fuse_req_t req, fuse_file_info* fi, const CopyA
 #endif
 }
 
-}  // namespace ckptfs::daemon
+}  // namespace ckptfs::fuse

@@ -56,7 +56,7 @@
 #define CKPTFS_LIBFUSE_PASSTHROUGH 0
 #endif
 
-namespace ckptfs::daemon {
+namespace ckptfs::fuse {
 
 class KernelPassthrough : public std::enable_shared_from_this<KernelPassthrough> {
  public:
@@ -124,4 +124,4 @@ class KernelPassthrough : public std::enable_shared_from_this<KernelPassthrough>
 // kernel requires, in the initial user namespace, for a backing file).
 bool HaveCapSysAdmin();
 
-}  // namespace ckptfs::daemon
+}  // namespace ckptfs::fuse

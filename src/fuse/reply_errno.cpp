@@ -2,7 +2,7 @@
 
 #include <cerrno>
 
-namespace ckptfs::daemon {
+namespace ckptfs::fuse {
 
 int ReplyErrno(const Status& s) {
   switch (s.error_number()) {
@@ -15,4 +15,4 @@ int ReplyErrno(const Status& s) {
   }
 }
 
-}  // namespace ckptfs::daemon
+}  // namespace ckptfs::fuse

@@ -3,7 +3,7 @@
 
 #include "ckptfs/status.h"
 
-namespace ckptfs::daemon {
+namespace ckptfs::fuse {
 
 // The system's own errno where it says something true to a reader of the
 // view: memory ran out, or a network source timed out or went stale. EIO
@@ -15,4 +15,4 @@ namespace ckptfs::daemon {
 // ENOSPC that its disk is full).
 int ReplyErrno(const Status& s);
 
-}  // namespace ckptfs::daemon
+}  // namespace ckptfs::fuse

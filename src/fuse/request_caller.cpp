@@ -2,7 +2,7 @@
 
 #include <vector>
 
-namespace ckptfs::daemon {
+namespace ckptfs::fuse {
 
 Caller CallerOf(fuse_req_t req) {
   const fuse_ctx* ctx = fuse_req_ctx(req);
@@ -22,4 +22,4 @@ Caller CallerOf(fuse_req_t req) {
   });
 }
 
-}  // namespace ckptfs::daemon
+}  // namespace ckptfs::fuse

@@ -5,10 +5,10 @@
 #include "ckptfs/fuse_ops.h"
 #include "ckptfs/ownership.h"
 
-namespace ckptfs::daemon {
+namespace ckptfs::fuse {
 
 // uid and gid from fuse_req_ctx; supplementary groups from
 // fuse_req_getgroups, read only if a decision needs them.
 Caller CallerOf(fuse_req_t req);
 
-}  // namespace ckptfs::daemon
+}  // namespace ckptfs::fuse

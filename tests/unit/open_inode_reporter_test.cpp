@@ -40,7 +40,7 @@ TEST(OpenInodeReporterTest, ASupervisorThatStopsReadingStallsNoOpenAndMissesNoRe
   OpenInodeReporter reporter(daemon_end.get(), [&](uint64_t ino) {
     MutexLock lock(mu);
     auto it = opens.find(ino);
-    return InheritedInode{ino, it == opens.end() ? 0 : it->second, 0};
+    return fuse::InheritedInode{ino, it == opens.end() ? 0 : it->second, 0};
   });
   // More changes than the link queues (a couple of hundred messages), with
   // nobody reading: each Changed() must return without waiting.
@@ -85,7 +85,7 @@ TEST(OpenInodeReporterTest, StopEndsAThreadThatWaitsForRoom) {
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
   UniqueFd daemon_end(sv[0]), supervisor_end(sv[1]);
-  OpenInodeReporter reporter(daemon_end.get(), [](uint64_t ino) { return InheritedInode{ino, 1, 0}; });
+  OpenInodeReporter reporter(daemon_end.get(), [](uint64_t ino) { return fuse::InheritedInode{ino, 1, 0}; });
   constexpr uint64_t kInodes = 5000;  // more than the link queues
   for (uint64_t ino = 1; ino <= kInodes; ++ino) reporter.Changed(ino);
   ASSERT_TRUE(WaitUntil([&] { return reporter.waiting() > 0 && reporter.waiting() < kInodes; }));

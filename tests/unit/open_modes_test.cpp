@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-namespace ckptfs::daemon {
+namespace ckptfs::fuse {
 namespace {
 
 using namespace std::chrono_literals;
@@ -113,4 +113,4 @@ TEST(OpenModesTest, TheObserverIsToldOfEveryChangeAndCanReadTheRecordBack) {
 }
 
 }  // namespace
-}  // namespace ckptfs::daemon
+}  // namespace ckptfs::fuse

@@ -6,7 +6,7 @@
 
 #include <cerrno>
 
-namespace ckptfs::daemon {
+namespace ckptfs::fuse {
 namespace {
 
 TEST(ReplyErrnoTest, PassesOnWhatIsTrueOfTheViewAndSaysEioForTheRest) {
@@ -26,4 +26,4 @@ TEST(ReplyErrnoTest, PassesOnWhatIsTrueOfTheViewAndSaysEioForTheRest) {
 }
 
 }  // namespace
-}  // namespace ckptfs::daemon
+}  // namespace ckptfs::fuse

@@ -92,12 +92,12 @@ TEST(HandoverProtocolTest, HexRoundTripsAndRejectsWhatIsNotHex) {
 }
 
 TEST(OpenModesTest, InheritedOpensHoldTheModeUntilTheirReleasesCome) {
-  daemon::OpenModes modes;
-  daemon::OpenModes::Choice passthrough;
+  fuse::OpenModes modes;
+  fuse::OpenModes::Choice passthrough;
   passthrough.passthrough = true;
   modes.Inherit(42, 2, passthrough);
   // An open in the successor joins the mode the kernel holds.
-  auto never = [] { return daemon::OpenModes::Choice{}; };
+  auto never = [] { return fuse::OpenModes::Choice{}; };
   auto none = [] { return FileCache::CopyPtr(); };
   EXPECT_TRUE(modes.Open(42, never, none).passthrough);
   EXPECT_FALSE(modes.Release(42));
