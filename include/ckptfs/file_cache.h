@@ -139,7 +139,7 @@ class FileCache final : public CacheTier {
   // CacheTier. CopyOut copies from the source's bytes (the form ""), not a
   // stamped form.
   const char* name() const override;
-  bool CopyOut(const Sha256Digest& file, uint64_t offset, size_t len, uint8_t* dst) const override;
+  bool CopyOut(const Sha256Digest& file, uint64_t offset, size_t len, uint8_t* dst) const override EXCLUDES(mu_);
   uint64_t Unpin(const Sha256Digest& sha256) override EXCLUDES(pin_mu_, mu_);
   uint64_t Evict(const Sha256Digest& sha256) override EXCLUDES(pin_mu_, mu_);
   std::map<Sha256Digest, Residency> ResidencyByFile() const override EXCLUDES(mu_);

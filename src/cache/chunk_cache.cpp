@@ -2,14 +2,32 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "chunk_slots.h"
 
 namespace ckptfs {
 
 ChunkCache::Ref::Ref() = default;
-ChunkCache::Ref::Ref(Ref&& o) noexcept = default;
-ChunkCache::Ref& ChunkCache::Ref::operator=(Ref&& o) noexcept = default;
+
+// A moved-from Ref points at nothing: its chunk may be evicted once the new
+// owner lets go.
+ChunkCache::Ref::Ref(Ref&& o) noexcept
+    : claim_(std::move(o.claim_)),
+      owned_(std::move(o.owned_)),
+      data_(std::exchange(o.data_, nullptr)),
+      size_(std::exchange(o.size_, 0)) {}
+
+ChunkCache::Ref& ChunkCache::Ref::operator=(Ref&& o) noexcept {
+  if (this != &o) {
+    claim_ = std::move(o.claim_);
+    owned_ = std::move(o.owned_);
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+  }
+  return *this;
+}
+
 ChunkCache::Ref::~Ref() = default;
 
 ChunkCache::ChunkCache(Options options)

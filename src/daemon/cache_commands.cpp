@@ -184,7 +184,11 @@ nlohmann::json PerCheckpoint(fuse::FsContext& ctx, const std::map<std::string, s
   for (const auto& [name, ino] : root->children) {
     const auto visible = by_name.find(name);
     if (name.rfind("sha256-", 0) != 0 || visible == by_name.end()) continue;
-    nlohmann::json entry = {{protocol::kName, name}, {protocol::kByName, visible->second}};
+    // Both tiers' keys, whichever tiers this server has.
+    nlohmann::json entry = {{protocol::kName, name},
+                            {protocol::kByName, visible->second},
+                            {protocol::kTierHost, 0},
+                            {protocol::kTierChunks, 0}};
     std::set<Sha256Digest> distinct;
     for (const auto& f : ctx.view->FilesUnder(ctx.view->Get(ino))) distinct.insert(f->sha256);
     uint64_t pinned = 0;

@@ -65,12 +65,18 @@ Result<OpenSourceFiles::Handle> OpenSourceFiles::Get(const std::string& path, co
   }
   // The path must still lead to the kept file, as it did when it was
   // opened: a directory on it moved (out of SRC, say) changes nothing the
-  // descriptor shows. Checked at every read, as a fresh open would be.
-  if (kept && CheckSourcePath(root_, path, kept->st()).ok()) {
-    *held = true;
-    return kept;
+  // descriptor shows. Checked at every read, as a fresh open would be. A
+  // check that could not be made (out of descriptors) fails this read and
+  // keeps the file: nothing says it changed.
+  if (kept) {
+    const Status on_path = CheckSourcePath(root_, path, kept->st());
+    if (on_path.ok()) {
+      *held = true;
+      return kept;
+    }
+    if (on_path.code() != Status::Code::kChanged) return on_path;
+    Forget(path, stamp);
   }
-  if (kept) Forget(path, stamp);
   *held = false;
   auto opened = OpenSourceFile(root_, path);  // outside the lock: opens of other files go on
   if (!opened.ok()) return opened.status();

@@ -1,6 +1,8 @@
 // OpenSourceFiles: the source files being read, kept open between chunks,
 // bounded like LevelDB's table cache. Without it every 4 MiB chunk would
-// open its file again (an O_PATH open of the root, openat2, fstat).
+// open its file for reading and close it again, and the kernel would start
+// the file's read-ahead afresh each time; the path is still walked for each
+// read (see below), with O_PATH.
 //
 // An entry is keyed by the path and the stamp it was opened under, and is
 // only ever a descriptor of a file that had that stamp when opened through

@@ -269,6 +269,17 @@ TEST(ChunkSlotsTest, AWaiterOfAnAbortedFillFillsItItself) {
   EXPECT_TRUE(waiter_fills);
 }
 
+TEST(ChunkCacheTest, AMovedFromRefPointsAtNothing) {
+  ChunkCache cache({.capacity = 4 * kChunkSize});
+  Source src;
+  auto r = cache.Get(Key(1, 0), kChunkSize, src.For(Key(1, 0)));
+  ASSERT_TRUE(r.ok());
+  ChunkCache::Ref moved = std::move(*r);
+  EXPECT_TRUE(Holds(moved, Key(1, 0)));
+  EXPECT_EQ(r->data(), nullptr);
+  EXPECT_EQ(r->size(), 0u);
+}
+
 TEST(ChunkCacheTest, CopyOutCopiesOnlyWhatIsPresentAndCountsNoUse) {
   ChunkCache cache({.capacity = 4 * kChunkSize});
   Source src;

@@ -3,6 +3,7 @@
 // through a kept descriptor what the path no longer holds: a file renamed
 // over or removed is let go of and its read fails as a first read would.
 #include <dirent.h>
+#include <sys/resource.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <unistd.h>
@@ -118,6 +119,28 @@ TEST_F(KeptOpenSourceTest, AChunkThatDoesNotMatchIsReadOnce) {
   const Status s = Read(reader, wrong, 1);
   EXPECT_EQ(s.code(), Status::Code::kCorrupt) << s.message();
   EXPECT_EQ(reader.chunks_read(), 2u);
+  EXPECT_EQ(reader.source_opens(), 1u);
+}
+
+// Out of descriptors, the path cannot be checked: that read fails, and the
+// kept file stays (nothing says it changed), to serve the next read.
+TEST_F(KeptOpenSourceTest, APathThatCannotBeCheckedFailsTheReadAndKeepsTheFile) {
+  SourceReader reader;
+  ASSERT_TRUE(Read(reader, f, 0).ok());
+  struct rlimit saved {};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  const int lowest_free = ::dup(0);
+  ASSERT_GE(lowest_free, 0);
+  ::close(lowest_free);
+  struct rlimit none = saved;
+  none.rlim_cur = static_cast<rlim_t>(lowest_free);  // no new descriptor can be made
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &none), 0);
+  const Status s = Read(reader, f, 1);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.code(), Status::Code::kChanged) << s.message();
+  EXPECT_EQ(reader.source_files_open(), 1u);
+  ASSERT_TRUE(Read(reader, f, 1).ok());
   EXPECT_EQ(reader.source_opens(), 1u);
 }
 
