@@ -30,8 +30,7 @@
 
 namespace ckptfs {
 
-class ChunkClaim;  // a claim on one chunk slot (src/cache/chunk_slots.h)
-class ChunkSlots;
+class ChunkSlots;  // the chunk tier's memory (src/cache/chunk_slots.h)
 
 struct CacheStats {
   ChunkTierStats slots;
@@ -65,7 +64,7 @@ class ChunkCache final : public CacheTier {
 
    private:
     friend class ChunkCache;
-    std::unique_ptr<ChunkClaim> claim_;  // the chunk in its slot, or
+    ChunkClaim claim_;                   // the chunk in its slot, or
     std::unique_ptr<uint8_t[]> owned_;   // an uncached read's own buffer
     const uint8_t* data_ = nullptr;
     size_t size_ = 0;

@@ -60,7 +60,7 @@ Result<ChunkCache::Ref> ChunkCache::Get(const ChunkKey& key, size_t len, const F
       if (Status s = FillClaimed(*claimed, len, fill, use); !s.ok()) return s;
     }
     r.data_ = claimed->data();
-    r.claim_ = std::make_unique<ChunkClaim>(std::move(*claimed));
+    r.claim_ = std::move(*claimed);
     return r;
   }
   if (claimed.status().code() != Status::Code::kFull) return claimed.status();

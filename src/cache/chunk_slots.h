@@ -38,45 +38,6 @@
 
 namespace ckptfs {
 
-struct ChunkSlot;  // one chunk's entry (chunk_slots.cpp)
-class ChunkSlots;
-
-// A claim on one chunk: a reference to it, present and verified (it is not
-// evicted while the claim lives), or an empty slot this caller fills and
-// then Commits, after which it is such a reference. Dropped uncommitted,
-// the slot goes back and those who waited for the fill claim it again.
-class ChunkClaim {
- public:
-  // Why a chunk is wanted: a reader's request counts as a hit or a miss;
-  // read-ahead and preload fills are counted apart, and only a read-ahead
-  // fill that a reader then uses is a read-ahead hit.
-  enum class Use { kRead, kReadAhead, kPreload };
-
-  ChunkClaim() = default;
-  ChunkClaim(ChunkClaim&& o) noexcept;
-  ChunkClaim& operator=(ChunkClaim&& o) noexcept;
-  ~ChunkClaim();
-
-  explicit operator bool() const { return entry_ != nullptr; }
-  // False: data() is an empty slot for this caller to fill.
-  bool present() const { return entry_ != nullptr && !filling_; }
-  uint8_t* data() const;
-  size_t length() const;  // of the chunk's bytes in the slot
-  // Publishes the filled slot. `from_source`: its bytes were read from the
-  // source (counted as a fill), not copied from the host tier.
-  void Commit(Use use, bool from_source);
-  // Keeps the chunk (present) past eviction; see ChunkSlots::CheckPinRoom.
-  void Pin();
-
- private:
-  friend class ChunkSlots;
-  ChunkClaim(ChunkSlots* slots, ChunkSlot* entry, bool filling) : slots_(slots), entry_(entry), filling_(filling) {}
-  void Reset();
-  ChunkSlots* slots_ = nullptr;
-  ChunkSlot* entry_ = nullptr;
-  bool filling_ = false;
-};
-
 class ChunkSlots {
  public:
   using Use = ChunkClaim::Use;
