@@ -51,7 +51,9 @@ constexpr bool NeedsOwner(std::string_view command) {
 // Request keys.
 inline constexpr char kCmd[] = "cmd";
 inline constexpr char kPath[] = "path";  // preload, unpin, evict: a path below the mount point
-inline constexpr char kTier[] = "tier";  // preload: "host" (the default and the only tier)
+// preload: the tier asked for ("host", the only one), and in the reply the
+// tier the files went into: "host", or "chunks" on a fill=off mount.
+inline constexpr char kTier[] = "tier";
 inline constexpr char kPin[] = "pin";    // preload: keep it resident until unpinned
 inline constexpr char kBinary[] = "binary";  // restart: the new daemon's executable ("" for the same)
 

@@ -184,9 +184,13 @@ int RunCacheCommand(const CacheArgs& args) {
   }
   const uint64_t bytes = reply->value(kBytes, uint64_t{0});
   if (args.command == protocol::kPreload) {
+    // Where the files went, as the daemon says: whole into the host tier, or
+    // as chunks on a fill=off mount (printed from fixed words only).
+    const auto went = reply->find(kTier);
+    const bool as_chunks = went != reply->end() && went->is_string() && *went == protocol::kTierChunks;
     std::printf("preloaded %s (%llu file(s), %s) into the %s tier%s\n", args.path.c_str(),
                 static_cast<unsigned long long>(reply->value(kFiles, uint64_t{0})), FormatBytes(bytes).c_str(),
-                args.tier.c_str(), args.pin ? ", pinned" : "");
+                as_chunks ? "chunk" : "host", args.pin ? ", pinned" : "");
   } else {
     std::printf("%s %s of %s\n", args.command == protocol::kUnpin ? "unpinned" : "evicted", FormatBytes(bytes).c_str(),
                 args.path.c_str());

@@ -105,7 +105,8 @@ nlohmann::json HandlePreload(fuse::FsContext& ctx, const ControlServer::Request&
       whole_files ? PreloadFiles(ctx, r, *files, pin, total) : PreloadChunks(ctx, r, *files, pin, total);
   if (out[protocol::kOk] != true) return out;
   out[protocol::kFiles] = files->size();
-  out[protocol::kTier] = tier_name;
+  // The tier the files went into: whole into the host tier, or as chunks.
+  out[protocol::kTier] = whole_files ? protocol::kTierHost : protocol::kTierChunks;
   out[protocol::kPinned] = pin;
   return out;
 }

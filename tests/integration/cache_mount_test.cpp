@@ -80,7 +80,7 @@ TEST_F(CacheMountTest, ReadAfterPreloadReadsNoSourceBytes) {
   EXPECT_NE(RunCommand(kCtl + " status --json " + mnt_).out.find("\"pinned_memory\": true"), std::string::npos);
   CommandResult pre = RunCommand(kCtl + " preload " + mnt_ + "/by-name/m --pin", true);
   ASSERT_EQ(pre.exit_code, 0) << pre.out;
-  EXPECT_NE(pre.out.find("preloaded " + mnt_ + "/by-name/m (2 file(s), 40.00 MiB) into the host tier, pinned"),
+  EXPECT_NE(pre.out.find("preloaded " + mnt_ + "/by-name/m (2 file(s), 40.00 MiB) into the chunk tier, pinned"),
             std::string::npos)
       << pre.out;
   const auto before = Stats(mnt_);
