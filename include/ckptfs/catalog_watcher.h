@@ -202,7 +202,9 @@ class CatalogWatcher {
   bool TakeWithdrawalsLocked() REQUIRES(mu_);
   View::Changes PublishLocked() REQUIRES(mu_);
   void Notify(const View::Changes& changes);  // mu_ not held: it calls into the kernel
-  bool DrainInotify();  // true if any event arrived
+  // What the events read from inotify ask for.
+  enum class Drained { kNothing, kChange, kArrival };
+  Drained DrainInotify();
   void NoteDirty(const inotify_event& ev);
   void UpdateWatches(const CatalogScan& scan);
   void SetState(CheckpointState state);

@@ -27,7 +27,11 @@ namespace {
 constexpr uint32_t kWatchMask = IN_CREATE | IN_DELETE | IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO |
                                 IN_ATTRIB | IN_DELETE_SELF | IN_MOVE_SELF;
 // Events arrive in bursts (a copy writes many files); wait this long after
-// one before rescanning, so a burst costs one walk.
+// one before rescanning, so a burst costs one walk. A directory renamed into
+// the tree is no burst (a trainer's finished .tmp-step-N/ renamed to
+// step-N/): it is walked at once, since the arrival's time to loaded is
+// what such a writer waits on (still no more often than one walk per
+// kDebounceS).
 constexpr double kDebounceS = 0.3;
 // Indexed checkpoints are shown at most this often (each publish rebuilds
 // the view), and always once the last has been indexed.
@@ -272,8 +276,16 @@ void CatalogWatcher::Run() {
       if (::read(wake_.get(), &v, sizeof v) < 0) {
       }
     }
-    if ((fds[1].revents & POLLIN) && DrainInotify()) {
-      next_debounced = std::min(next_debounced, MonotonicSeconds() + kDebounceS);
+    if (fds[1].revents & POLLIN) {
+      const Drained drained = DrainInotify();
+      if (drained != Drained::kNothing) {
+        // An arrival as soon as the last walk is kDebounceS behind: a
+        // writer renaming directories in a loop gets no more walks than a
+        // burst of writes would.
+        const double t = MonotonicSeconds();
+        const double at = drained == Drained::kArrival ? std::max(t, last_scan_end + kDebounceS) : t + kDebounceS;
+        next_debounced = std::min(next_debounced, at);
+      }
     }
   }
   // What was posted still runs (a damaged file's index row is forgotten
@@ -281,9 +293,9 @@ void CatalogWatcher::Run() {
   RunPosted();
 }
 
-bool CatalogWatcher::DrainInotify() {
+CatalogWatcher::Drained CatalogWatcher::DrainInotify() {
   alignas(inotify_event) char buf[16384];
-  bool any = false;
+  Drained drained = Drained::kNothing;
   for (;;) {
     ssize_t n = ::read(inotify_.get(), buf, sizeof buf);
     if (n <= 0) break;
@@ -291,11 +303,16 @@ bool CatalogWatcher::DrainInotify() {
       auto* ev = reinterpret_cast<inotify_event*>(p);
       NoteDirty(*ev);
       if (ev->mask & IN_IGNORED) watches_.erase(ev->wd);
-      any = true;
+      const bool arrival = (ev->mask & IN_MOVED_TO) && (ev->mask & IN_ISDIR);
+      if (arrival) {
+        drained = Drained::kArrival;
+      } else if (drained == Drained::kNothing) {
+        drained = Drained::kChange;
+      }
       p += sizeof(inotify_event) + ev->len;
     }
   }
-  return any;
+  return drained;
 }
 
 // The directory an event happened in is dirty, and so is a subdirectory it
