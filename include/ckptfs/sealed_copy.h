@@ -24,7 +24,12 @@
 // page fault per 4 KiB that a mapping costs. Measured on a 750 MB file with
 // its source in the page cache, read in 4 MiB chunks, XXH3 included, one
 // thread: pwrite from a buffer 1.1-1.3 GB/s; read into a 4 KiB-page mapping
-// 0.63-0.67 GB/s; read into a 2 MiB-page mapping 3.5-3.6 GB/s.
+// 0.63-0.67 GB/s; read into a 2 MiB-page mapping 3.5-3.6 GB/s. Into fresh
+// memory on a VM that reports free pages to its host, the order turns: a
+// cold 750 MB file read into a 2 MiB-page mapping 0.12-0.23 GB/s (the
+// time in clear_page of each new huge page), with pwrite 0.6 GB/s; so the
+// host tier chooses per copy (FileCache::NewCopy, PageReserve), and a copy
+// with a reserve frees as much of it as it is about to write.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +43,8 @@
 #include "ckptfs/unique_fd.h"
 
 namespace ckptfs {
+
+class PageReserve;
 
 // Something another layer ties to a copy for as long as the copy lives (the
 // FUSE layer's kernel backing id), released with it.
@@ -76,7 +83,10 @@ class SealedCopy {
   // `size` bytes, made PreferredWriteFor(size) or as `how` says. Out of
   // descriptors or memory, kFull.
   static Result<std::unique_ptr<SealedCopy>> Create(const std::string& name, uint64_t size);
-  static Result<std::unique_ptr<SealedCopy>> Create(const std::string& name, uint64_t size, WriteBy how);
+  // With a `reserve` (the host tier's), the copy frees as much of it as it
+  // is about to fault, just before it does (see PageReserve).
+  static Result<std::unique_ptr<SealedCopy>> Create(const std::string& name, uint64_t size, WriteBy how,
+                                                    PageReserve* reserve = nullptr);
   ~SealedCopy();
   SealedCopy(const SealedCopy&) = delete;
   SealedCopy& operator=(const SealedCopy&) = delete;
@@ -88,7 +98,8 @@ class SealedCopy {
   // (one copy of each byte instead of two) and they are checked where they
   // will be served; there is room up to the end of the last page. Null for a
   // copy written with pwrite or held in memory, or a range past the end.
-  uint8_t* WritableAt(uint64_t offset, size_t len) const;
+  // Asked once per range: the range's pages are made ready for the reader.
+  uint8_t* WritableAt(uint64_t offset, size_t len);
   // Before Seal: the bytes written so far at [offset, offset + len), for
   // the filler's own checks and for the daemon's reads of chunks it has
   // verified while the rest is still being copied (never for the kernel:
@@ -148,8 +159,8 @@ class SealedCopy {
   std::shared_ptr<CopyAttachment> Attachment(const std::function<std::shared_ptr<CopyAttachment>(int fd)>& make) const;
 
  private:
-  SealedCopy(std::string name, UniqueFd fd, uint64_t size, WriteBy how)
-      : name_(std::move(name)), fd_(std::move(fd)), size_(size), how_(how) {}
+  SealedCopy(std::string name, UniqueFd fd, uint64_t size, WriteBy how, PageReserve* reserve)
+      : name_(std::move(name)), fd_(std::move(fd)), size_(size), how_(how), reserve_(reserve) {}
   Status MapForWriting();
   Status MapReadOnly(int flags);
   Status RemapSealed();
@@ -165,6 +176,7 @@ class SealedCopy {
   mutable UniqueFd fd_ GUARDED_BY(attach_mu_);
   const uint64_t size_;
   const WriteBy how_;
+  PageReserve* const reserve_;  // not owned; null: none
   // kHugePageMapping: writable before Seal; kPwrite: a private read-only
   // view before Seal (a shared one would keep the kernel from sealing);
   // both read-only and shared after. kMemory: memory_.

@@ -1,5 +1,7 @@
 #include "ckptfs/sealed_copy.h"
 
+#include "ckptfs/page_reserve.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -14,6 +16,9 @@ namespace ckptfs {
 namespace {
 
 constexpr unsigned kAllSeals = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+// MADV_POPULATE_WRITE (Linux 5.14); an older kernel refuses it, and the
+// reader then faults the pages itself.
+constexpr int kPopulateWrite = 23;
 
 }  // namespace
 
@@ -61,9 +66,11 @@ Status CopyRefused(const std::string& what, int err) {
 
 }  // namespace
 
-Result<std::unique_ptr<SealedCopy>> SealedCopy::Create(const std::string& name, uint64_t size, WriteBy how) {
+Result<std::unique_ptr<SealedCopy>> SealedCopy::Create(const std::string& name, uint64_t size, WriteBy how,
+                                                      PageReserve* reserve) {
   if (how == WriteBy::kMemory) {
-    std::unique_ptr<SealedCopy> copy(new SealedCopy(name, UniqueFd(), size, how));
+    if (reserve != nullptr) reserve->Hand(size);
+    std::unique_ptr<SealedCopy> copy(new SealedCopy(name, UniqueFd(), size, how, nullptr));
     if (size > 0) {
       copy->memory_.reset(new (std::nothrow) uint8_t[size]);
       if (!copy->memory_) return CopyRefused("no memory for a copy of " + name, ENOMEM);
@@ -76,7 +83,7 @@ Result<std::unique_ptr<SealedCopy>> SealedCopy::Create(const std::string& name, 
   if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
     return Status::FromErrno("cannot size the memfd for " + name + " to " + std::to_string(size) + " bytes", errno);
   }
-  std::unique_ptr<SealedCopy> copy(new SealedCopy(name, std::move(fd), size, how));
+  std::unique_ptr<SealedCopy> copy(new SealedCopy(name, std::move(fd), size, how, reserve));
   if (Status s = copy->MapForWriting(); !s.ok()) return s;
   return copy;
 }
@@ -127,6 +134,7 @@ void SealedCopy::ReleaseDescriptor() const {
 Status SealedCopy::Write(uint64_t offset, const uint8_t* data, size_t len) {
   if (sealed_) return Status::Error(name_ + " is sealed");
   if (offset + len > size_) return Status::Error(name_ + ": write past its size");
+  if (reserve_ != nullptr) reserve_->Hand(len);
   if (how_ != WriteBy::kPwrite) {  // the huge-page mapping, or memory
     if (len > 0) std::memcpy(map_ + offset, data, len);
     return Status::Ok();
@@ -140,8 +148,16 @@ Status SealedCopy::Write(uint64_t offset, const uint8_t* data, size_t len) {
   return Status::Ok();
 }
 
-uint8_t* SealedCopy::WritableAt(uint64_t offset, size_t len) const {
+uint8_t* SealedCopy::WritableAt(uint64_t offset, size_t len) {
   if (sealed_ || how_ != WriteBy::kHugePageMapping || offset + len > size_) return nullptr;
+  // Pages the reserve just freed are faulted in here, at once and on this
+  // thread, before anything else can take them.
+  if (reserve_ != nullptr && len > 0 && reserve_->Hand(len) > 0) {
+    static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(map_ + offset) / page * page;
+    const uintptr_t end = reinterpret_cast<uintptr_t>(map_ + offset + len);
+    ::madvise(reinterpret_cast<void*>(begin), end - begin, kPopulateWrite);
+  }
   return map_ + offset;
 }
 
