@@ -140,7 +140,7 @@ touch_memory() { $py -c 'import mmap; m = mmap.mmap(-1, 8 << 30); [m.__setitem__
 mount_ckptfs ""  # index it once
 fusermount3 -u "$ck"
 bytes=$(cat "$src"/*.safetensors | wc -c)
-for pages in cold warm; do
+for pages in ${PAGES:-cold warm}; do
   if [ $pages = warm ]; then
     [ -w $reporting ] || { echo "no $reporting: warm-page runs skipped" >&2; break; }
     echo 11 >$reporting  # past the largest order: nothing is reported
@@ -151,7 +151,7 @@ for pages in cold warm; do
   printf '  %-34s %9s %9s %7s\n' loader native ckptfs ratio
   best=$(for _ in $(seq $runs); do drop; fio_rate; done | sort -g | tail -1)
   printf '  %-34s %9s\n' "fio, 3 files, O_DIRECT, 4M, depth 16" "$(awk -v g="$best" -v b="$bytes" 'BEGIN{printf "%.2fs %.2fGB/s", b/1e9/g, g}')"
-  for kind in runai fastsafetensors transformers; do
+  for kind in ${LOADERS:-runai fastsafetensors transformers}; do
     n=$(for _ in $(seq $runs); do drop; [ $pages = warm ] && touch_memory; load $kind "$src"; done | min_of)
     c=$(for _ in $(seq $runs); do
           mountpoint -q "$ck" && fusermount3 -u "$ck"
