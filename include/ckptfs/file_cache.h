@@ -25,11 +25,6 @@
 // Single flight: one fill per key at a time; others wait for it or, if they
 // only wanted to start one (a background fill), go away.
 //
-// Memory kept: the pages of copies the tier lets go of are kept in a
-// PageReserve (up to the tier's free room, for `keep_pages`) and handed to
-// the copies it makes next (NewCopy), so that on a VM that hands freed
-// memory back to its host a fill does not fault in fresh pages each time.
-//
 // Pinned copies are locked in memory: registered with the gpu= device when
 // there is one (cudaHostRegister: page-locked, so that an engine's copy of
 // them to the device is a DMA), else, or when the device refuses, with mlock
@@ -54,7 +49,6 @@
 #include "ckptfs/device_memory.h"
 #include "ckptfs/hashes.h"
 #include "ckptfs/mutex.h"
-#include "ckptfs/page_reserve.h"
 #include "ckptfs/sealed_copy.h"
 #include "ckptfs/status.h"
 
@@ -74,11 +68,9 @@ class FileCache final : public CacheTier {
 
   static constexpr uint64_t kNoDescriptorLimit = ~uint64_t{0};
   // `device`: the gpu= device, which pinned copies are registered with;
-  // null without one. It must outlive the cache. `keep_pages`: how long the
-  // memory of copies it let go of is kept for new ones (zero: not kept).
+  // null without one. It must outlive the cache.
   explicit FileCache(uint64_t capacity, DeviceMemory* device = nullptr,
-                     uint64_t descriptor_budget = kNoDescriptorLimit,
-                     std::chrono::seconds keep_pages = std::chrono::seconds(0));
+                     uint64_t descriptor_budget = kNoDescriptorLimit);
   ~FileCache() override;
   FileCache(const FileCache&) = delete;
   FileCache& operator=(const FileCache&) = delete;
@@ -125,12 +117,6 @@ class FileCache final : public CacheTier {
   // kFull with the reason when the file cannot fit (or, with `pin`, when the
   // pins would exceed the tier, or no descriptor can be freed).
   Result<Claimed> Claim(const FileKey& key, uint64_t size, bool pin, bool wait, Room room = Room::kEvict);
-  // An empty copy of `size` bytes for a fill that claimed room, drawing on
-  // the memory the tier kept (see PageReserve). Where fresh memory is slow
-  // to touch (PageReserve::FreshPagesAreSlow) and the kept memory cannot
-  // hold the copy, it is written in 4 KiB pages (kPwrite): there a first
-  // touch of a 2 MiB page costs several times what 512 small ones do.
-  Result<std::unique_ptr<SealedCopy>> NewCopy(const std::string& name, uint64_t size);
   // Makes a sealed copy resident (pinned if the claim asked for it).
   CopyPtr Publish(std::unique_ptr<Reservation> fill, std::unique_ptr<SealedCopy> copy);
   // The same for a copy its filler shares with readers of it in progress.
@@ -174,7 +160,6 @@ class FileCache final : public CacheTier {
     uint64_t in_memory = 0;          // resident copies held without a descriptor
     bool locked_memory = true;  // false once the kernel refused to mlock a pinned copy
     uint64_t registered = 0;    // pinned bytes registered with the gpu= device
-    PageReserve::Stats kept_pages;  // memory of let-go copies kept for new ones
   };
   Stats GetStats() const;
 
@@ -188,15 +173,10 @@ class FileCache final : public CacheTier {
   // Copies the tier let go of, closed and dropped by the caller after it
   // unlocks: the last reference unmaps a copy and frees its pages, which
   // takes time for a large file and must not hold up Find.
-  // Their memory, when this held the last reference, goes to the reserve.
   struct Released {
-    explicit Released(FileCache* owner) : cache(owner) {}
-    ~Released();
-    FileCache* const cache;
     std::vector<CopyPtr> copies;
+    ~Released();
   };
-  // Keeps `bytes` of memory the tier just freed, within its free room.
-  void KeepFreed(uint64_t bytes) EXCLUDES(mu_);
   class PageLock;
   void Abandon(Reservation& fill) EXCLUDES(mu_);
   Status PinRefused() const REQUIRES(mu_);
@@ -226,7 +206,6 @@ class FileCache final : public CacheTier {
   uint64_t descriptors_ GUARDED_BY(mu_) = 0;  // of resident copies and reserved by fills
   mutable std::vector<std::weak_ptr<const SealedCopy>> evicted_ GUARDED_BY(mu_);
   Stats counters_ GUARDED_BY(mu_);
-  PageReserve reserve_;
 };
 
 // Memory a copy of `size` bytes takes: whole pages.

@@ -25,11 +25,11 @@
 // its source in the page cache, read in 4 MiB chunks, XXH3 included, one
 // thread: pwrite from a buffer 1.1-1.3 GB/s; read into a 4 KiB-page mapping
 // 0.63-0.67 GB/s; read into a 2 MiB-page mapping 3.5-3.6 GB/s. Into fresh
-// memory on a VM that reports free pages to its host, the order turns: a
-// cold 750 MB file read into a 2 MiB-page mapping 0.12-0.23 GB/s (the
-// time in clear_page of each new huge page), with pwrite 0.6 GB/s; so the
-// host tier chooses per copy (FileCache::NewCopy, PageReserve), and a copy
-// with a reserve frees as much of it as it is about to write.
+// memory on a VM that reports free pages to its host the order turns: the
+// first touch of each page faults in the host, and a 2 MiB page costs
+// several times what 512 small ones do (a cold 750 MB file read into a
+// 2 MiB-page mapping: 0.12-0.23 GB/s, all in clear_page; with pwrite
+// 0.46-0.65 GB/s). There copies are written with pwrite.
 #pragma once
 
 #include <cstdint>
@@ -43,8 +43,6 @@
 #include "ckptfs/unique_fd.h"
 
 namespace ckptfs {
-
-class PageReserve;
 
 // Something another layer ties to a copy for as long as the copy lives (the
 // FUSE layer's kernel backing id), released with it.
@@ -71,8 +69,17 @@ class SealedCopy {
   // bracketed word ("always [advise] never"), or the only word of a file that
   // holds one (what a write leaves in a copy of the file); "" when unreadable.
   static std::string ReadHugePageSetting(const std::string& path);
-  // How that policy asks a memfd to be written (read once).
+  // How that policy asks a memfd to be written (read once), unless the
+  // machine hands freed memory back to a hypervisor (FreePageReporting):
+  // there a copy is written with pwrite in 4 KiB pages whatever the policy.
   static WriteBy PreferredWrite();
+  // Whether this machine hands freed memory back to a hypervisor, so that a
+  // first touch of fresh memory is slow: a virtio-balloon device offering
+  // free page reporting, with the kernel's page_reporting_order within the
+  // buddy allocator's orders. `sys` is the sysfs root.
+  static bool FreePageReporting(const std::string& sys = "/sys");
+  // The same, read once for this process.
+  static bool FreshMemoryIsSlow();
   // How a copy of `size` bytes is made by default: kMemory up to
   // kMemoryCopyMax, else PreferredWrite().
   static WriteBy PreferredWriteFor(uint64_t size);
@@ -83,10 +90,7 @@ class SealedCopy {
   // `size` bytes, made PreferredWriteFor(size) or as `how` says. Out of
   // descriptors or memory, kFull.
   static Result<std::unique_ptr<SealedCopy>> Create(const std::string& name, uint64_t size);
-  // With a `reserve` (the host tier's), the copy frees as much of it as it
-  // is about to fault, just before it does (see PageReserve).
-  static Result<std::unique_ptr<SealedCopy>> Create(const std::string& name, uint64_t size, WriteBy how,
-                                                    PageReserve* reserve = nullptr);
+  static Result<std::unique_ptr<SealedCopy>> Create(const std::string& name, uint64_t size, WriteBy how);
   ~SealedCopy();
   SealedCopy(const SealedCopy&) = delete;
   SealedCopy& operator=(const SealedCopy&) = delete;
@@ -98,8 +102,7 @@ class SealedCopy {
   // (one copy of each byte instead of two) and they are checked where they
   // will be served; there is room up to the end of the last page. Null for a
   // copy written with pwrite or held in memory, or a range past the end.
-  // Asked once per range: the range's pages are made ready for the reader.
-  uint8_t* WritableAt(uint64_t offset, size_t len);
+  uint8_t* WritableAt(uint64_t offset, size_t len) const;
   // Before Seal: the bytes written so far at [offset, offset + len), for
   // the filler's own checks and for the daemon's reads of chunks it has
   // verified while the rest is still being copied (never for the kernel:
@@ -159,8 +162,8 @@ class SealedCopy {
   std::shared_ptr<CopyAttachment> Attachment(const std::function<std::shared_ptr<CopyAttachment>(int fd)>& make) const;
 
  private:
-  SealedCopy(std::string name, UniqueFd fd, uint64_t size, WriteBy how, PageReserve* reserve)
-      : name_(std::move(name)), fd_(std::move(fd)), size_(size), how_(how), reserve_(reserve) {}
+  SealedCopy(std::string name, UniqueFd fd, uint64_t size, WriteBy how)
+      : name_(std::move(name)), fd_(std::move(fd)), size_(size), how_(how) {}
   Status MapForWriting();
   Status MapReadOnly(int flags);
   Status RemapSealed();
@@ -176,7 +179,6 @@ class SealedCopy {
   mutable UniqueFd fd_ GUARDED_BY(attach_mu_);
   const uint64_t size_;
   const WriteBy how_;
-  PageReserve* const reserve_;  // not owned; null: none
   // kHugePageMapping: writable before Seal; kPwrite: a private read-only
   // view before Seal (a shared one would keep the kernel from sealing);
   // both read-only and shared after. kMemory: memory_.

@@ -58,38 +58,11 @@ class FileCache::PageLock {
   bool registered_ = false;
 };
 
-FileCache::FileCache(uint64_t capacity, DeviceMemory* device, uint64_t descriptor_budget,
-                     std::chrono::seconds keep_pages)
-    : capacity_(capacity), device_(device), descriptor_budget_(descriptor_budget), reserve_(capacity, keep_pages) {}
+FileCache::FileCache(uint64_t capacity, DeviceMemory* device, uint64_t descriptor_budget)
+    : capacity_(capacity), device_(device), descriptor_budget_(descriptor_budget) {}
 
 FileCache::Released::~Released() {
-  uint64_t freed = 0;
-  for (const CopyPtr& c : copies) {
-    c->ReleaseDescriptor();
-    // The last reference: its pages are freed below. (A reader, or the
-    // kernel's passthrough backing, keeps them otherwise: then nothing is
-    // freed now, and the reserve is not grown from fresh memory for it.)
-    if (c.use_count() == 1 && !c->in_memory()) freed += PageBytes(c->size());
-  }
-  copies.clear();
-  if (freed > 0) cache->KeepFreed(freed);
-}
-
-void FileCache::KeepFreed(uint64_t bytes) {
-  uint64_t room;
-  {
-    MutexLock lock(mu_);
-    room = capacity_ - std::min(capacity_, used_ + reserved_);
-  }
-  reserve_.Keep(bytes, room);
-}
-
-Result<std::unique_ptr<SealedCopy>> FileCache::NewCopy(const std::string& name, uint64_t size) {
-  SealedCopy::WriteBy how = SealedCopy::PreferredWriteFor(size);
-  if (how == SealedCopy::WriteBy::kHugePageMapping && PageReserve::FreshPagesAreSlow() && reserve_.held() < size) {
-    how = SealedCopy::WriteBy::kPwrite;
-  }
-  return SealedCopy::Create(name, size, how, &reserve_);
+  for (const CopyPtr& c : copies) c->ReleaseDescriptor();
 }
 
 // The page locks first: each one updates registered_ and locked_memory_ as
@@ -154,7 +127,7 @@ bool FileCache::MakeRoom(uint64_t bytes, bool descriptor, const FileKey& keep, R
 Result<FileCache::Claimed> FileCache::Claim(const FileKey& key, uint64_t size, bool pin, bool wait, Room room) {
   const uint64_t bytes = PageBytes(size);
   const bool descriptor = SealedCopy::NeedsDescriptor(size);
-  Released released(this);  // declared before the lock: let go of after it
+  Released released;  // declared before the lock: let go of after it
   MutexLock lock(mu_);
   for (;;) {
     if (auto it = entries_.find(key); it != entries_.end()) {
@@ -313,7 +286,7 @@ uint64_t FileCache::Unpin(const Sha256Digest& sha256) {
 
 uint64_t FileCache::Evict(const Sha256Digest& sha256) {
   MutexLock pin_lock(pin_mu_);
-  Released dropped(this);
+  Released dropped;
   uint64_t bytes = 0;
   {
     MutexLock lock(mu_);
@@ -327,7 +300,7 @@ uint64_t FileCache::Evict(const Sha256Digest& sha256) {
 }
 
 size_t FileCache::ShedDescriptors(size_t count) {
-  Released released(this);
+  Released released;
   MutexLock lock(mu_);
   size_t shed = 0;
   while (shed < count && EvictOldest(/*holding_descriptor=*/true, FileKey{}, released)) ++shed;
@@ -346,7 +319,6 @@ FileCache::Stats FileCache::GetStats() const {
   s.files = entries_.size();
   s.descriptors = descriptors_;
   s.descriptor_budget = descriptor_budget_;
-  s.kept_pages = reserve_.GetStats();
   for (const auto& [key, e] : entries_) s.in_memory += e.copy->in_memory() ? 1 : 0;
   std::erase_if(evicted_, [](const auto& w) { return w.expired(); });
   for (const auto& w : evicted_) {

@@ -147,8 +147,8 @@ std::shared_ptr<FillJob> FileFiller::Begin(const View::NodePtr& file, const Serv
     *resident = claim->resident;
     return nullptr;
   }
-  auto made = server_.parts().files->NewCopy(
-      "ckptfs:" + ToHex(file->sha256).substr(0, 16) + ":" + file->digest.substr(7, 12), form.size);
+  auto made = SealedCopy::Create("ckptfs:" + ToHex(file->sha256).substr(0, 16) + ":" + file->digest.substr(7, 12),
+                                 form.size);
   if (!made.ok()) {  // the reservation is given back
     *refused = made.status();
     return nullptr;

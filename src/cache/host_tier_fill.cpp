@@ -44,7 +44,7 @@ std::unique_ptr<HashCopy> HostTierFill::Begin(const std::string& rel_path, const
     ++skipped_;
     return nullptr;
   }
-  auto copy = cache_->NewCopy("ckptfs:index:" + std::to_string(stamp.ino), stamp.size);
+  auto copy = SealedCopy::Create("ckptfs:index:" + std::to_string(stamp.ino), stamp.size);
   if (!copy.ok()) {
     ++skipped_;  // no memfd to be had (descriptors, memory): the claim is given back
     return nullptr;

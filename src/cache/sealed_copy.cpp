@@ -1,13 +1,12 @@
 #include "ckptfs/sealed_copy.h"
 
-#include "ckptfs/page_reserve.h"
-
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <vector>
 
@@ -16,9 +15,6 @@ namespace ckptfs {
 namespace {
 
 constexpr unsigned kAllSeals = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
-// MADV_POPULATE_WRITE (Linux 5.14); an older kernel refuses it, and the
-// reader then faults the pages itself.
-constexpr int kPopulateWrite = 23;
 
 }  // namespace
 
@@ -43,9 +39,39 @@ SealedCopy::WriteBy SealedCopy::PreferredWrite() {
   static const WriteBy how = [] {
     const std::string s = ShmemHugePages();
     const bool huge = s == "advise" || s == "always" || s == "within_size" || s == "force";
-    return huge ? WriteBy::kHugePageMapping : WriteBy::kPwrite;
+    return huge && !FreshMemoryIsSlow() ? WriteBy::kHugePageMapping : WriteBy::kPwrite;
   }();
   return how;
+}
+
+namespace {
+
+// VIRTIO_BALLOON_F_REPORTING, a bit of the device's feature string.
+constexpr size_t kBalloonReportingBit = 5;
+// The buddy allocator's largest order (MAX_PAGE_ORDER on x86-64): a
+// page_reporting_order above it reports nothing.
+constexpr int kMaxPageOrder = 10;
+
+}  // namespace
+
+bool SealedCopy::FreePageReporting(const std::string& sys) {
+  std::ifstream order_file(sys + "/module/page_reporting/parameters/page_reporting_order");
+  int order = -1;
+  if (!(order_file >> order) || order < 0 || order > kMaxPageOrder) return false;
+  const std::string drivers = sys + "/bus/virtio/drivers/virtio_balloon";
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(drivers, ec)) {
+    if (entry.path().filename().string().rfind("virtio", 0) != 0) continue;
+    std::ifstream features(entry.path() / "features");
+    std::string bits;
+    if (features >> bits && bits.size() > kBalloonReportingBit && bits[kBalloonReportingBit] == '1') return true;
+  }
+  return false;
+}
+
+bool SealedCopy::FreshMemoryIsSlow() {
+  static const bool slow = FreePageReporting();
+  return slow;
 }
 
 SealedCopy::WriteBy SealedCopy::PreferredWriteFor(uint64_t size) {
@@ -66,11 +92,9 @@ Status CopyRefused(const std::string& what, int err) {
 
 }  // namespace
 
-Result<std::unique_ptr<SealedCopy>> SealedCopy::Create(const std::string& name, uint64_t size, WriteBy how,
-                                                      PageReserve* reserve) {
+Result<std::unique_ptr<SealedCopy>> SealedCopy::Create(const std::string& name, uint64_t size, WriteBy how) {
   if (how == WriteBy::kMemory) {
-    if (reserve != nullptr) reserve->Hand(size);
-    std::unique_ptr<SealedCopy> copy(new SealedCopy(name, UniqueFd(), size, how, nullptr));
+    std::unique_ptr<SealedCopy> copy(new SealedCopy(name, UniqueFd(), size, how));
     if (size > 0) {
       copy->memory_.reset(new (std::nothrow) uint8_t[size]);
       if (!copy->memory_) return CopyRefused("no memory for a copy of " + name, ENOMEM);
@@ -83,7 +107,7 @@ Result<std::unique_ptr<SealedCopy>> SealedCopy::Create(const std::string& name, 
   if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
     return Status::FromErrno("cannot size the memfd for " + name + " to " + std::to_string(size) + " bytes", errno);
   }
-  std::unique_ptr<SealedCopy> copy(new SealedCopy(name, std::move(fd), size, how, reserve));
+  std::unique_ptr<SealedCopy> copy(new SealedCopy(name, std::move(fd), size, how));
   if (Status s = copy->MapForWriting(); !s.ok()) return s;
   return copy;
 }
@@ -134,7 +158,6 @@ void SealedCopy::ReleaseDescriptor() const {
 Status SealedCopy::Write(uint64_t offset, const uint8_t* data, size_t len) {
   if (sealed_) return Status::Error(name_ + " is sealed");
   if (offset + len > size_) return Status::Error(name_ + ": write past its size");
-  if (reserve_ != nullptr) reserve_->Hand(len);
   if (how_ != WriteBy::kPwrite) {  // the huge-page mapping, or memory
     if (len > 0) std::memcpy(map_ + offset, data, len);
     return Status::Ok();
@@ -148,16 +171,8 @@ Status SealedCopy::Write(uint64_t offset, const uint8_t* data, size_t len) {
   return Status::Ok();
 }
 
-uint8_t* SealedCopy::WritableAt(uint64_t offset, size_t len) {
+uint8_t* SealedCopy::WritableAt(uint64_t offset, size_t len) const {
   if (sealed_ || how_ != WriteBy::kHugePageMapping || offset + len > size_) return nullptr;
-  // Pages the reserve just freed are faulted in here, at once and on this
-  // thread, before anything else can take them.
-  if (reserve_ != nullptr && len > 0 && reserve_->Hand(len) > 0) {
-    static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-    const uintptr_t begin = reinterpret_cast<uintptr_t>(map_ + offset) / page * page;
-    const uintptr_t end = reinterpret_cast<uintptr_t>(map_ + offset + len);
-    ::madvise(reinterpret_cast<void*>(begin), end - begin, kPopulateWrite);
-  }
   return map_ + offset;
 }
 

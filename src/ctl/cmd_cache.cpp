@@ -119,14 +119,6 @@ void PrintHostTier(const nlohmann::json& j) {
               j[kMemory][kLocked].get<bool>() ? "pinned memory locked" : "pinned memory NOT locked",
               huge[kUsed].get<std::string>().c_str(), huge[kShmemEnabled].get<std::string>().c_str(),
               FormatBytes(huge[kMappedBytes].get<uint64_t>()).c_str());
-  if (j[kMemory].contains("kept_pages")) {
-    const auto& k = j[kMemory]["kept_pages"];
-    std::printf("            kept pages %s (of %s kept, %s handed to new copies, %s given back); "
-                "free page reporting %s\n",
-                FormatBytes(k["held"].get<uint64_t>()).c_str(), FormatBytes(k["kept"].get<uint64_t>()).c_str(),
-                FormatBytes(k["handed"].get<uint64_t>()).c_str(), FormatBytes(k["returned"].get<uint64_t>()).c_str(),
-                k["free_page_reporting"].get<bool>() ? "on" : "off");
-  }
 }
 
 void PrintStatsTable(const nlohmann::json& j) {

@@ -209,8 +209,7 @@ void Daemon::StartCaches() {
   spdlog::info("host tier: {} bytes for whole files, at most {} of them in memfds (RLIMIT_NOFILE and "
                "vm.max_map_count allow; files up to {} bytes are held in memory)",
                host_bytes - chunk_bytes, descriptors, SealedCopy::kMemoryCopyMax);
-  files_ = std::make_unique<FileCache>(host_bytes - chunk_bytes, device_.get(), descriptors,
-                                       std::chrono::seconds(static_cast<int64_t>(o.keep_pages_s)));
+  files_ = std::make_unique<FileCache>(host_bytes - chunk_bytes, device_.get(), descriptors);
   cache_ = std::make_unique<ChunkCache>(ChunkCache::Options{.capacity = chunk_bytes, .below = files_.get()});
   // On a network or FUSE source a kept descriptor's fstat may answer from
   // cached attributes; there every read opens its file (close-to-open).

@@ -152,11 +152,6 @@ std::optional<Status> ApplyKeyedOption(const std::string& key, const std::string
     if (Status s = need_value(); !s.ok()) return s;
     if (value[0] != '/') return Status::Error("option state=" + value + ": must be an absolute path");
     o.state_dir = value;
-  } else if (key == "keep_pages") {
-    if (Status s = need_value(); !s.ok()) return s;
-    auto v = ParseSeconds(key, value, 1);  // kept by the second
-    if (!v.ok()) return v.status();
-    o.keep_pages_s = *v;
   } else if (key == "rescan" || key == "settle") {
     if (Status s = need_value(); !s.ok()) return s;
     // A full rescan walks all of SRC: more often than kMinRescanS
@@ -411,12 +406,6 @@ ckptfs options (-o):
                        read of the disk; nothing resident is evicted for it
                        (a file that does not fit is filled at its first
                        open, as fill= says); off: indexing only hashes
-  keep_pages=SECONDS   how long the memory of copies the host tier let go
-                       of (evicted, or replaced) is kept, within its free
-                       room, for the copies it makes next, instead of
-                       going back to the kernel (on a VM that hands freed
-                       memory to its host, a copy into fresh memory is
-                       several times slower); 0: not kept (default 300)
   fill_depth=N         4 MiB source reads in flight for all fills together
                        (default 16)
   verify=xxh3|sha256   what every byte served is checked against: xxh3:

@@ -51,7 +51,6 @@ struct MountOptions {
   double rescan_s = 600;      // rescan=SECONDS; 0 turns the periodic rescan off
   bool rescan_given = false;  // rescan= was given (else a source without inotify gets kRemoteRescanS)
   double settle_s = 5;        // settle=SECONDS
-  double keep_pages_s = 300;  // keep_pages=SECONDS
   SymlinkPolicy symlinks = SymlinkPolicy::kContained;
   unsigned threads = 0;       // threads=N: FUSE and hashing threads; 0 = one per CPU
   LogLevel log_level = LogLevel::kInfo;  // log=LEVEL

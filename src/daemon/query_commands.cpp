@@ -48,7 +48,6 @@ nlohmann::json OptionsJson(const MountOptions& o, const std::string& log_destina
           {kOptionFill, WordOf(kFillPolicyWords, o.fill)},
           {"fill_on_index", WordOf(kFillOnIndexWords, o.fill_on_index)},
           {kOptionFillDepth, FillDepth(o)},
-          {"keep_pages", o.keep_pages_s},
           {"fill_io", WordOf(kSourceIoWords, o.fill_io)},
           {"shmem_huge", WordOf(kShmemHugeWords, o.shmem_huge_advise)},
           {kOptionLog, WordOf(kLogLevelWords, o.log_level)},

@@ -206,45 +206,6 @@ TEST_F(PassthroughMountTest, ACheckpointRenamedIntoSrcIsResidentWhenItsDigestApp
   }
 }
 
-// Issue 20 item 5: the memory of copies the host tier let go of is kept
-// (keep_pages=, within its free room) and the next checkpoint's copies are
-// made in it, not in memory freed and taken again; keep_pages=0 keeps none.
-TEST_F(PassthroughMountTest, TheMemoryOfEvictedCopiesGoesToTheNextCheckpointsCopies) {
-  WriteFile(src_ + "/m/model.bin", "w");
-  for (const std::string keep : {"300", "0"}) {
-    auto m = MountWithPassthrough("cache_size=256M,fill_on_index=free,keep_pages=" + keep);
-    SKIP_WITHOUT_PASSTHROUGH();
-    const std::string old_data = RandomBytes(24 * kMiB + 5, 90), new_data = RandomBytes(20 * kMiB + 3, 91);
-    const std::string stage = src_ + "/.stage-" + keep;
-    const uint64_t fills = Stats(mnt_)["fills"]["from_indexing"]["completed"];
-    WriteFile(stage + "/model.safetensors", old_data);
-    fs::rename(stage, src_ + "/old-" + keep);
-    ASSERT_TRUE(WaitForLink("old-" + keep)) << m->Log();
-    auto s = Stats(mnt_);
-    ASSERT_EQ(s["fills"]["from_indexing"]["completed"], fills + 1) << s["fills"].dump();
-    EXPECT_EQ(s["memory"]["kept_pages"]["held"], 0);
-    CommandResult evict = RunCommand(kCtl + " evict " + mnt_ + "/by-name/old-" + keep, true);
-    ASSERT_EQ(evict.exit_code, 0) << evict.out;
-    s = Stats(mnt_);
-    // Kept in whole 2 MiB pages: the 24 MiB of the shard.
-    const uint64_t kept = keep == "0" ? 0 : 24 * kMiB;
-    EXPECT_EQ(s["memory"]["kept_pages"]["held"], kept) << s["memory"].dump();
-    WriteFile(stage + "/model.safetensors", new_data);
-    fs::rename(stage, src_ + "/new-" + keep);
-    ASSERT_TRUE(WaitForLink("new-" + keep)) << m->Log();
-    s = Stats(mnt_);
-    // The new shard's copy was made in the kept memory as it was written
-    // (its 20 MiB in whole pages; the 3-byte tail adds up to none).
-    const uint64_t handed = keep == "0" ? 0 : 20 * kMiB;
-    EXPECT_EQ(s["memory"]["kept_pages"]["handed"], handed) << s["memory"].dump();
-    EXPECT_EQ(s["memory"]["kept_pages"]["held"], kept - handed);
-    EXPECT_EQ(s["fills"]["from_indexing"]["completed"], fills + 2);
-    EXPECT_TRUE(ReadBuffered(DigestDir("new-" + keep) + "/model.safetensors") == new_data);
-    EXPECT_EQ(Opens(Stats(mnt_), "passthrough"), 1u);
-    m->Unmount();
-  }
-}
-
 TEST_F(PassthroughMountTest, TheFirstOpenIsServedAtOnceAndFillsTheCopyForTheNext) {
   const std::string data = RandomBytes(24 * kMiB + 3, 1);
   WriteFile(src_ + "/m/model.safetensors", data);

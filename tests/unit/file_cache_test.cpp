@@ -7,6 +7,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -40,6 +43,33 @@ FileCache::CopyPtr Fill(FileCache& cache, const FileKey& key, uint64_t size, boo
   if (!claim.ok()) return nullptr;
   if (claim->resident) return claim->resident;
   return cache.Publish(std::move(claim->fill), SealedOf(size, 'x', SealedCopy::PreferredWriteFor(size)));
+}
+
+// Where a first touch of fresh memory is slow (a VM whose balloon device
+// reports free pages to its host) copies are written in 4 KiB pages.
+TEST(SealedCopyTest, FreePageReportingIsReadFromSysfs) {
+  namespace fs = std::filesystem;
+  const fs::path sys = fs::temp_directory_path() / ("ckptfs-sys-" + std::to_string(::getpid()));
+  auto write = [&](const std::string& rel, const std::string& text) {
+    fs::create_directories((sys / rel).parent_path());
+    std::ofstream(sys / rel) << text;
+  };
+  EXPECT_FALSE(SealedCopy::FreePageReporting(sys.string()));  // no page_reporting in the kernel
+  write("module/page_reporting/parameters/page_reporting_order", "9\n");
+  EXPECT_FALSE(SealedCopy::FreePageReporting(sys.string()));  // and no balloon
+  write("bus/virtio/drivers/virtio_balloon/virtio0/features", "0110000000000000\n");
+  EXPECT_FALSE(SealedCopy::FreePageReporting(sys.string()));  // a balloon without reporting
+  write("bus/virtio/drivers/virtio_balloon/virtio0/features", "0110010100000000\n");
+  EXPECT_TRUE(SealedCopy::FreePageReporting(sys.string()));
+  // An order past the buddy allocator's reports nothing (how an operator
+  // turns reporting off).
+  write("module/page_reporting/parameters/page_reporting_order", "11\n");
+  EXPECT_FALSE(SealedCopy::FreePageReporting(sys.string()));
+  fs::remove_all(sys);
+  // And the copies of this machine follow what its own sysfs says.
+  if (SealedCopy::FreshMemoryIsSlow()) {
+    EXPECT_EQ(SealedCopy::PreferredWrite(), SealedCopy::WriteBy::kPwrite);
+  }
 }
 
 TEST(SealedCopyTest, NobodyCanChangeASealedCopy) {

@@ -44,7 +44,6 @@ TEST(MountOptionsTest, DefaultsAndPositionals) {
   EXPECT_FALSE(o->foreground);
   EXPECT_EQ(o->rescan_s, 600);
   EXPECT_EQ(o->settle_s, 5);
-  EXPECT_EQ(o->keep_pages_s, 300);
   EXPECT_EQ(o->symlinks, SymlinkPolicy::kContained);
   EXPECT_EQ(o->readahead, 4ull << 20);
   EXPECT_EQ(o->fill, FillPolicy::kWait);
@@ -56,13 +55,12 @@ TEST(MountOptionsTest, DefaultsAndPositionals) {
 
 TEST(MountOptionsTest, EveryOwnOptionIsApplied) {
   const MountOptions o = ParseOk(
-      "state=/var/lib/x,rescan=0,settle=2.5,keep_pages=60,symlinks=follow,threads=8,fill_depth=3,log=debug,"
+      "state=/var/lib/x,rescan=0,settle=2.5,symlinks=follow,threads=8,fill_depth=3,log=debug,"
       "log_file=/var/log/ckptfs.log,readahead=8M,cache_size=32G,gpu=1,passthrough=off,"
       "fill=wait,fsname=models,stamp_headers,allow_other");
   EXPECT_EQ(o.state_dir, "/var/lib/x");
   EXPECT_EQ(o.rescan_s, 0);
   EXPECT_EQ(o.settle_s, 2.5);
-  EXPECT_EQ(o.keep_pages_s, 60);
   EXPECT_EQ(o.symlinks, SymlinkPolicy::kFollow);
   EXPECT_EQ(o.threads, 8u);
   EXPECT_EQ(o.fill_depth, 3u);
@@ -211,8 +209,6 @@ TEST(MountOptionsTest, BadValuesAreRefusedNamingTheOption) {
       {"rescan=soon", "option rescan=soon: expected a number of seconds"},
       {"settle=nan", "option settle=nan: expected a number of seconds"},
       {"settle=9.3e9", "option settle=9.3e9: expected a number of seconds from 0 to 31536000"},
-      {"keep_pages=0.5", "option keep_pages=0.5: expected a number of seconds from 1 to 31536000 (a year), or 0 for none"},
-      {"keep_pages=-1", "option keep_pages=-1: expected a number of seconds from 1"},
       {"symlinks=always", "option symlinks=always: expected contained or follow"},
       {"threads=0", "option threads=0: expected 1 to 1024"},
       {"threads=1025", "option threads=1025: expected 1 to 1024"},
