@@ -9,6 +9,13 @@
 // read it. A file of one chunk is read and hashed inline: for small files a
 // hand-off would cost more than the work.
 //
+// Cold chunks: a chunk not in the page cache (cachestat) is read with
+// O_DIRECT, straight from the disk into the copy or the buffer it is hashed
+// in, so that an arriving checkpoint is read from the disk once without
+// taking page cache (fresh memory, and room others use) for bytes that are
+// about to be held in the copy anyway. A cached chunk is read from the page
+// cache; a filesystem that refuses O_DIRECT is read buffered.
+//
 // Holes: where the filesystem says where a file's data lies (SEEK_DATA,
 // SEEK_HOLE), a chunk wholly inside a hole is not read. Its bytes are zeros:
 // SHA-256 is fed them from a shared zero buffer (still SHA-256 of every byte,
@@ -31,6 +38,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <future>
 #include <memory>
@@ -91,6 +99,8 @@ class FileHasher {
   // Files opened for reading by every FileHasher in this process, so tests can
   // prove that a run served from the index read nothing.
   static uint64_t files_opened() { return files_opened_.load(); }
+  // Bytes every FileHasher in this process read with O_DIRECT.
+  static uint64_t direct_bytes_read() { return direct_bytes_read_.load(); }
 
  private:
   friend class FileHashTask;
@@ -103,6 +113,7 @@ class FileHasher {
   ChunkReadHook hook_;
   const std::atomic<bool>* cancel_ = nullptr;
   static std::atomic<uint64_t> files_opened_;
+  static std::atomic<uint64_t> direct_bytes_read_;
 };
 
 class FileHashTask {
@@ -124,14 +135,18 @@ class FileHashTask {
 
  private:
   friend class FileHasher;
+  struct FreeBuffer {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
   // One chunk being read (or known to be a hole) ahead of SHA-256.
   struct Slot {
     uint64_t chunk = 0;
     bool hole = false;
     uint8_t* data = nullptr;  // where its bytes are: a buffer, the copy, or the zero buffer
-    std::unique_ptr<uint8_t[]> buffer;
+    std::unique_ptr<uint8_t, FreeBuffer> buffer;  // aligned for O_DIRECT
     std::future<void> read;
-    int64_t got = 0;  // bytes read, or -errno
+    int64_t got = 0;      // bytes read, or -errno
+    bool probed = false;  // the read asked for a byte past the end (a file that grew shows)
   };
 
   FileHashTask(const FileHasher& hasher, std::string path, FileStamp expected, FileHasher::TaskOptions extra);
@@ -154,6 +169,8 @@ class FileHashTask {
   const uint64_t chunks_;
   const bool pipelined_;  // more than one chunk and an I/O pool
   UniqueFd fd_;
+  UniqueFd direct_fd_;  // the same file opened O_DIRECT, for cold chunks (pipelined tasks only)
+  std::atomic<bool> direct_refused_{false};
   struct stat observed_ {};
   bool opened_once_ = false;
   // What SEEK_DATA/SEEK_HOLE said: [region_, hole_end_) is a hole,

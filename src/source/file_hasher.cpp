@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <limits>
+#include <new>
+#include <optional>
 #include <vector>
 
 #include "source_file.h"
@@ -15,6 +17,7 @@
 namespace ckptfs {
 
 std::atomic<uint64_t> FileHasher::files_opened_{0};
+std::atomic<uint64_t> FileHasher::direct_bytes_read_{0};
 
 namespace {
 
@@ -116,7 +119,11 @@ Status FileHashTask::Open() {
     return Status::Changed(path_ + ": changed since it was listed (" + FileStamp::FromStat(observed_).ToString() + ")");
   }
   fd_ = std::move(opened->fd);
-  if (pipelined_) ::posix_fadvise(fd_.get(), 0, 0, POSIX_FADV_SEQUENTIAL);  // the hint is the descriptor's
+  if (pipelined_) {
+    ::posix_fadvise(fd_.get(), 0, 0, POSIX_FADV_SEQUENTIAL);  // the hint is the descriptor's
+    // Invalid when the file cannot be read so (then every chunk is buffered).
+    direct_fd_ = ReopenDirect(fd_.get(), observed_);
+  }
   opened_once_ = true;
   region_valid_ = false;
   return Status::Ok();
@@ -129,6 +136,7 @@ void FileHashTask::Release() {
     slot.buffer.reset();
   }
   next_read_ = next_hash_;  // what was read ahead is read again when resumed
+  direct_fd_.reset();
   fd_.reset();
 }
 
@@ -171,8 +179,14 @@ void FileHashTask::Submit(uint64_t chunk) {
   slot.data = copy_ ? copy_->WritableAt(begin, static_cast<size_t>(len)) : nullptr;
   if (slot.data == nullptr) {
     // One byte more than a chunk, so that the last read can ask for a byte
-    // past the end and see a file that grew without another read.
-    if (!slot.buffer) slot.buffer.reset(new uint8_t[std::min<uint64_t>(kChunkSize, expected_.size) + 1]);
+    // past the end and see a file that grew without another read; whole
+    // aligned blocks, for O_DIRECT.
+    if (!slot.buffer) {
+      const size_t want = static_cast<size_t>(std::min<uint64_t>(kChunkSize, expected_.size)) + 1;
+      const size_t cap = (want + kDirectReadAlignment - 1) / kDirectReadAlignment * kDirectReadAlignment;
+      slot.buffer.reset(static_cast<uint8_t*>(std::aligned_alloc(kDirectReadAlignment, cap)));
+      if (!slot.buffer) throw std::bad_alloc();
+    }
     slot.data = slot.buffer.get();
   }
   slot.got = -ECANCELED;  // stays so if the pool drops the read (shutdown)
@@ -186,8 +200,29 @@ void FileHashTask::Submit(uint64_t chunk) {
 void FileHashTask::Read(Slot& slot) {
   const uint64_t begin = slot.chunk * kChunkSize;
   const size_t len = static_cast<size_t>(ChunkLen(slot.chunk));
-  const bool probe = slot.chunk + 1 == chunks_ && slot.data == slot.buffer.get();
-  slot.got = PreadFull(fd_.get(), slot.data, len + (probe ? 1 : 0), begin, len);
+  size_t direct = 0;
+  slot.probed = false;
+  // A chunk mostly not in the page cache comes straight from the disk (the
+  // last one too: the copy and the buffer have room up to a whole block).
+  if (direct_fd_.valid() && !direct_refused_.load(std::memory_order_relaxed)) {
+    const std::optional<double> cached = CachedShare(fd_.get(), begin, len);
+    if (cached && *cached < 0.5) {
+      if (auto n = ReadDirect(direct_fd_.get(), begin, slot.data, len)) {
+        direct = *n;
+        FileHasher::direct_bytes_read_.fetch_add(direct, std::memory_order_relaxed);
+      } else {
+        direct_refused_ = true;  // this filesystem's answer for the whole file
+      }
+    }
+  }
+  slot.got = static_cast<int64_t>(direct);
+  if (direct < len) {
+    const bool probe = slot.chunk + 1 == chunks_ && slot.data == slot.buffer.get();
+    const int64_t rest = PreadFull(fd_.get(), slot.data + direct, len - direct + (probe ? 1 : 0), begin + direct,
+                                   len - direct);
+    slot.got = rest < 0 ? rest : slot.got + rest;
+    slot.probed = probe;
+  }
   if (slot.got == static_cast<int64_t>(len)) out_.chunks[slot.chunk] = HashChunk(slot.data, len);
 }
 
@@ -205,7 +240,7 @@ Status FileHashTask::Consume(uint64_t chunk) {
                            " bytes, ended at " + std::to_string(begin + static_cast<uint64_t>(slot.got)) + ")");
   }
   if (slot.got > static_cast<int64_t>(len)) return Status::Changed(path_ + ": grew while being hashed");
-  if (chunk + 1 == chunks_ && slot.data == slot.buffer.get()) growth_checked_ = true;
+  if (slot.probed) growth_checked_ = true;
   if (hasher_.hook_) hasher_.hook_(path_, chunk);
   if (Cancelled()) return Status::Error(path_ + ": hashing cancelled");
   sha_.Update(slot.data, len);

@@ -23,19 +23,13 @@ int KeptSourceFile::Direct() {
   MutexLock lock(mu_);
   if (direct_tried_) return direct_.get();
   direct_tried_ = true;
-  const std::string self = "/proc/self/fd/" + std::to_string(fd_.get());
-  const int flags = O_RDONLY | O_DIRECT | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
-  int fd = RetryOnEintr([&] { return ::open(self.c_str(), flags | O_NOATIME); });
-  if (fd < 0 && errno == EPERM) fd = RetryOnEintr([&] { return ::open(self.c_str(), flags); });
-  if (fd < 0) {
+  UniqueFd direct = ReopenDirect(fd_.get(), st_);
+  if (!direct.valid()) {
     // Out of descriptors or memory passes: try again at the next read. No
     // /proc, or O_DIRECT refused (EINVAL), does not: read buffered.
     if (errno == EMFILE || errno == ENFILE || errno == ENOMEM) direct_tried_ = false;
     return -1;
   }
-  UniqueFd direct(fd);
-  struct stat st {};
-  if (::fstat(direct.get(), &st) != 0 || st.st_dev != st_.st_dev || st.st_ino != st_.st_ino) return -1;
   direct_ = std::move(direct);
   return direct_.get();
 }

@@ -4,7 +4,11 @@
 #include <linux/openat2.h>
 #include <unistd.h>
 
+#include <sys/syscall.h>
+
+#include <algorithm>
 #include <cerrno>
+#include <cstring>
 
 #include "ckptfs/open_beneath.h"
 #include "retry_eintr.h"
@@ -86,6 +90,55 @@ Status CheckSourcePath(const std::string& root, const std::string& path, const s
     return Status::Changed(path + ": the path leads to another file than the one open");
   }
   return Status::Ok();
+}
+
+UniqueFd ReopenDirect(int fd, const struct stat& st) {
+  const std::string self = "/proc/self/fd/" + std::to_string(fd);
+  const int flags = O_RDONLY | O_DIRECT | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
+  int direct = RetryOnEintr([&] { return ::open(self.c_str(), flags | O_NOATIME); });
+  if (direct < 0 && errno == EPERM) direct = RetryOnEintr([&] { return ::open(self.c_str(), flags); });
+  if (direct < 0) return UniqueFd();
+  UniqueFd out(direct);
+  struct stat now {};
+  if (::fstat(out.get(), &now) != 0 || now.st_dev != st.st_dev || now.st_ino != st.st_ino) {
+    errno = ESTALE;
+    return UniqueFd();
+  }
+  return out;
+}
+
+std::optional<size_t> ReadDirect(int direct_fd, uint64_t offset, uint8_t* dst, size_t len) {
+  constexpr size_t kAlign = kDirectReadAlignment;
+  if (reinterpret_cast<uintptr_t>(dst) % kAlign != 0 || offset % kAlign != 0) return std::nullopt;
+  const size_t want = (len + kAlign - 1) / kAlign * kAlign;
+  ssize_t n;
+  do {
+    n = ::pread(direct_fd, dst, want, static_cast<off_t>(offset));
+  } while (n < 0 && errno == EINTR);
+  // The block holding the end of the file comes whole (also from a read
+  // that failed part way); what lies past the end is not the file's, so it
+  // must not stay where a mapping of the copy could show it.
+  std::memset(dst + len, 0, want - len);
+  if (n < 0) return std::nullopt;  // the buffered read then reports a real I/O error with its path
+  // A read at the end of the file ends there; never count bytes past `len`.
+  return std::min(static_cast<size_t>(n), len);
+}
+
+std::optional<double> CachedShare(int fd, uint64_t offset, size_t len) {
+#ifdef SYS_cachestat
+  constexpr long kCachestat = SYS_cachestat;
+#else
+  constexpr long kCachestat = 451;  // the same number on every architecture
+#endif
+  struct {
+    uint64_t off, len;
+  } range{offset, len};
+  struct {
+    uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+  } stat{};
+  if (len == 0 || ::syscall(kCachestat, fd, &range, &stat, 0) != 0) return std::nullopt;
+  const uint64_t pages = (len + 4095) / 4096;
+  return std::min(1.0, static_cast<double>(stat.nr_cache) / static_cast<double>(pages));
 }
 
 }  // namespace ckptfs

@@ -13,6 +13,9 @@
 
 #include <sys/stat.h>
 
+#include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <string>
 
 #include "ckptfs/status.h"
@@ -40,5 +43,29 @@ Result<OpenedSource> OpenSourceFile(const std::string& root, const std::string& 
 // reading (O_PATH). kChanged when it leads elsewhere or nowhere: the file
 // was moved, or a directory on its path was (out of SRC, say).
 Status CheckSourcePath(const std::string& root, const std::string& path, const struct stat& st);
+
+// Reading a source around the page cache (O_DIRECT), for the readers that
+// copy or hash a cold file once: its bytes then go from the disk straight
+// to where they are wanted, and the page cache neither takes fresh memory
+// for them nor pushes out what others use.
+
+// What O_DIRECT reads need: buffer address and file offset aligned to this.
+inline constexpr size_t kDirectReadAlignment = 4096;
+// `fd` opened again with O_DIRECT (through /proc/self/fd, which names this
+// very file whatever happened to its path since), and checked to be the
+// file `st` describes; invalid when it cannot be (no /proc, O_DIRECT
+// refused, out of descriptors: errno says which).
+UniqueFd ReopenDirect(int fd, const struct stat& st);
+// As much of [offset, offset + len) as one O_DIRECT read of `direct_fd`
+// gives, into `dst` (aligned, with room for `len` rounded up to the
+// alignment; past `len` it is zeroed); the caller reads the rest, if any,
+// buffered. nullopt when the read could not be direct at all: a misaligned
+// buffer, or a filesystem that refuses the read (EINVAL).
+std::optional<size_t> ReadDirect(int direct_fd, uint64_t offset, uint8_t* dst, size_t len);
+// The share of [offset, offset + len) in the page cache now, from 0 to 1,
+// asked of the kernel without reading anything (cachestat, Linux 6.5+; a
+// read with RWF_NOWAIT would start read-ahead of what is missing, and so
+// read it twice). nullopt when the kernel cannot say.
+std::optional<double> CachedShare(int fd, uint64_t offset, size_t len);
 
 }  // namespace ckptfs

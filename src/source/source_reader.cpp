@@ -13,56 +13,12 @@
 
 #include "open_source_files.h"
 #include "retry_eintr.h"
+#include "source_file.h"
 #include "ckptfs/unique_fd.h"
 
 namespace ckptfs {
 
-namespace {
-
-// As much of [offset, offset + len) as one O_DIRECT read of `fd` (opened
-// with O_DIRECT) gives, into `dst` (aligned, with room for `len` rounded up
-// to the alignment); the caller reads the rest, if any, buffered. nullopt
-// when the read could not be direct at all: a misaligned buffer, or a
-// filesystem that refuses the read (EINVAL).
-std::optional<size_t> ReadDirect(int fd, uint64_t offset, uint8_t* dst, size_t len) {
-  constexpr size_t kAlign = SourceReader::kDirectAlignment;
-  if (reinterpret_cast<uintptr_t>(dst) % kAlign != 0 || offset % kAlign != 0) return std::nullopt;
-  const size_t want = (len + kAlign - 1) / kAlign * kAlign;
-  ssize_t n;
-  do {
-    n = ::pread(fd, dst, want, static_cast<off_t>(offset));
-  } while (n < 0 && errno == EINTR);
-  // The block holding the end of the file comes whole (also from a read
-  // that failed part way); what lies past the end is not the file's, so it
-  // must not stay where a mapping of the copy could show it.
-  std::memset(dst + len, 0, want - len);
-  if (n < 0) return std::nullopt;  // the buffered read then reports a real I/O error with its path
-  // A read at the end of the file ends there; never count bytes past `len`.
-  return std::min(static_cast<size_t>(n), len);
-}
-
-// The share of [offset, offset + len) in the page cache now, from 0 to 1,
-// asked of the kernel without reading anything (cachestat, Linux 6.5+; a
-// read with RWF_NOWAIT would start read-ahead of what is missing, and so
-// read it twice). nullopt when the kernel cannot say.
-std::optional<double> CachedShare(int fd, uint64_t offset, size_t len) {
-#ifdef SYS_cachestat
-  constexpr long kCachestat = SYS_cachestat;
-#else
-  constexpr long kCachestat = 451;  // the same number on every architecture
-#endif
-  struct {
-    uint64_t off, len;
-  } range{offset, len};
-  struct {
-    uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
-  } stat{};
-  if (len == 0 || ::syscall(kCachestat, fd, &range, &stat, 0) != 0) return std::nullopt;
-  const uint64_t pages = (len + 4095) / 4096;
-  return std::min(1.0, static_cast<double>(stat.nr_cache) / static_cast<double>(pages));
-}
-
-}  // namespace
+static_assert(SourceReader::kDirectAlignment == kDirectReadAlignment);
 
 SourceReader::SourceReader(std::string root, size_t kept_open, std::chrono::milliseconds idle_close)
     : files_(std::make_unique<OpenSourceFiles>(std::move(root), kept_open, idle_close)) {}

@@ -4,10 +4,14 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/magic.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <fstream>
+#include <vector>
 
 #include "ckptfs/file_cache.h"
 #include "ckptfs/host_tier_fill.h"
@@ -238,6 +242,88 @@ TEST_F(FileHasherTest, TheCopyFilledFromTheHashedBytesIsPublishedOnlyForAnUnchan
   EXPECT_EQ(cache.GetStats().files, 1u);
   EXPECT_EQ(cache.GetStats().filling, 0u);
   EXPECT_EQ(fills.GetStats().abandoned, 1u);
+}
+
+// The share of `path` in the page cache (mincore of a mapping of it).
+double CachedShareOf(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  struct stat st;
+  if (fd < 0 || ::fstat(fd, &st) != 0 || st.st_size == 0) return -1;
+  void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return -1;
+  const size_t pages = (static_cast<size_t>(st.st_size) + 4095) / 4096;
+  std::vector<unsigned char> in(pages);
+  const bool ok = ::mincore(p, static_cast<size_t>(st.st_size), in.data()) == 0;
+  ::munmap(p, static_cast<size_t>(st.st_size));
+  if (!ok) return -1;
+  size_t cached = 0;
+  for (unsigned char c : in) cached += c & 1;
+  return static_cast<double>(cached) / static_cast<double>(pages);
+}
+
+void DropFromPageCache(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0) << path;
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+// Issue 20 item 3: a file not in the page cache is read once from the disk
+// straight into where it is hashed and copied (O_DIRECT), and leaves the
+// page cache as it was; a file in the page cache is read from there. The
+// copy and the hashes are the same either way.
+TEST_F(FileHasherTest, AColdFileIsReadAroundThePageCacheAndAWarmOneFromIt) {
+  const std::string path = dir_ / "f";
+  struct statfs fs {};
+  ASSERT_EQ(::statfs(dir_.path().c_str(), &fs), 0);
+  if (fs.f_type == TMPFS_MAGIC) GTEST_SKIP() << dir_.path() << " is a tmpfs: no disk to read around the page cache";
+  const std::string bytes = RandomBytes(3 * kChunkSize + 4097, 17);
+  WriteFile(path, bytes);
+  FileCache cache(64 * kMiB);
+  HostTierFill fills(&cache, HostTierFill::Policy::kFree, false);
+  const FileHasher hasher(&pool_);
+  for (const bool cold : {true, false}) {
+    if (cold) {
+      DropFromPageCache(path);
+      ASSERT_LT(CachedShareOf(path), 0.05) << "the kernel kept the file cached";
+    } else {
+      ASSERT_EQ(RunCommand("cat " + ShellQuote(path) + " >/dev/null").exit_code, 0);
+      ASSERT_GT(CachedShareOf(path), 0.95);
+    }
+    cache.Evict(Sha256Of(bytes));
+    FileHasher::TaskOptions extra;
+    extra.copy = fills.Begin("f", StampOf(path));
+    ASSERT_NE(extra.copy, nullptr);
+    const uint64_t direct_before = FileHasher::direct_bytes_read();
+    auto task = hasher.Start(path, StampOf(path), std::move(extra));
+    task->Run();
+    auto h = task->TakeResult();
+    ASSERT_TRUE(h.ok()) << h.status().message();
+    EXPECT_EQ(h->sha256, Sha256Of(bytes));
+    for (uint64_t i = 0; i < h->chunks.size(); ++i) {
+      const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunkSize, bytes.size() - i * kChunkSize));
+      EXPECT_EQ(h->chunks[i], HashChunk(bytes.data() + i * kChunkSize, len)) << "chunk " << i;
+    }
+    auto copy = cache.Find({h->sha256, ""});
+    ASSERT_NE(copy, nullptr);
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(copy->data()), copy->size()), bytes);
+    const uint64_t direct = FileHasher::direct_bytes_read() - direct_before;
+    if (cold) {
+      EXPECT_EQ(direct, bytes.size());
+      EXPECT_LT(CachedShareOf(path), 0.05) << "the cold file was read through the page cache";
+    } else {
+      EXPECT_EQ(direct, 0u);
+    }
+  }
+  // And without a copy (ckptfsctl digest), into the hasher's own buffers.
+  DropFromPageCache(path);
+  const uint64_t direct_before = FileHasher::direct_bytes_read();
+  auto h = hasher.Hash(path, StampOf(path));
+  ASSERT_TRUE(h.ok()) << h.status().message();
+  EXPECT_EQ(h->sha256, Sha256Of(bytes));
+  EXPECT_EQ(FileHasher::direct_bytes_read() - direct_before, bytes.size());
 }
 
 // Only free room: a copy that would need an eviction is not made, and what
