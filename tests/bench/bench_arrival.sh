@@ -18,10 +18,8 @@
 #   recycled  right before the rename, as much memory as the copies need is
 #             touched and freed again, so they land in pages the guest kept
 # Every new checkpoint has new bytes (so nothing is known to the index or
-# the host tier), and the copies of each round are evicted after it: from
-# the second round of a mount on, the next copies are made in the memory
-# the tier kept of them (keep_pages=, the default 300 s). "first" is the
-# row's first round (each row mounts anew), made without it.
+# the host tier), and the copies of each round are evicted after it. Each
+# row mounts anew; "first" is its first round (the daemon's first copies).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-3}
