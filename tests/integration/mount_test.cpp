@@ -9,6 +9,7 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -458,6 +459,34 @@ TEST_F(MountTest, MountPointInsideTheSourceIsNeverWalked) {
   EXPECT_EQ(RunCommand(kCtl + " rescan " + mnt_).exit_code, 0);
   ASSERT_TRUE(WaitFor([&] { return scans() > before; }));
   EXPECT_EQ(DigestDirs(mnt_).size(), 1u);  // answered: no deadlock, nothing from inside the mount
+}
+
+// A directory renamed into SRC is walked at once (issue 20: an atomic
+// arrival is no burst), but a writer renaming directories in a loop gets no
+// more walks than the debounce allows: at most one per 0.3 s of the storm
+// (plus the one it ends with), however many renames it makes.
+TEST_F(MountTest, ARenameStormGetsNoMoreWalksThanTheDebounceAllows) {
+  WriteModel(src_ + "/m", {});
+  auto m = Mount("settle=0,rescan=0");
+  ASSERT_TRUE(WaitForDigests(1)) << m->Log();
+  auto scans = [&] {
+    auto j = nlohmann::json::parse(RunCommand(kCtl + " status --json " + mnt_).out, nullptr, false);
+    return j.is_object() ? j.value("scans", uint64_t{0}) : uint64_t{0};
+  };
+  WriteModel(src_ + "/.stage", {});
+  const uint64_t before = scans();
+  const auto start = std::chrono::steady_clock::now();
+  int renames = 0;
+  for (; std::chrono::steady_clock::now() - start < std::chrono::seconds(2); ++renames) {
+    fs::rename(src_ + "/.stage", src_ + "/arrived");
+    fs::rename(src_ + "/arrived", src_ + "/.stage");
+  }
+  const double storm_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  fs::rename(src_ + "/.stage", src_ + "/arrived");
+  ASSERT_TRUE(WaitFor([&] { return fs::is_symlink(mnt_ + "/by-name/arrived"); })) << m->Log();
+  const uint64_t walks = scans() - before;
+  EXPECT_GT(renames, 100);
+  EXPECT_LE(walks, static_cast<uint64_t>(storm_s / 0.3) + 3) << renames << " renames in " << storm_s << " s";
 }
 
 TEST_F(MountTest, LongPathsAndNamesDoNotBreakTheWalk) {
