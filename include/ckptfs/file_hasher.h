@@ -2,12 +2,13 @@
 // pass its SHA-256 and its chunk table (XXH3-128 of every 4 MiB chunk), and
 // fills the file's host-tier copy from the same bytes when given one.
 //
-// A pipeline, so that one large file costs about the longer of reading it and
-// SHA-256'ing it, not their sum: SHA-256 is serial and runs in file order on
-// the thread that advances the task, while up to kReadAhead chunks are read
-// ahead of it on an I/O pool, each followed by its XXH3 on the thread that
-// read it. A file of one chunk is read and hashed inline: for small files a
-// hand-off would cost more than the work.
+// A pipeline, so that one large file costs about the longest of reading it,
+// copying it and SHA-256'ing it, not their sum: SHA-256 is serial and runs in
+// file order on the thread that advances the task, while up to kReadAhead
+// chunks are read ahead of it on an I/O pool, each followed on the thread
+// that read it by its XXH3 and by its write into the copy (when it was not
+// read straight into the copy). A file of one chunk is read, hashed and
+// copied inline: for small files a hand-off would cost more than the work.
 //
 // Cold chunks: a chunk not in the page cache (cachestat) is read with
 // O_DIRECT, straight from the disk into the copy or the buffer it is hashed
@@ -171,6 +172,7 @@ class FileHashTask {
   UniqueFd fd_;
   UniqueFd direct_fd_;  // the same file opened O_DIRECT, for cold chunks (pipelined tasks only)
   std::atomic<bool> direct_refused_{false};
+  std::atomic<bool> copy_failed_{false};  // a write into the copy failed: it is not published
   struct stat observed_ {};
   bool opened_once_ = false;
   // What SEEK_DATA/SEEK_HOLE said: [region_, hole_end_) is a hole,

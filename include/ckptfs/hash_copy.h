@@ -4,7 +4,8 @@
 //
 // The copy is verified by construction: the hasher reads each chunk straight
 // into the copy and hashes it there (WritableAt), or writes it from the
-// buffer it has just hashed (Write). It is made resident only by Publish,
+// buffer it hashes (Write), which nothing changes between the read and
+// SHA-256. It is made resident only by Publish,
 // once the file's SHA-256 is final and its stamp held through the read;
 // destroyed unpublished (the file changed, a read failed, hashing was
 // cancelled) it is given up and nothing of it is ever served.
@@ -27,6 +28,8 @@ class HashCopy {
   // Where the bytes at [offset, offset + len) go, for the reader to put them
   // there itself; null when the copy is written with Write.
   virtual uint8_t* WritableAt(uint64_t offset, size_t len) = 0;
+  // Called from the hasher's I/O threads, several at once for distinct
+  // ranges, so that copying overlaps SHA-256.
   virtual Status Write(uint64_t offset, const uint8_t* data, size_t len) = 0;
   // The hashes are final and the stamp held: seal the copy and make it
   // resident under the file's SHA-256.

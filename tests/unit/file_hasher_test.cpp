@@ -11,6 +11,9 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <mutex>
+#include <set>
+#include <thread>
 #include <vector>
 
 #include "ckptfs/file_cache.h"
@@ -242,6 +245,79 @@ TEST_F(FileHasherTest, TheCopyFilledFromTheHashedBytesIsPublishedOnlyForAnUnchan
   EXPECT_EQ(cache.GetStats().files, 1u);
   EXPECT_EQ(cache.GetStats().filling, 0u);
   EXPECT_EQ(fills.GetStats().abandoned, 1u);
+}
+
+// A HashCopy that keeps what is written into it in memory, and which thread
+// wrote each range; refuses the write at `fail_at` when asked to.
+class RecordingCopy : public HashCopy {
+ public:
+  struct Log {
+    std::mutex mu;
+    std::string bytes;
+    std::vector<std::pair<uint64_t, std::thread::id>> writes;  // offset, writer
+    bool published = false;
+    FileHashes hashes;
+  };
+  RecordingCopy(Log& log, uint64_t size, uint64_t fail_at = UINT64_MAX) : log_(log), fail_at_(fail_at) {
+    log_.bytes.assign(size, '\0');
+  }
+  uint8_t* WritableAt(uint64_t, size_t) override { return nullptr; }
+  Status Write(uint64_t offset, const uint8_t* data, size_t len) override {
+    std::lock_guard<std::mutex> lock(log_.mu);
+    log_.writes.emplace_back(offset, std::this_thread::get_id());
+    if (offset == fail_at_) return Status::Full("refused by the test");
+    log_.bytes.replace(offset, len, reinterpret_cast<const char*>(data), len);
+    return Status::Ok();
+  }
+  void Publish(const FileHashes& hashes) override {
+    std::lock_guard<std::mutex> lock(log_.mu);
+    log_.published = true;
+    log_.hashes = hashes;
+  }
+
+ private:
+  Log& log_;
+  const uint64_t fail_at_;
+};
+
+// Issue 20 item 4: the copy of a large file is written by the I/O threads
+// that read its chunks, not by the thread that runs SHA-256 in file order,
+// so copying into fresh memory overlaps SHA-256 instead of adding to it.
+// Every chunk is written once, with the bytes that were hashed; a write that
+// fails leaves the copy unpublished and the hashes as they are.
+TEST_F(FileHasherTest, TheCopyIsWrittenByTheReadersOverlappingSha256) {
+  const std::string path = dir_ / "f";
+  const std::string bytes = RandomBytes(6 * kChunkSize + 1234, 21);
+  WriteFile(path, bytes);
+  const FileHasher hasher(&pool_);
+  RecordingCopy::Log log;
+  FileHasher::TaskOptions extra;
+  extra.copy = std::make_unique<RecordingCopy>(log, bytes.size());
+  auto task = hasher.Start(path, StampOf(path), std::move(extra));
+  task->Run();  // SHA-256 runs here, on this thread
+  auto h = task->TakeResult();
+  ASSERT_TRUE(h.ok()) << h.status().message();
+  EXPECT_EQ(h->sha256, Sha256Of(bytes));
+  ASSERT_TRUE(log.published);
+  EXPECT_EQ(log.hashes.sha256, h->sha256);
+  EXPECT_TRUE(log.bytes == bytes) << "the copy differs from the file";
+  ASSERT_EQ(log.writes.size(), ChunkCount(bytes.size()));
+  std::set<uint64_t> offsets;
+  for (const auto& [offset, writer] : log.writes) {
+    offsets.insert(offset);
+    EXPECT_NE(writer, std::this_thread::get_id()) << "chunk at " << offset << " was copied by the SHA-256 thread";
+  }
+  EXPECT_EQ(offsets.size(), log.writes.size()) << "a chunk was written twice";
+
+  RecordingCopy::Log failed;
+  FileHasher::TaskOptions extra2;
+  extra2.copy = std::make_unique<RecordingCopy>(failed, bytes.size(), 2 * kChunkSize);
+  auto task2 = hasher.Start(path, StampOf(path), std::move(extra2));
+  task2->Run();
+  auto h2 = task2->TakeResult();
+  ASSERT_TRUE(h2.ok()) << h2.status().message();
+  EXPECT_EQ(h2->sha256, Sha256Of(bytes));
+  EXPECT_FALSE(failed.published) << "a copy with a failed write was published";
 }
 
 // The share of `path` in the page cache (mincore of a mapping of it).
