@@ -6,6 +6,10 @@
 # a native load of the same bytes with their page cache dropped, in the same
 # run. Run by hand, as root, after a build:
 #   tests/bench/bench_arrival.sh [ROUNDS=3]
+# A subset: LAYOUTS="qwen big", FILLS="free off", PAGES="fresh recycled"
+# (the defaults: every row). DAEMONS="build/ckptfs /tmp/ckptfs-old" runs
+# every row once per daemon binary, side by side in the same run (to
+# measure a change against the one before it).
 # Cases: a 1.5 GB checkpoint of two shards (Qwen3-0.6B layout, bf16) and a
 # 6 GB checkpoint of one shard; each with fill_on_index=free (the default:
 # the indexer fills the host tier from the bytes it hashes) and =off (the
@@ -23,7 +27,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-3}
+layouts=${LAYOUTS:-qwen big}
+fills=${FILLS:-free off}
+pagesets=${PAGES:-fresh recycled}
+daemons=${DAEMONS:-build/ckptfs}
 [ -x build/ckptfs ] && [ -x build/ckptfsctl ] || { echo "build first: scripts/build.sh" >&2; exit 1; }
+for d in $daemons; do [ -x "$d" ] || { echo "no daemon at $d" >&2; exit 1; }; done
 
 work=$(mktemp -d /var/tmp/ckptfs-bench-arrival.XXXXXX)
 ck="$work/mnt"
@@ -50,7 +59,7 @@ recycle() {
 }
 mount_ckptfs() {
   mountpoint -q "$ck" && fusermount3 -u "$ck"
-  build/ckptfs "$work/src" "$ck" -o "state=$work/state,settle=0,rescan=0,cache_size=10G,supervise=off,$1"
+  "$daemon" "$work/src" "$ck" -o "state=$work/state,settle=0,rescan=0,cache_size=10G,supervise=off,$1"
   for _ in $(seq 1 600); do [ -L "$ck/by-name/ready" ] && return; sleep 0.1; done
   echo "ckptfs did not start" >&2; exit 1
 }
@@ -60,14 +69,15 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", a/b}'; }
 seed=0
 
 echo "$(nproc) CPUs; passthrough and host tier figures, seconds, best of $rounds"
-for layout in qwen big; do
+for layout in $layouts; do
   size=$([ $layout = big ] && echo 6.3G || echo 1.5G)
   label=$([ $layout = big ] && echo "6 GB, one shard" || echo "1.5 GB, two shards")
   echo
   echo "$label: rename -> last tensor loaded through the mount, vs native load (page cache dropped)"
   row "case" "arrival" "first" "native" "ratio" "first"
-  for fill in free off; do
-    for pages in fresh recycled; do
+  for fill in $fills; do
+    for pages in $pagesets; do
+     for daemon in $daemons; do
       mount_ckptfs "fill_on_index=$fill"  # a mount per row: its first round keeps no memory yet
       best= nbest= first=
       for _ in $(seq 1 "$rounds"); do
@@ -89,7 +99,10 @@ for layout in qwen big; do
         build/ckptfsctl evict "$ck/by-name/step-$seed" >/dev/null  # room for the next round
         rm -rf "$work/src/step-$seed"
       done
-      row "fill_on_index=$fill, $pages pages" "$best" "$first" "$nbest" "$(ratio "$best" "$nbest")" "$(ratio "$first" "$nbest")"
+      name="fill_on_index=$fill, $pages pages"
+      [ "$daemons" = build/ckptfs ] || name="$name, $(basename "$daemon")"
+      row "$name" "$best" "$first" "$nbest" "$(ratio "$best" "$nbest")" "$(ratio "$first" "$nbest")"
+     done
     done
   done
 done
