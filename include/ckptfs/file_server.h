@@ -9,9 +9,11 @@
 // class's, and a byte that does not belong to a name is never served under it.
 #pragma once
 
+#include <sys/types.h>
 #include <sys/uio.h>
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -32,6 +34,7 @@
 namespace ckptfs {
 
 class FileFiller;
+class HeaderScans;
 class HeaderStamper;
 
 // How a file is served: its host-tier key, its size as served, and (with
@@ -50,6 +53,8 @@ struct ServedFile {
   View::NodePtr node;
   FileKey key;              // its host-tier key in the form it is served
   FileCache::CopyPtr copy;  // a resident copy it reads from (or passthrough's backing)
+  pid_t opener = 0;  // the thread that opened it, as FUSE gives it (0: not known)
+  std::chrono::steady_clock::time_point answered{};  // when the open was done, after any wait for a copy
   std::atomic<uint64_t> next_offset{0};
   std::atomic<uint64_t> readahead_until{0};  // chunks below this were requested
 };
@@ -123,16 +128,23 @@ class FileServer {
   // runs here (fill=wait: the copy is made now, or begun for an O_DIRECT
   // reader whose reads are then served from it as it is made).
   // `inode_open`: the inode is open already, so this open is served the way
-  // the first one chose and a copy made now could not help it.
-  Result<std::shared_ptr<ServedFile>> Open(const View::NodePtr& file, int open_flags, bool inode_open);
+  // the first one chose and a copy made now could not help it. `opener`:
+  // the requesting thread, whose earlier opens tell whether it is scanning
+  // the shards' headers (HeaderScans: then the copy is begun, not waited
+  // for).
+  Result<std::shared_ptr<ServedFile>> Open(const View::NodePtr& file, int open_flags, bool inode_open,
+                                           pid_t opener = 0);
   // A file the FUSE layer rebuilt from its inode (opened by a daemon this one
   // took over from).
   Result<std::shared_ptr<ServedFile>> Adopt(const View::NodePtr& file);
   // An open (or an adopted one) the FUSE layer now holds, and its release:
   // open files share the chunk tier's read-ahead. Closed is true when the
   // file is resident now (its next open can pass through).
+  // `shared`: another open of the file's inode overlapped this one (then
+  // its close is no sign of a header scan: transformers opens a shard twice
+  // to map it, and a passthrough map holds neither open).
   void Opened(const ServedFile& f);
-  bool Closed(const ServedFile& f);
+  bool Closed(const ServedFile& f, bool shared = false);
   // The open was answered on the chunk path without a copy: fill=open copies
   // it in the background.
   void OpenedOnChunkPath(const ServedFile& f);
@@ -192,6 +204,7 @@ class FileServer {
     uint64_t failed = 0;          // fills a source failure abandoned
     uint64_t skipped = 0;         // background fills that found no room
     uint64_t streamed_reads = 0;  // reads served from a copy while it was made
+    uint64_t header_scan_opens = 0;  // fill=wait opens that began the copy without waiting (HeaderScans)
     SourceReader::Io io = SourceReader::Io::kBuffered;
   };
   FillStats GetFillStats() const;
@@ -221,6 +234,7 @@ class FileServer {
   RefusedFiles refused_;  // files found changed or damaged: fail fast
   std::unique_ptr<HeaderStamper> stamper_;  // with stamp_headers
   std::unique_ptr<FileFiller> filler_;
+  std::unique_ptr<HeaderScans> header_scans_;  // with filler_
   std::atomic<uint64_t> readahead_in_flight_{0};
   Mutex readahead_mu_;
   CondVar readahead_done_;  // readahead_in_flight_ fell to 0

@@ -52,6 +52,11 @@ class OpenModes {
   size_t inodes() const;
   // `ino` has open files now: a new open of it will join their mode.
   bool IsOpen(uint64_t ino) const;
+  // The opens `ino` has had since it last had none, those released
+  // included (0: none open now). More than 1 before an open's release:
+  // that open was not alone (a loader that opened the file again to map
+  // it, whose passthrough map does not hold the open: see HeaderScans).
+  uint64_t OpensSinceIdle(uint64_t ino) const;
 
   // Hand-over between daemons (ckptfsctl restart): the inodes with open
   // files, how many, and how they are served; the successor takes them on
@@ -88,6 +93,7 @@ class OpenModes {
   };
   struct Entry {
     uint64_t opens = 0;
+    uint64_t opens_since_idle = 0;  // opens counted since the entry was made
     uint64_t inherited = 0;
     std::shared_ptr<Mode> mode;  // shared with the opens under way while the entry is erased
   };

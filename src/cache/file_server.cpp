@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "file_filler.h"
+#include "header_scans.h"
 #include "header_stamper.h"
 
 namespace ckptfs {
@@ -22,7 +23,10 @@ size_t ServedBytes::size() const {
 FileServer::FileServer(Parts parts, Options options, Reports reports)
     : parts_(parts), options_(options), reports_(std::move(reports)) {
   if (options_.stamp_headers) stamper_ = std::make_unique<HeaderStamper>();
-  if (parts_.files != nullptr) filler_ = std::make_unique<FileFiller>(*this, options_.fill_depth, options_.fill_io);
+  if (parts_.files != nullptr) {
+    filler_ = std::make_unique<FileFiller>(*this, options_.fill_depth, options_.fill_io);
+    header_scans_ = std::make_unique<HeaderScans>();
+  }
 }
 
 // Fills and read-ahead tasks call back into the server: stop the one, and
@@ -58,6 +62,7 @@ FileServer::FillStats FileServer::GetFillStats() const {
   s.failed = filler_->fills_failed();
   s.skipped = filler_->fills_skipped();
   s.streamed_reads = filler_->streamed_reads();
+  s.header_scan_opens = header_scans_->scan_opens();
   s.io = filler_->io();
   return s;
 }
@@ -105,15 +110,21 @@ Result<std::shared_ptr<ServedFile>> FileServer::Served(const View::NodePtr& file
   return f;
 }
 
-Result<std::shared_ptr<ServedFile>> FileServer::Open(const View::NodePtr& file, int open_flags, bool inode_open) {
+Result<std::shared_ptr<ServedFile>> FileServer::Open(const View::NodePtr& file, int open_flags, bool inode_open,
+                                                     pid_t opener) {
   auto f = Served(file);
   if (!f.ok() || file->content) return f;
+  (*f)->opener = opener;
   if (options_.fill == FillPolicy::kWait && filler_ != nullptr && !inode_open && !Resident((*f)->key, false)) {
-    if (StreamsWhileFilling(options_, open_flags)) {
+    const auto now = std::chrono::steady_clock::now();
+    if (StreamsWhileFilling(options_, open_flags) ||
+        (options_.verify == Verify::kXxh3 && file->safetensors &&
+         header_scans_->OpenIsScan(opener, file->digest, file->ino, now))) {
       // A parallel loader (O_DIRECT, many threads, every shard at once)
-      // gains nothing from waiting for the whole copy: its reads are served
-      // from the copy as each chunk is verified, the chunks it asks for
-      // first, and its next open passes through.
+      // gains nothing from waiting for the whole copy, nor does a loader
+      // reading the shards' headers before their tensors: the reads are
+      // served from the copy as each chunk is verified, the chunks asked
+      // for first, and the next open passes through.
       filler_->Start(file);
     } else if (auto filled = filler_->Fill(file, /*pin=*/false); !filled.ok()) {
       // Failing that (no room, a bad source), the chunk path serves it.
@@ -123,6 +134,7 @@ Result<std::shared_ptr<ServedFile>> FileServer::Open(const View::NodePtr& file, 
     // the engine loads this one, instead of slowing this one's fill down.
     filler_->EnqueueSiblings(file);
   }
+  (*f)->answered = std::chrono::steady_clock::now();
   return f;
 }
 
@@ -136,8 +148,12 @@ void FileServer::OpenedOnChunkPath(const ServedFile& f) {
   filler_->EnqueueSiblings(f.node);
 }
 
-bool FileServer::Closed(const ServedFile& f) {
+bool FileServer::Closed(const ServedFile& f, bool shared) {
   --open_files_;
+  if (header_scans_ && f.node->safetensors && !f.node->content && !shared) {
+    const auto now = std::chrono::steady_clock::now();
+    header_scans_->Closed(f.opener, f.node->digest, f.node->ino, now - f.answered, now);
+  }
   return !f.node->content && Resident(f.key, /*use=*/false) != nullptr;
 }
 

@@ -113,6 +113,12 @@ void PrintHostTier(const nlohmann::json& j) {
                 static_cast<unsigned long long>(x[kFillsAbandoned].get<uint64_t>()),
                 x[kFillPolicy].get<std::string>().c_str());
   }
+  if (f.contains("streamed_reads") && f.contains("header_scan_opens")) {
+    std::printf("            %llu reads served from copies being made; %llu opens began their copy without "
+                "waiting (a loader reading every shard's header first)\n",
+                static_cast<unsigned long long>(f["streamed_reads"].get<uint64_t>()),
+                static_cast<unsigned long long>(f["header_scan_opens"].get<uint64_t>()));
+  }
   const auto& huge = j[kMemory][kHugePages];
   std::printf("memory      %s held by readers of evicted files; %s; huge pages: %s (shmem_enabled=%s, %s mapped)\n",
               FormatBytes(j[kHeldByReaders].get<uint64_t>()).c_str(),

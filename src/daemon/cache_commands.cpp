@@ -241,6 +241,9 @@ nlohmann::json FillsJson(FileServer& server, const FileCache::Stats& f, const Ho
           {kFillsSkipped, fills.skipped},
           // reads served from a copy while it was being made (its verified chunks)
           {"streamed_reads", fills.streamed_reads},
+          // fill=wait opens that began their copy without waiting for it,
+          // because their opener was reading the shards' headers first
+          {"header_scan_opens", fills.header_scan_opens},
           // what fills and chunk reads check (verify=), and the files whose
           // chunks are proven by their SHA-256 for the chunk path
           {"verify", WordOf(kVerifyWords, server.options().verify)},

@@ -394,7 +394,10 @@ ckptfs options (-o):
   fill=wait|open|preload|off  when files are copied into the host tier:
                        wait (default): at their first open, which waits for
                        the copy and then passes through (a file that does
-                       not fit is served by the chunk path); open: in the
+                       not fit is served by the chunk path; an O_DIRECT
+                       open, or one of a loader reading every shard's
+                       header first, begins the copy and is served from it
+                       as it is made); open: in the
                        background at their first open, which the chunk path
                        serves meanwhile; both then copy the other shards
                        beside it in the background while they fit; preload:

@@ -316,7 +316,7 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     return;
   }
   if (!Allowed(req, *n, kWantRead)) return;
-  auto served = ctx.server->Open(n, fi->flags, ctx.open_modes.IsOpen(ino));
+  auto served = ctx.server->Open(n, fi->flags, ctx.open_modes.IsOpen(ino), fuse_req_ctx(req)->pid);
   if (!served.ok()) {
     fuse_reply_err(req, ReplyErrno(served.status()));
     return;
@@ -409,7 +409,8 @@ void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     ctx.open_modes.ReleaseInherited(ino);
     return;
   }
-  const bool resident = ctx.server->Closed(*f->served);
+  const bool shared = ctx.open_modes.OpensSinceIdle(ino) > 1;
+  const bool resident = ctx.server->Closed(*f->served, shared);
   // The last chunk-path reader of a file that is resident now: the next open
   // passes through, and the kernel drops an inode's page cache at every open
   // without keep_cache (passthrough forbids it), on the opener's time; do it

@@ -7,6 +7,7 @@ OpenModes::Counted OpenModes::Count(uint64_t ino, uint64_t opens, uint64_t inher
   Entry& e = held_[ino];
   if (!e.mode) e.mode = std::make_shared<Mode>();
   e.opens += opens;
+  e.opens_since_idle += opens;
   e.inherited += inherited;
   return {e.mode, observer_};
 }
@@ -48,6 +49,12 @@ OpenModes::Choice OpenModes::Open(uint64_t ino, const std::function<Choice()>& d
 bool OpenModes::IsOpen(uint64_t ino) const {
   MutexLock lock(mu_);
   return held_.count(ino) != 0;
+}
+
+uint64_t OpenModes::OpensSinceIdle(uint64_t ino) const {
+  MutexLock lock(mu_);
+  auto it = held_.find(ino);
+  return it == held_.end() ? 0 : it->second.opens_since_idle;
 }
 
 bool OpenModes::Release(uint64_t ino) {

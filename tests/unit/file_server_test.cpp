@@ -15,6 +15,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "header_stamper.h"
 #include "ckptfs/thread_pool.h"
@@ -112,6 +113,91 @@ TEST_F(FileServerTest, AnOpenOfAnInodeOpenAlreadyMakesNoCopy) {
   ASSERT_TRUE(opened.ok());
   EXPECT_EQ(server->Resident((*opened)->key), nullptr);
   EXPECT_EQ(reader_.bytes_read(), 0u);
+}
+
+// Issue 20 item 5: fastsafetensors reads every shard's header (a buffered
+// open, closed at once) before any tensor. The first header open waits for
+// its shard's copy; the same opener's first opens of the other shards then
+// begin their copies without waiting, and are served from them; a second
+// open of such a shard (a loader that maps it now) waits again, and so does
+// every open of another opener, of one whose short open another open of
+// the same file overlapped (transformers), and of one whose short open was
+// of a config file.
+TEST_F(FileServerTest, AHeaderScanWaitsForTheFirstShardsCopyOnly) {
+  std::vector<std::string> bytes;
+  std::vector<View::NodePtr> shards;
+  for (int i = 0; i < 7; ++i) {
+    bytes.push_back(RandomBytes(3 * kChunkSize + 1 + i, 40 + i));
+    auto shard = std::make_shared<View::Node>(*Indexed("m/model-" + std::to_string(i) + ".safetensors", bytes.back()));
+    shard->ino = 100 + i;  // a file of its own for the scan
+    shards.push_back(shard);
+  }
+  auto server = Server(FillPolicy::kWait);
+  constexpr pid_t kLoader = 4242, kOther = 4343;
+  auto first = server->Open(shards[0], O_RDONLY, /*inode_open=*/false, kLoader);
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  EXPECT_NE(server->Resident((*first)->key), nullptr) << "the first header open did not wait";
+  server->Closed(**first);  // the header read: at once
+  EXPECT_EQ(server->GetFillStats().header_scan_opens, 0u);
+
+  auto second = server->Open(shards[1], O_RDONLY, /*inode_open=*/false, kLoader);
+  ASSERT_TRUE(second.ok()) << second.status().message();
+  EXPECT_EQ(server->GetFillStats().header_scan_opens, 1u) << "the scan's second open waited";
+  {
+    // Held, a read of a copy being made would keep it from being sealed
+    // (the FUSE layer holds one until its reply is sent).
+    auto header = server->Read(**second, 0, 4096);
+    ASSERT_TRUE(header.ok()) << header.status().message();
+    EXPECT_EQ(Joined(*header), bytes[1].substr(0, 4096));
+  }
+  server->Closed(**second);
+
+  // The loader opens shard 1 again (to map it): that open waits.
+  auto again = server->Open(shards[1], O_RDONLY, /*inode_open=*/false, kLoader);
+  ASSERT_TRUE(again.ok());
+  EXPECT_NE(server->Resident((*again)->key), nullptr);
+  EXPECT_EQ(server->GetFillStats().header_scan_opens, 1u);
+  auto all = server->Read(**again, 0, bytes[1].size());
+  ASSERT_TRUE(all.ok()) << all.status().message();
+  EXPECT_EQ(Joined(*all), bytes[1]);
+
+  auto other = server->Open(shards[2], O_RDONLY, /*inode_open=*/false, kOther);
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(server->Resident((*other)->key), nullptr) << "another opener's open did not wait";
+  EXPECT_EQ(server->GetFillStats().header_scan_opens, 1u);
+
+  auto third = server->Open(shards[3], O_RDONLY, /*inode_open=*/false, kLoader);
+  ASSERT_TRUE(third.ok());
+  EXPECT_EQ(server->GetFillStats().header_scan_opens, 2u);
+  {
+    auto tail = server->Read(**third, bytes[3].size() - 100, 100);
+    ASSERT_TRUE(tail.ok()) << tail.status().message();
+    EXPECT_EQ(Joined(*tail), bytes[3].substr(bytes[3].size() - 100));
+  }
+
+  // transformers: a short open that another open of the same file
+  // overlapped (to map it) is no header read; its next shard's open waits.
+  constexpr pid_t kMapper = 4444;
+  auto mapped = server->Open(shards[4], O_RDONLY, /*inode_open=*/false, kMapper);
+  ASSERT_TRUE(mapped.ok());
+  server->Closed(**mapped, /*shared=*/true);
+  auto next = server->Open(shards[5], O_RDONLY, /*inode_open=*/false, kMapper);
+  ASSERT_TRUE(next.ok());
+  EXPECT_NE(server->Resident((*next)->key), nullptr) << "a mapper's open was taken for a header scan";
+  EXPECT_EQ(server->GetFillStats().header_scan_opens, 2u);
+
+  // Nor is a short open of a file that is not a safetensors file (the
+  // config.json a loader reads before it maps the shards).
+  constexpr pid_t kConfigReader = 4545;
+  auto config = std::make_shared<View::Node>(*Indexed("m/config.json", RandomBytes(kChunkSize + 3, 50)));
+  config->ino = 200;
+  auto read_config = server->Open(config, O_RDONLY, /*inode_open=*/false, kConfigReader);
+  ASSERT_TRUE(read_config.ok());
+  server->Closed(**read_config);
+  auto shard = server->Open(shards[6], O_RDONLY, /*inode_open=*/false, kConfigReader);
+  ASSERT_TRUE(shard.ok());
+  EXPECT_NE(server->Resident((*shard)->key), nullptr) << "a config.json read was taken for a header scan";
+  EXPECT_EQ(server->GetFillStats().header_scan_opens, 2u);
 }
 
 TEST_F(FileServerTest, ASourceChangedSinceIndexingIsNeverServedAndNotReadAgain) {

@@ -112,5 +112,26 @@ TEST(OpenModesTest, TheObserverIsToldOfEveryChangeAndCanReadTheRecordBack) {
   EXPECT_EQ(modes.inodes(), 0u);
 }
 
+// What tells a header read from a map (HeaderScans): an open alone on its
+// inode from its first open to its release, against two that overlapped,
+// released in either order.
+TEST(OpenModesTest, OpensSinceIdleCountsEveryOpenUntilTheLastRelease) {
+  OpenModes modes;
+  EXPECT_EQ(modes.OpensSinceIdle(5), 0u);
+  modes.Open(5, Passthrough, NoCopy);
+  EXPECT_EQ(modes.OpensSinceIdle(5), 1u);  // alone
+  modes.Release(5);
+  EXPECT_EQ(modes.OpensSinceIdle(5), 0u);
+  modes.Open(5, Passthrough, NoCopy);
+  modes.Open(5, Passthrough, NoCopy);
+  modes.Release(5);
+  EXPECT_EQ(modes.OpensSinceIdle(5), 2u) << "the first open's release must see it was not alone";
+  modes.Release(5);
+  EXPECT_EQ(modes.OpensSinceIdle(5), 0u);
+  modes.Open(5, Passthrough, NoCopy);
+  EXPECT_EQ(modes.OpensSinceIdle(5), 1u) << "a new episode starts from its own first open";
+  modes.Release(5);
+}
+
 }  // namespace
 }  // namespace ckptfs::fuse
