@@ -22,13 +22,20 @@
 # (page_reporting_order raised past the largest order, after memory was
 # touched once, so that freed pages stay backed: "warm pages"); the setting
 # is put back at the end. The loaders come from PyPI, in a venv under
-# build/bench-venv (made on first use).
+# build/bench-venv (made on first use), or VENV= (the engines tests' venv,
+# build/venv-engines, has them all).
+# A subset: LOADERS="runai fastsafetensors transformers", PAGES="cold warm".
+# DAEMONS="build/ckptfs /tmp/ckptfs-old" measures each daemon binary in
+# turn in the same run, a column each (a change against the one before it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 runs=${1:-3}
 [ -x build/ckptfs ] || { echo "build first" >&2; exit 1; }
 command -v fio >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fio >/dev/null
-venv=build/bench-venv
+venv=${VENV:-build/bench-venv}
+daemons=${DAEMONS:-build/ckptfs}
+for d in $daemons; do [ -x "$d" ] || { echo "no daemon at $d" >&2; exit 1; }; done
+daemon=${daemons%% *}
 if [ ! -x $venv/bin/python ] || ! $venv/bin/python -c 'import runai_model_streamer, fastsafetensors, transformers' 2>/dev/null; then
   python3 -m venv $venv
   $venv/bin/pip install -q torch runai-model-streamer fastsafetensors transformers safetensors numpy
@@ -121,7 +128,7 @@ min_of() { sort -g | head -1; }
 drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 mount_ckptfs() {
   mountpoint -q "$ck" && fusermount3 -u "$ck"
-  build/ckptfs "$work/src" "$ck" -o "state=$work/state,settle=0,rescan=0,cache_size=8G$1"
+  "$daemon" "$work/src" "$ck" -o "state=$work/state,settle=0,rescan=0,cache_size=8G$1"
   for _ in $(seq 1 1200); do [ -L "$ck/by-name/llama" ] && return; sleep 0.1; done
   echo "ckptfs did not show the checkpoint" >&2; exit 1
 }
@@ -148,18 +155,24 @@ for pages in ${PAGES:-cold warm}; do
   fi
   echo
   echo "first load, fresh mount, page caches dropped, $pages pages (seconds, best of $runs; ratio = ckptfs / native)"
-  printf '  %-34s %9s %9s %7s\n' loader native ckptfs ratio
+  header=$(printf '  %-34s %9s' loader native)
+  for daemon in $daemons; do header+=$(printf ' %9s %7s' "$(basename "$daemon" | cut -c1-9)" ratio); done
+  echo "$header"
   best=$(for _ in $(seq $runs); do drop; fio_rate; done | sort -g | tail -1)
   printf '  %-34s %9s\n' "fio, 3 files, O_DIRECT, 4M, depth 16" "$(awk -v g="$best" -v b="$bytes" 'BEGIN{printf "%.2fs %.2fGB/s", b/1e9/g, g}')"
   for kind in ${LOADERS:-runai fastsafetensors transformers}; do
     n=$(for _ in $(seq $runs); do drop; [ $pages = warm ] && touch_memory; load $kind "$src"; done | min_of)
-    c=$(for _ in $(seq $runs); do
-          mountpoint -q "$ck" && fusermount3 -u "$ck"
-          drop; [ $pages = warm ] && touch_memory
-          mount_ckptfs ""
-          load $kind "$(digest_dir)"
-        done | min_of)
-    printf '  %-34s %9s %9s %7s\n' "$kind" "$n" "$c" "$(ratio "$c" "$n")"
+    line=$(printf '  %-34s %9s' "$kind" "$n")
+    for daemon in $daemons; do
+      c=$(for _ in $(seq $runs); do
+            mountpoint -q "$ck" && fusermount3 -u "$ck"
+            drop; [ $pages = warm ] && touch_memory
+            mount_ckptfs ""
+            load $kind "$(digest_dir)"
+          done | min_of)
+      line+=$(printf ' %9s %7s' "$c" "$(ratio "$c" "$n")")
+    done
+    echo "$line"
   done
-  echo "  (last mount's fills: $(build/ckptfsctl stats --json "$ck" | python3 -c 'import json,sys; f=json.load(sys.stdin)["fills"]; print(f["completed"], "fills,", round(f["bytes_per_second"]/1e9, 2), "GB/s each on average,", f.get("streamed_reads"), "reads streamed")'))"
+  echo "  (last mount's fills: $(build/ckptfsctl stats --json "$ck" | python3 -c 'import json,sys; f=json.load(sys.stdin)["fills"]; print(f["completed"], "fills,", round(f["bytes_per_second"]/1e9, 2), "GB/s each on average,", f.get("streamed_reads"), "reads streamed,", f.get("header_scan_opens"), "header-scan opens")'))"
 done
