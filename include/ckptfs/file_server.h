@@ -140,11 +140,12 @@ class FileServer {
   // An open (or an adopted one) the FUSE layer now holds, and its release:
   // open files share the chunk tier's read-ahead. Closed is true when the
   // file is resident now (its next open can pass through).
-  // `shared`: another open of the file's inode overlapped this one (then
-  // its close is no sign of a header scan: transformers opens a shard twice
-  // to map it, and a passthrough map holds neither open).
+  // `alone`: the open was answered and no other open of its inode
+  // overlapped it, so its close may be a sign of a header scan (not so for
+  // an interrupted open, nor for transformers, which opens a shard twice to
+  // map it, when a passthrough map holds neither open).
   void Opened(const ServedFile& f);
-  bool Closed(const ServedFile& f, bool shared = false);
+  bool Closed(const ServedFile& f, bool alone = false);
   // The open was answered on the chunk path without a copy: fill=open copies
   // it in the background.
   void OpenedOnChunkPath(const ServedFile& f);

@@ -148,9 +148,9 @@ void FileServer::OpenedOnChunkPath(const ServedFile& f) {
   filler_->EnqueueSiblings(f.node);
 }
 
-bool FileServer::Closed(const ServedFile& f, bool shared) {
+bool FileServer::Closed(const ServedFile& f, bool alone) {
   --open_files_;
-  if (header_scans_ && f.node->safetensors && !f.node->content && !shared) {
+  if (header_scans_ && alone && f.node->safetensors && !f.node->content) {
     const auto now = std::chrono::steady_clock::now();
     header_scans_->Closed(f.opener, f.node->digest, f.node->ino, now - f.answered, now);
   }

@@ -14,7 +14,9 @@ bool HeaderScans::OpenIsScan(pid_t opener, const std::string& checkpoint, uint64
   MutexLock lock(mu_);
   Opener* o = Find(opener);
   if (o == nullptr || o->checkpoint != checkpoint || now - o->short_close > kWindow) return false;
+  if (!o->confirmed && o->trial) return false;  // the trial has not shown a header read yet
   if (o->opened.size() >= kMaxFilesPerOpener || !o->opened.insert(file).second) return false;
+  if (!o->confirmed) o->trial = file;
   ++scan_opens_;
   return true;
 }
@@ -36,7 +38,10 @@ void HeaderScans::Closed(pid_t opener, const std::string& checkpoint, uint64_t f
   if (o->checkpoint != checkpoint || now - o->short_close > kWindow) {
     o->checkpoint = checkpoint;
     o->opened.clear();
+    o->trial.reset();
+    o->confirmed = false;
   }
+  if (o->trial == file) o->confirmed = true;
   o->short_close = now;
   if (o->opened.size() < kMaxFilesPerOpener) o->opened.insert(file);
 }

@@ -20,6 +20,14 @@
 // other open of it meanwhile, is scanning headers, and for kWindow after that its first open of each other file of
 // the same checkpoint does not wait: the copy is begun and its reads are
 // served from it as its chunks are verified, the header's chunk first.
+// The first such open is a trial: until it too is closed within kShortOpen
+// no other open of the opener goes without waiting. A loader that opens a
+// shard, maps it and closes it at once (candle, safe_open with numpy: a
+// passthrough map holds no open) looks like a header read at its first
+// shard; its second shard, opened on trial, is mapped through the chunk
+// path, whose map holds the open, so no close confirms the scan and every
+// later shard waits and passes through. It loses passthrough for one shard,
+// not for all.
 // transformers (safetensors' safe_open, then torch) opens a shard twice,
 // maps it each time and closes both at once; a passthrough map holds no
 // open (the kernel maps the backing file), so the closes come while the
@@ -46,6 +54,7 @@
 #include <chrono>
 #include <cstdint>
 #include <list>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -81,6 +90,8 @@ class HeaderScans {
     std::string checkpoint;          // the checkpoint of its last short open
     Clock::time_point short_close{};  // when it was closed
     std::set<uint64_t> opened;        // files of `checkpoint` it has opened (their next open waits)
+    std::optional<uint64_t> trial;    // the file of the open on trial, while unconfirmed
+    bool confirmed = false;           // the trial's open was closed short too
     std::list<pid_t>::iterator lru;
   };
   Opener* Find(pid_t opener) REQUIRES(mu_);

@@ -409,8 +409,8 @@ void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     ctx.open_modes.ReleaseInherited(ino);
     return;
   }
-  const bool shared = ctx.open_modes.OpensSinceIdle(ino) > 1;
-  const bool resident = ctx.server->Closed(*f->served, shared);
+  const bool alone = ctx.open_modes.OpensSinceIdle(ino) == 1;
+  const bool resident = ctx.server->Closed(*f->served, alone);
   // The last chunk-path reader of a file that is resident now: the next open
   // passes through, and the kernel drops an inode's page cache at every open
   // without keep_cache (passthrough forbids it), on the opener's time; do it

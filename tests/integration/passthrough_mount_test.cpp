@@ -236,6 +236,40 @@ TEST_F(PassthroughMountTest, WithFillWaitTheFirstOpenWaitsForTheCopyAndPassesThr
   EXPECT_EQ(s["fills"]["policy"], "wait");
 }
 
+// Issue 20 item 5, through the mount: fastsafetensors' pattern under
+// fill=wait (each shard's header read through a buffered open that is
+// closed at once, shard after shard, then the shards read whole). Only the
+// first header opens wait for their copies; once the kernel's release of a
+// header open has reached the daemon, the same thread's next opens begin
+// their copies and are served from them as they are made (a release comes
+// after close returns, so the second shard may still wait: at least one
+// open of the four must not). Every byte read is the source's.
+TEST_F(PassthroughMountTest, AHeaderScanOfEveryShardWaitsForTheFirstCopiesOnly) {
+  std::vector<std::string> data;
+  for (int i = 0; i < 4; ++i) {
+    data.push_back(RandomBytes(64 * kMiB + i, 70 + i));  // copies that take longer than an open
+    WriteFile(src_ + "/m/model-" + std::to_string(i) + ".safetensors", data.back());
+  }
+  auto m = MountWithPassthrough("cache_size=1G,fill=wait");
+  SKIP_WITHOUT_PASSTHROUGH();
+  const std::string dir = DigestDir("m");
+  for (int i = 0; i < 4; ++i) {
+    const std::string path = dir + "/model-" + std::to_string(i) + ".safetensors";
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0) << path;
+    char head[8];
+    EXPECT_EQ(::pread(fd, head, sizeof head, 0), static_cast<ssize_t>(sizeof head));
+    EXPECT_EQ(std::memcmp(head, data[i].data(), sizeof head), 0) << path;
+    ::close(fd);
+  }
+  const auto s = Stats(mnt_);
+  EXPECT_GE(s["fills"]["header_scan_opens"].get<uint64_t>(), 1u) << s["fills"].dump() << "\n" << s["opens"].dump();
+  EXPECT_GE(Opens(s, "chunk path: not resident"), 1u) << s["opens"].dump();
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(ReadFile(dir + "/model-" + std::to_string(i) + ".safetensors") == data[i]) << "shard " << i;
+  }
+}
+
 // Issue 20 item 5: a parallel loader opens its shards with O_DIRECT. Its
 // first open under fill=wait does not wait for the whole copy: it is
 // answered through the daemon, which serves its reads from the copy as it

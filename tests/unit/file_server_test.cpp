@@ -32,6 +32,12 @@ using testing::WriteFile;
 
 const std::string kDigest = "sha256-" + std::string(64, 'c');
 
+// A safetensors shard on disk and its indexed node.
+struct IndexedShard {
+  std::string bytes;
+  View::NodePtr node;
+};
+
 // The bytes a read returned, joined.
 std::string Joined(const ServedBytes& b) {
   std::string out;
@@ -44,6 +50,20 @@ class FileServerTest : public ::testing::Test {
   // The file at `rel` as the view holds it once indexed.
   View::NodePtr Indexed(const std::string& rel, const std::string& bytes) {
     return testing::IndexedFileNode(src_ / rel, bytes, kDigest, &pool_);
+  }
+
+  // `n` shards of one checkpoint, each a file (an inode) of its own.
+  std::vector<IndexedShard> Shards(int n) {
+    std::vector<IndexedShard> out;
+    for (int i = 0; i < n; ++i) {
+      IndexedShard shard;
+      shard.bytes = RandomBytes(3 * kChunkSize + 1 + i, 40 + i);
+      auto node = std::make_shared<View::Node>(*Indexed("m/model-" + std::to_string(i) + ".safetensors", shard.bytes));
+      node->ino = 100 + i;
+      shard.node = node;
+      out.push_back(std::move(shard));
+    }
+    return out;
   }
 
   std::unique_ptr<FileServer> Server(FillPolicy fill, bool stamp_headers = false) {
@@ -117,87 +137,102 @@ TEST_F(FileServerTest, AnOpenOfAnInodeOpenAlreadyMakesNoCopy) {
 
 // Issue 20 item 5: fastsafetensors reads every shard's header (a buffered
 // open, closed at once) before any tensor. The first header open waits for
-// its shard's copy; the same opener's first opens of the other shards then
-// begin their copies without waiting, and are served from them; a second
-// open of such a shard (a loader that maps it now) waits again, and so does
-// every open of another opener, of one whose short open another open of
-// the same file overlapped (transformers), and of one whose short open was
-// of a config file.
+// its shard's copy; the same opener's next open begins its copy without
+// waiting, on trial, and once that one is closed at once too, so do its
+// first opens of the other shards, which are served from the copies as
+// they are made. A second open of a shard (a loader that maps it now)
+// waits again, and so does every open of another opener.
 TEST_F(FileServerTest, AHeaderScanWaitsForTheFirstShardsCopyOnly) {
-  std::vector<std::string> bytes;
-  std::vector<View::NodePtr> shards;
-  for (int i = 0; i < 7; ++i) {
-    bytes.push_back(RandomBytes(3 * kChunkSize + 1 + i, 40 + i));
-    auto shard = std::make_shared<View::Node>(*Indexed("m/model-" + std::to_string(i) + ".safetensors", bytes.back()));
-    shard->ino = 100 + i;  // a file of its own for the scan
-    shards.push_back(shard);
-  }
+  const auto shards = Shards(4);
   auto server = Server(FillPolicy::kWait);
   constexpr pid_t kLoader = 4242, kOther = 4343;
-  auto first = server->Open(shards[0], O_RDONLY, /*inode_open=*/false, kLoader);
+  auto first = server->Open(shards[0].node, O_RDONLY, /*inode_open=*/false, kLoader);
   ASSERT_TRUE(first.ok()) << first.status().message();
   EXPECT_NE(server->Resident((*first)->key), nullptr) << "the first header open did not wait";
-  server->Closed(**first);  // the header read: at once
+  server->Closed(**first, /*alone=*/true);  // the header read: at once
   EXPECT_EQ(server->GetFillStats().header_scan_opens, 0u);
 
-  auto second = server->Open(shards[1], O_RDONLY, /*inode_open=*/false, kLoader);
-  ASSERT_TRUE(second.ok()) << second.status().message();
+  auto trial = server->Open(shards[1].node, O_RDONLY, /*inode_open=*/false, kLoader);
+  ASSERT_TRUE(trial.ok()) << trial.status().message();
   EXPECT_EQ(server->GetFillStats().header_scan_opens, 1u) << "the scan's second open waited";
+  server->Closed(**trial, /*alone=*/true);
+
+  auto third = server->Open(shards[2].node, O_RDONLY, /*inode_open=*/false, kLoader);
+  ASSERT_TRUE(third.ok());
+  EXPECT_EQ(server->GetFillStats().header_scan_opens, 2u) << "the confirmed scan's third open waited";
   {
     // Held, a read of a copy being made would keep it from being sealed
     // (the FUSE layer holds one until its reply is sent).
-    auto header = server->Read(**second, 0, 4096);
+    auto header = server->Read(**third, 0, 4096);
     ASSERT_TRUE(header.ok()) << header.status().message();
-    EXPECT_EQ(Joined(*header), bytes[1].substr(0, 4096));
+    EXPECT_EQ(Joined(*header), shards[2].bytes.substr(0, 4096));
+    auto tail = server->Read(**third, shards[2].bytes.size() - 100, 100);
+    ASSERT_TRUE(tail.ok()) << tail.status().message();
+    EXPECT_EQ(Joined(*tail), shards[2].bytes.substr(shards[2].bytes.size() - 100));
   }
-  server->Closed(**second);
+  server->Closed(**third, /*alone=*/true);
 
   // The loader opens shard 1 again (to map it): that open waits.
-  auto again = server->Open(shards[1], O_RDONLY, /*inode_open=*/false, kLoader);
+  auto again = server->Open(shards[1].node, O_RDONLY, /*inode_open=*/false, kLoader);
   ASSERT_TRUE(again.ok());
   EXPECT_NE(server->Resident((*again)->key), nullptr);
-  EXPECT_EQ(server->GetFillStats().header_scan_opens, 1u);
-  auto all = server->Read(**again, 0, bytes[1].size());
+  auto all = server->Read(**again, 0, shards[1].bytes.size());
   ASSERT_TRUE(all.ok()) << all.status().message();
-  EXPECT_EQ(Joined(*all), bytes[1]);
+  EXPECT_EQ(Joined(*all), shards[1].bytes);
 
-  auto other = server->Open(shards[2], O_RDONLY, /*inode_open=*/false, kOther);
+  auto other = server->Open(shards[3].node, O_RDONLY, /*inode_open=*/false, kOther);
   ASSERT_TRUE(other.ok());
   EXPECT_NE(server->Resident((*other)->key), nullptr) << "another opener's open did not wait";
-  EXPECT_EQ(server->GetFillStats().header_scan_opens, 1u);
-
-  auto third = server->Open(shards[3], O_RDONLY, /*inode_open=*/false, kLoader);
-  ASSERT_TRUE(third.ok());
   EXPECT_EQ(server->GetFillStats().header_scan_opens, 2u);
-  {
-    auto tail = server->Read(**third, bytes[3].size() - 100, 100);
-    ASSERT_TRUE(tail.ok()) << tail.status().message();
-    EXPECT_EQ(Joined(*tail), bytes[3].substr(bytes[3].size() - 100));
-  }
+}
 
-  // transformers: a short open that another open of the same file
-  // overlapped (to map it) is no header read; its next shard's open waits.
-  constexpr pid_t kMapper = 4444;
-  auto mapped = server->Open(shards[4], O_RDONLY, /*inode_open=*/false, kMapper);
+// What is no header scan: a short open that another open of the same file
+// overlapped (transformers maps each shard through two opens) or that was
+// never answered (interrupted), a short open of a config file, and a trial
+// whose open is held (a loader that maps each shard after one open: only
+// its second shard goes without waiting). Nor, under verify=sha256, any
+// open: a copy in progress is served there only once its SHA-256 passed.
+TEST_F(FileServerTest, WhatIsNoHeaderScanWaitsForItsCopy) {
+  const auto shards = Shards(8);
+  auto server = Server(FillPolicy::kWait);
+  auto waited = [&](const IndexedShard& shard, pid_t opener) {
+    auto opened = server->Open(shard.node, O_RDONLY, /*inode_open=*/false, opener);
+    EXPECT_TRUE(opened.ok());
+    return opened.ok() && server->Resident((*opened)->key) != nullptr;
+  };
+  constexpr pid_t kTransformers = 4444, kConfigReader = 4545, kMapper = 4646;
+  auto mapped = server->Open(shards[0].node, O_RDONLY, /*inode_open=*/false, kTransformers);
   ASSERT_TRUE(mapped.ok());
-  server->Closed(**mapped, /*shared=*/true);
-  auto next = server->Open(shards[5], O_RDONLY, /*inode_open=*/false, kMapper);
-  ASSERT_TRUE(next.ok());
-  EXPECT_NE(server->Resident((*next)->key), nullptr) << "a mapper's open was taken for a header scan";
-  EXPECT_EQ(server->GetFillStats().header_scan_opens, 2u);
+  server->Closed(**mapped);  // alone=false: overlapped, or interrupted
+  EXPECT_TRUE(waited(shards[1], kTransformers)) << "an overlapped open was taken for a header read";
 
-  // Nor is a short open of a file that is not a safetensors file (the
-  // config.json a loader reads before it maps the shards).
-  constexpr pid_t kConfigReader = 4545;
   auto config = std::make_shared<View::Node>(*Indexed("m/config.json", RandomBytes(kChunkSize + 3, 50)));
   config->ino = 200;
   auto read_config = server->Open(config, O_RDONLY, /*inode_open=*/false, kConfigReader);
   ASSERT_TRUE(read_config.ok());
-  server->Closed(**read_config);
-  auto shard = server->Open(shards[6], O_RDONLY, /*inode_open=*/false, kConfigReader);
-  ASSERT_TRUE(shard.ok());
-  EXPECT_NE(server->Resident((*shard)->key), nullptr) << "a config.json read was taken for a header scan";
-  EXPECT_EQ(server->GetFillStats().header_scan_opens, 2u);
+  server->Closed(**read_config, /*alone=*/true);
+  EXPECT_TRUE(waited(shards[2], kConfigReader)) << "a config.json read was taken for a header read";
+
+  auto first = server->Open(shards[3].node, O_RDONLY, /*inode_open=*/false, kMapper);
+  ASSERT_TRUE(first.ok());
+  server->Closed(**first, /*alone=*/true);  // opened, mapped, closed: passthrough maps hold no open
+  auto on_trial = server->Open(shards[4].node, O_RDONLY, /*inode_open=*/false, kMapper);  // its map holds it
+  ASSERT_TRUE(on_trial.ok());
+  EXPECT_EQ(server->GetFillStats().header_scan_opens, 1u);
+  EXPECT_TRUE(waited(shards[5], kMapper)) << "an unconfirmed trial let another open go without waiting";
+  EXPECT_EQ(server->GetFillStats().header_scan_opens, 1u);
+
+  FileServer::Options o;
+  o.fill = FillPolicy::kWait;
+  o.verify = Verify::kSha256;
+  FileServer sha256(FileServer::Parts{.cache = &cache_, .files = &files_, .reader = &reader_}, o, {});
+  auto header = sha256.Open(shards[6].node, O_RDONLY, /*inode_open=*/false, kMapper + 1);
+  ASSERT_TRUE(header.ok());
+  sha256.Closed(**header, /*alone=*/true);
+  auto next = sha256.Open(shards[7].node, O_RDONLY, /*inode_open=*/false, kMapper + 1);
+  ASSERT_TRUE(next.ok()) << next.status().message();
+  EXPECT_NE(sha256.Resident((*next)->key), nullptr) << "a header scan went without waiting under verify=sha256";
+  EXPECT_EQ(sha256.GetFillStats().header_scan_opens, 0u);
 }
 
 TEST_F(FileServerTest, ASourceChangedSinceIndexingIsNeverServedAndNotReadAgain) {
