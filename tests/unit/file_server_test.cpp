@@ -160,12 +160,15 @@ TEST_F(FileServerTest, AHeaderScanWaitsForTheFirstShardsCopyOnly) {
   auto third = server->Open(shards[2].node, O_RDONLY, /*inode_open=*/false, kLoader);
   ASSERT_TRUE(third.ok());
   EXPECT_EQ(server->GetFillStats().header_scan_opens, 2u) << "the confirmed scan's third open waited";
+  // One read at a time, each let go before the next: held, a read of a
+  // copy being made keeps it from being sealed, and a second read of it
+  // waits for the seal (the FUSE layer holds one until its reply is sent).
   {
-    // Held, a read of a copy being made would keep it from being sealed
-    // (the FUSE layer holds one until its reply is sent).
     auto header = server->Read(**third, 0, 4096);
     ASSERT_TRUE(header.ok()) << header.status().message();
     EXPECT_EQ(Joined(*header), shards[2].bytes.substr(0, 4096));
+  }
+  {
     auto tail = server->Read(**third, shards[2].bytes.size() - 100, 100);
     ASSERT_TRUE(tail.ok()) << tail.status().message();
     EXPECT_EQ(Joined(*tail), shards[2].bytes.substr(shards[2].bytes.size() - 100));
