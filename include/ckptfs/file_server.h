@@ -222,6 +222,7 @@ class FileServer {
 
  private:
   Result<std::shared_ptr<ServedFile>> Served(const View::NodePtr& file);
+  bool StreamsWhileFilling(const View::Node& file, int open_flags, pid_t opener);
   void ReadAhead(ServedFile& f, uint64_t last_chunk);
   void EndReadAhead();
   Status AppendSourceRange(const View::NodePtr& file, uint64_t begin, uint64_t end, ServedBytes& out);

@@ -90,14 +90,17 @@ Result<uint64_t> FileServer::ServedSize(const View::NodePtr& file) {
   return form->size;
 }
 
-// An open whose reads may be served from the copy while it is made, rather
-// than wait for all of it: one with O_DIRECT, which a page cache could not
-// serve anyway (a buffered or mmap reader runs faster on the passthrough it
-// gets by waiting; README, measured performance), and only while chunks
-// are served as they are verified (not under verify=sha256, where a copy is
-// served only once its whole SHA-256 passed).
-static bool StreamsWhileFilling(const FileServer::Options& o, int open_flags) {
-  return (open_flags & O_DIRECT) != 0 && o.verify == Verify::kXxh3;
+// Whether an open's reads may be served from the copy while it is made,
+// rather than wait for all of it: only while chunks are served as they are
+// verified (not under verify=sha256, where a copy is served only once its
+// whole SHA-256 passed), and then for an open with O_DIRECT, which a page
+// cache could not serve anyway (a buffered or mmap reader runs faster on
+// the passthrough it gets by waiting; README, measured performance), or
+// one of a loader reading every shard's header first (HeaderScans).
+bool FileServer::StreamsWhileFilling(const View::Node& file, int open_flags, pid_t opener) {
+  if (options_.verify != Verify::kXxh3) return false;
+  if ((open_flags & O_DIRECT) != 0) return true;
+  return file.safetensors && header_scans_->OpenIsScan(opener, file.digest, file.ino, std::chrono::steady_clock::now());
 }
 
 Result<std::shared_ptr<ServedFile>> FileServer::Served(const View::NodePtr& file) {
@@ -116,10 +119,7 @@ Result<std::shared_ptr<ServedFile>> FileServer::Open(const View::NodePtr& file, 
   if (!f.ok() || file->content) return f;
   (*f)->opener = opener;
   if (options_.fill == FillPolicy::kWait && filler_ != nullptr && !inode_open && !Resident((*f)->key, false)) {
-    const auto now = std::chrono::steady_clock::now();
-    if (StreamsWhileFilling(options_, open_flags) ||
-        (options_.verify == Verify::kXxh3 && file->safetensors &&
-         header_scans_->OpenIsScan(opener, file->digest, file->ino, now))) {
+    if (StreamsWhileFilling(*file, open_flags, opener)) {
       // A parallel loader (O_DIRECT, many threads, every shard at once)
       // gains nothing from waiting for the whole copy, nor does a loader
       // reading the shards' headers before their tensors: the reads are
