@@ -48,7 +48,9 @@ class OpenModes {
   // An open of `ino` ended (released, or its reply never reached the kernel).
   // True when that was the last open of an inode served by the chunk path
   // (the kernel may hold page cache for it that passthrough will not use).
-  bool Release(uint64_t ino);
+  // `opens_since_idle`, if given, receives OpensSinceIdle as it was before
+  // this release, read under the same lock.
+  bool Release(uint64_t ino, uint64_t* opens_since_idle = nullptr);
   size_t inodes() const;
   // `ino` has open files now: a new open of it will join their mode.
   bool IsOpen(uint64_t ino) const;

@@ -409,14 +409,17 @@ void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     ctx.open_modes.ReleaseInherited(ino);
     return;
   }
-  const bool alone = ctx.open_modes.OpensSinceIdle(ino) == 1;
-  const bool resident = ctx.server->Closed(*f->served, alone);
+  uint64_t opens_since_idle = 0;
+  const bool last_on_chunk_path = ctx.open_modes.Release(ino, &opens_since_idle);
+  // Alone on its inode from open to release: its close may tell of a
+  // header scan (FileServer::Closed).
+  const bool resident = ctx.server->Closed(*f->served, /*alone=*/opens_since_idle == 1);
   // The last chunk-path reader of a file that is resident now: the next open
   // passes through, and the kernel drops an inode's page cache at every open
   // without keep_cache (passthrough forbids it), on the opener's time; do it
   // now, off this thread (a notification from a request handler could wait
   // on the kernel).
-  if (ctx.open_modes.Release(ino) && resident && ctx.drop_page_cache && ctx.background != nullptr) {
+  if (last_on_chunk_path && resident && ctx.drop_page_cache && ctx.background != nullptr) {
     ctx.background->Submit([&ctx, ino] { ctx.drop_page_cache(ino); });
   }
 }

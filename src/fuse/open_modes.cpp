@@ -57,13 +57,15 @@ uint64_t OpenModes::OpensSinceIdle(uint64_t ino) const {
   return it == held_.end() ? 0 : it->second.opens_since_idle;
 }
 
-bool OpenModes::Release(uint64_t ino) {
+bool OpenModes::Release(uint64_t ino, uint64_t* opens_since_idle) {
   std::shared_ptr<Mode> last;
   std::shared_ptr<const Observer> observer;
+  if (opens_since_idle != nullptr) *opens_since_idle = 0;
   {
     MutexLock lock(mu_);
     auto it = held_.find(ino);
     if (it == held_.end()) return false;
+    if (opens_since_idle != nullptr) *opens_since_idle = it->second.opens_since_idle;
     if (--it->second.opens == 0) {
       last = std::move(it->second.mode);
       held_.erase(it);

@@ -124,9 +124,12 @@ TEST(OpenModesTest, OpensSinceIdleCountsEveryOpenUntilTheLastRelease) {
   EXPECT_EQ(modes.OpensSinceIdle(5), 0u);
   modes.Open(5, Passthrough, NoCopy);
   modes.Open(5, Passthrough, NoCopy);
-  modes.Release(5);
+  uint64_t seen = 0;
+  modes.Release(5, &seen);
+  EXPECT_EQ(seen, 2u);
   EXPECT_EQ(modes.OpensSinceIdle(5), 2u) << "the first open's release must see it was not alone";
-  modes.Release(5);
+  modes.Release(5, &seen);
+  EXPECT_EQ(seen, 2u) << "the last release reads the count before it is forgotten";
   EXPECT_EQ(modes.OpensSinceIdle(5), 0u);
   modes.Open(5, Passthrough, NoCopy);
   EXPECT_EQ(modes.OpensSinceIdle(5), 1u) << "a new episode starts from its own first open";
