@@ -411,9 +411,17 @@ std::optional<FileFiller::Streamed> FileFiller::Stream(const FileKey& key, uint6
   if (job->end == FillJob::End::kFailed || readers_stopping_ || (job->prove && job->end != FillJob::End::kPublished)) {
     return std::nullopt;
   }
+  std::shared_ptr<SealedCopy> copy = job->copy;
+  lock.Unlock();
+  // The hold is taken without jobs_mu_: while the copy is being sealed it
+  // waits for the replies still sending from the mapping, and every fill
+  // thread would wait with it. The bytes asked for are verified and final
+  // already; only the mapping they are read through may move (the seal).
+  SealedCopy::MappingHold hold = copy->HoldMapping();
+  const uint8_t* data = copy->ReadableAt(offset, end - offset);
+  if (data == nullptr) return std::nullopt;  // a seal that failed left no mapping
   ++streamed_;
-  return Streamed{job->copy, job->copy->HoldMapping(), job->copy->ReadableAt(offset, end - offset),
-                  static_cast<size_t>(end - offset)};
+  return Streamed{std::move(copy), std::move(hold), data, static_cast<size_t>(end - offset)};
 }
 
 Result<ProvenChunkTables::Table> FileFiller::Prove(const View::NodePtr& file) {

@@ -12,6 +12,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <future>
+#include <thread>
 
 #include <memory>
 #include <string>
@@ -236,6 +239,56 @@ TEST_F(FileServerTest, WhatIsNoHeaderScanWaitsForItsCopy) {
   ASSERT_TRUE(next.ok()) << next.status().message();
   EXPECT_NE(sha256.Resident((*next)->key), nullptr) << "a header scan went without waiting under verify=sha256";
   EXPECT_EQ(sha256.GetFillStats().header_scan_opens, 0u);
+}
+
+// A read of a copy in progress that arrives while the copy is being sealed
+// waits for the seal, which waits for the replies still sending from the
+// copy. It must wait alone: the fills of other files, and reads of them,
+// go on meanwhile (the FUSE layer lets a reply go only once it is sent, and
+// the fill threads must not wait for that).
+TEST_F(FileServerTest, AReadWaitingForACopysSealHoldsUpNoOtherFill) {
+  auto server = Server(FillPolicy::kWait);
+  const std::string big = RandomBytes(24 * kChunkSize + 5, 60);
+  auto sealing = std::make_shared<View::Node>(*Indexed("m/big.safetensors", big));
+  sealing->ino = 300;
+  // The copy is in progress when the read of its last chunk is asked for
+  // (an O_DIRECT open begins it without waiting): that read keeps the copy
+  // from being sealed for as long as the test holds it.
+  auto opened = server->Open(sealing, O_RDONLY | O_DIRECT, /*inode_open=*/false, 4747);
+  ASSERT_TRUE(opened.ok()) << opened.status().message();
+  auto held = server->Read(**opened, big.size() - 100, 100);
+  ASSERT_TRUE(held.ok()) << held.status().message();
+  ASSERT_EQ(Joined(*held), big.substr(big.size() - 100));
+  ASSERT_EQ(server->GetFillStats().streamed_reads, 1u) << "the copy was done before its read: make it larger";
+
+  // The whole copy is verified now, and its seal waits for the held read.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::atomic<bool> second_done{false};
+  std::string second_bytes;
+  std::thread second([&] {
+    auto r = server->Read(**opened, 0, 4096);
+    if (r.ok()) second_bytes = Joined(*r);
+    second_done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(second_done.load()) << "the second read did not wait for the seal";
+
+  // Another file's copy is made and read meanwhile.
+  const auto shards = Shards(1);
+  auto other = std::async(std::launch::async, [&] {
+    auto o = server->Open(shards[0].node, O_RDONLY | O_DIRECT, /*inode_open=*/false, 4848);
+    if (!o.ok()) return std::string("open failed: ") + o.status().message();
+    auto r = server->Read(**o, 0, shards[0].bytes.size());
+    if (!r.ok()) return std::string("read failed: ") + r.status().message();
+    return Joined(*r);
+  });
+  const bool went_on = other.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  held->holds.clear();  // the held reply is sent: the seal goes on, whichever way the test ends
+  second.join();
+  EXPECT_TRUE(went_on) << "another file's fill and read waited for a seal that waited for a reply";
+  EXPECT_EQ(other.get(), shards[0].bytes);
+  EXPECT_EQ(second_bytes, big.substr(0, 4096));
+  EXPECT_NE(server->Resident((*opened)->key), nullptr) << "the copy was not sealed and published";
 }
 
 TEST_F(FileServerTest, ASourceChangedSinceIndexingIsNeverServedAndNotReadAgain) {
