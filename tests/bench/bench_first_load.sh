@@ -27,6 +27,8 @@
 # A subset: LOADERS="runai fastsafetensors transformers", PAGES="cold warm".
 # DAEMONS="build/ckptfs /tmp/ckptfs-old" measures each daemon binary in
 # turn in the same run, a column each (a change against the one before it).
+# OPTIONS="- fill=off" adds a column per set of mount options for each
+# daemon ("-": the defaults; several options joined by commas).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 runs=${1:-3}
@@ -128,7 +130,8 @@ min_of() { sort -g | head -1; }
 drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 mount_ckptfs() {
   mountpoint -q "$ck" && fusermount3 -u "$ck"
-  "$daemon" "$work/src" "$ck" -o "state=$work/state,settle=0,rescan=0,cache_size=8G$1"
+  local extra=""; [ -n "$1" ] && [ "$1" != - ] && extra=",$1"
+  "$daemon" "$work/src" "$ck" -o "state=$work/state,settle=0,rescan=0,cache_size=8G$extra"
   for _ in $(seq 1 1200); do [ -L "$ck/by-name/llama" ] && return; sleep 0.1; done
   echo "ckptfs did not show the checkpoint" >&2; exit 1
 }
@@ -156,22 +159,25 @@ for pages in ${PAGES:-cold warm}; do
   echo
   echo "first load, fresh mount, page caches dropped, $pages pages (seconds, best of $runs; ratio = ckptfs / native)"
   header=$(printf '  %-34s %9s' loader native)
-  for daemon in $daemons; do header+=$(printf ' %9s %7s' "$(basename "$daemon" | cut -c1-9)" ratio); done
+  for daemon in $daemons; do for opts in ${OPTIONS:--}; do
+    header+=$(printf ' %9s %7s' "$(basename "$daemon" | cut -c1-9)" ratio)
+    [ "$opts" != - ] && header+=" ($opts)"
+  done; done
   echo "$header"
   best=$(for _ in $(seq $runs); do drop; fio_rate; done | sort -g | tail -1)
   printf '  %-34s %9s\n' "fio, 3 files, O_DIRECT, 4M, depth 16" "$(awk -v g="$best" -v b="$bytes" 'BEGIN{printf "%.2fs %.2fGB/s", b/1e9/g, g}')"
   for kind in ${LOADERS:-runai fastsafetensors transformers}; do
     n=$(for _ in $(seq $runs); do drop; [ $pages = warm ] && touch_memory; load $kind "$src"; done | min_of)
     line=$(printf '  %-34s %9s' "$kind" "$n")
-    for daemon in $daemons; do
+    for daemon in $daemons; do for opts in ${OPTIONS:--}; do
       c=$(for _ in $(seq $runs); do
             mountpoint -q "$ck" && fusermount3 -u "$ck"
             drop; [ $pages = warm ] && touch_memory
-            mount_ckptfs ""
+            mount_ckptfs "$opts"
             load $kind "$(digest_dir)"
           done | min_of)
       line+=$(printf ' %9s %7s' "$c" "$(ratio "$c" "$n")")
-    done
+    done; done
     echo "$line"
   done
   echo "  (last mount's fills: $(build/ckptfsctl stats --json "$ck" | python3 -c 'import json,sys; f=json.load(sys.stdin)["fills"]; print(f["completed"], "fills,", round(f["bytes_per_second"]/1e9, 2), "GB/s each on average,", f.get("streamed_reads"), "reads streamed,", f.get("header_scan_opens"), "header-scan opens")'))"
