@@ -17,10 +17,14 @@
 #
 # The VMs these run on are slow the first time they touch memory freed a
 # while before (free page reporting hands it back to the host; fresh 2 MiB
-# pages then cost about 20x). Each case is timed both ways, and says which:
-#   fresh     the copies land in memory freed seconds before (reported)
-#   recycled  right before the rename, as much memory as the copies need is
-#             touched and freed again, so they land in pages the guest kept
+# pages then cost about 20x). Each case is timed both ways, and says which;
+# the native load of the row is timed the same way as the arrival:
+#   fresh     10 s after the last memory was freed (it has been reported):
+#             the copies, the page cache and the loader's tensors all land
+#             in fresh memory
+#   recycled  right before the rename (or the native load), as much memory
+#             as the copies need is touched and freed again, so they land
+#             in pages the guest kept
 # Every new checkpoint has new bytes (so nothing is known to the index or
 # the host tier), and the copies of each round are evicted after it. Each
 # row mounts anew; "first" is its first round (the daemon's first copies);
@@ -58,6 +62,8 @@ recycle() {
   head -c "$(numfmt --from=iec "$1")" /dev/zero >/dev/shm/ckptfs-bench-recycle
   rm -f /dev/shm/ckptfs-bench-recycle
 }
+# The native load and the arrival each start on the same kind of memory.
+pages_as() { if [ "$1" = fresh ]; then sleep 10; else recycle "$2"; fi; }
 mount_ckptfs() {
   mountpoint -q "$ck" && fusermount3 -u "$ck"
   "$daemon" "$work/src" "$ck" -o "state=$work/state,settle=0,rescan=0,cache_size=10G,supervise=off,$1"
@@ -86,9 +92,10 @@ for layout in $layouts; do
         stage="$work/src/.stage-$seed"  # hidden: not walked until renamed
         write_checkpoint "$stage" $layout $seed
         drop "$stage"/*
+        pages_as "$pages" "$size"
         n=$(load "$stage"); drop "$stage"/*
         nbest=$(printf '%s\n%s\n' "$n" "$nbest" | grep . | min)
-        if [ $pages = fresh ]; then sleep 10; else recycle "$size"; fi
+        pages_as "$pages" "$size"
         t0=$(now)
         mv "$stage" "$work/src/step-$seed"
         until [ -L "$ck/by-name/step-$seed" ]; do sleep 0.005; done

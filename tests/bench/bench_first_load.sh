@@ -146,6 +146,9 @@ fio_rate() {
 }
 # Memory touched once and freed, so that the loads below find backed pages.
 touch_memory() { $py -c 'import mmap; m = mmap.mmap(-1, 8 << 30); [m.__setitem__(slice(i, i + 1), b"x") for i in range(0, 8 << 30, 4096)]'; }
+# Cold: 10 s after the drop, by when its freed memory has been reported
+# (the native and the ckptfs load alike); warm: memory touched again.
+settle_pages() { if [ "$1" = warm ]; then touch_memory; else sleep 10; fi; }
 
 mount_ckptfs ""  # index it once
 fusermount3 -u "$ck"
@@ -167,13 +170,14 @@ for pages in ${PAGES:-cold warm}; do
   best=$(for _ in $(seq $runs); do drop; fio_rate; done | sort -g | tail -1)
   printf '  %-34s %9s\n' "fio, 3 files, O_DIRECT, 4M, depth 16" "$(awk -v g="$best" -v b="$bytes" 'BEGIN{printf "%.2fs %.2fGB/s", b/1e9/g, g}')"
   for kind in ${LOADERS:-runai fastsafetensors transformers}; do
-    n=$(for _ in $(seq $runs); do drop; [ $pages = warm ] && touch_memory; load $kind "$src"; done | min_of)
+    n=$(for _ in $(seq $runs); do drop; settle_pages $pages; load $kind "$src"; done | min_of)
     line=$(printf '  %-34s %9s' "$kind" "$n")
     for daemon in $daemons; do for opts in ${OPTIONS:--}; do
       c=$(for _ in $(seq $runs); do
             mountpoint -q "$ck" && fusermount3 -u "$ck"
-            drop; [ $pages = warm ] && touch_memory
+            drop
             mount_ckptfs "$opts"
+            settle_pages $pages
             load $kind "$(digest_dir)"
           done | min_of)
       line+=$(printf ' %9s %7s' "$c" "$(ratio "$c" "$n")")
