@@ -106,9 +106,9 @@ class SealedCopy {
   // Before Seal: the bytes written so far at [offset, offset + len), for
   // the filler's own checks and for the daemon's reads of chunks it has
   // verified while the rest is still being copied (never for the kernel:
-  // only a sealed copy is handed to it). Null past the end. The address
-  // stays valid, with the same bytes, after Seal, for as long as the copy
-  // lives.
+  // only a sealed copy is handed to it). Null past the end, and after a
+  // Seal that could not map the copy again. Otherwise the address stays
+  // valid, with the same bytes, after Seal, for as long as the copy lives.
   const uint8_t* ReadableAt(uint64_t offset, size_t len) const;
 
   // Held by a reader of ReadableAt's bytes before Seal for as long as it

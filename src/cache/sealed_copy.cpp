@@ -130,7 +130,14 @@ Status SealedCopy::MapForWriting() {
 // old mapping in one step: a reader of ReadableAt never finds it unmapped).
 Status SealedCopy::MapReadOnly(int flags) {
   void* p = ::mmap(map_, static_cast<size_t>(size_), PROT_READ, flags | MAP_FIXED, WriterFd(), 0);
-  if (p == MAP_FAILED) return Status::FromErrno("cannot map the memfd for " + name_ + " read-only", errno);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    // A MAP_FIXED that fails may leave a hole where the old mapping was:
+    // let go of the whole range, so that nothing reads through it
+    // (ReadableAt answers null from now on).
+    Unmap();
+    return Status::FromErrno("cannot map the memfd for " + name_ + " read-only", err);
+  }
   ::madvise(p, static_cast<size_t>(size_), MADV_HUGEPAGE);
   return Status::Ok();
 }

@@ -261,17 +261,23 @@ TEST_F(FileServerTest, AReadWaitingForACopysSealHoldsUpNoOtherFill) {
   ASSERT_EQ(Joined(*held), big.substr(big.size() - 100));
   ASSERT_EQ(server->GetFillStats().streamed_reads, 1u) << "the copy was done before its read: make it larger";
 
-  // The whole copy is verified now, and its seal waits for the held read.
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // A second read of the copy: served at once until the whole copy is
+  // verified, then it waits, as the seal does for the held read.
   std::atomic<bool> second_done{false};
   std::string second_bytes;
-  std::thread second([&] {
-    auto r = server->Read(**opened, 0, 4096);
-    if (r.ok()) second_bytes = Joined(*r);
-    second_done = true;
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  EXPECT_FALSE(second_done.load()) << "the second read did not wait for the seal";
+  std::thread second;
+  for (int attempt = 1;; ++attempt) {
+    second_done = false;
+    second = std::thread([&] {
+      auto r = server->Read(**opened, 0, 4096);
+      second_bytes = r.ok() ? Joined(*r) : r.status().message();
+      second_done = true;  // its reply sent: its hold let go
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    if (!second_done) break;
+    second.join();
+    ASSERT_LT(attempt, 100) << "the copy's seal never began";
+  }
 
   // Another file's copy is made and read meanwhile.
   const auto shards = Shards(1);
@@ -288,7 +294,13 @@ TEST_F(FileServerTest, AReadWaitingForACopysSealHoldsUpNoOtherFill) {
   EXPECT_TRUE(went_on) << "another file's fill and read waited for a seal that waited for a reply";
   EXPECT_EQ(other.get(), shards[0].bytes);
   EXPECT_EQ(second_bytes, big.substr(0, 4096));
-  EXPECT_NE(server->Resident((*opened)->key), nullptr) << "the copy was not sealed and published";
+  // Published right after its seal, on the fill's thread.
+  bool published = false;
+  for (int i = 0; i < 1000 && !published; ++i) {
+    published = server->Resident((*opened)->key) != nullptr;
+    if (!published) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(published) << "the copy was not sealed and published";
 }
 
 TEST_F(FileServerTest, ASourceChangedSinceIndexingIsNeverServedAndNotReadAgain) {
