@@ -39,7 +39,8 @@ SealedCopy::WriteBy SealedCopy::PreferredWrite() {
   static const WriteBy how = [] {
     const std::string s = ShmemHugePages();
     const bool huge = s == "advise" || s == "always" || s == "within_size" || s == "force";
-    return huge && !FreshMemoryIsSlow() ? WriteBy::kHugePageMapping : WriteBy::kPwrite;
+    if (FreshMemoryIsSlow()) return WriteBy::kSmallPageMapping;
+    return huge ? WriteBy::kHugePageMapping : WriteBy::kPwrite;
   }();
   return how;
 }
@@ -112,17 +113,19 @@ Result<std::unique_ptr<SealedCopy>> SealedCopy::Create(const std::string& name, 
   return copy;
 }
 
-// kHugePageMapping: the mapping the copy is written through. kPwrite: a
+// k*PageMapping: the mapping the copy is written through. kPwrite: a
 // private read-only view of what pwrite put there (ReadableAt), which does
 // not keep the kernel from sealing as a shared one would.
 Status SealedCopy::MapForWriting() {
   if (size_ == 0) return Status::Ok();
-  const bool writable = how_ == WriteBy::kHugePageMapping;
+  const bool writable = WrittenThroughMapping();
   void* p = ::mmap(nullptr, static_cast<size_t>(size_), writable ? PROT_READ | PROT_WRITE : PROT_READ,
                    writable ? MAP_SHARED : MAP_PRIVATE, WriterFd(), 0);
   if (p == MAP_FAILED) return CopyRefused("cannot map the memfd for " + name_, errno);
   map_ = static_cast<uint8_t*>(p);
-  if (writable) ::madvise(p, static_cast<size_t>(size_), MADV_HUGEPAGE);
+  if (how_ == WriteBy::kHugePageMapping) ::madvise(p, static_cast<size_t>(size_), MADV_HUGEPAGE);
+  // 4 KiB pages whatever shmem_enabled says ("always" would give 2 MiB).
+  if (how_ == WriteBy::kSmallPageMapping) ::madvise(p, static_cast<size_t>(size_), MADV_NOHUGEPAGE);
   return Status::Ok();
 }
 
@@ -165,7 +168,7 @@ void SealedCopy::ReleaseDescriptor() const {
 Status SealedCopy::Write(uint64_t offset, const uint8_t* data, size_t len) {
   if (sealed_) return Status::Error(name_ + " is sealed");
   if (offset + len > size_) return Status::Error(name_ + ": write past its size");
-  if (how_ != WriteBy::kPwrite) {  // the huge-page mapping, or memory
+  if (how_ != WriteBy::kPwrite) {  // a mapping, or memory
     if (len > 0) std::memcpy(map_ + offset, data, len);
     return Status::Ok();
   }
@@ -179,7 +182,7 @@ Status SealedCopy::Write(uint64_t offset, const uint8_t* data, size_t len) {
 }
 
 uint8_t* SealedCopy::WritableAt(uint64_t offset, size_t len) const {
-  if (sealed_ || how_ != WriteBy::kHugePageMapping || offset + len > size_) return nullptr;
+  if (sealed_ || !WrittenThroughMapping() || offset + len > size_) return nullptr;
   return map_ + offset;
 }
 
@@ -209,7 +212,7 @@ Status SealedCopy::Seal() {
 Status SealedCopy::RemapSealed() {
   // A writable mapping would make the kernel refuse F_SEAL_WRITE: replace
   // it with a private read-only one first (the pages stay).
-  if (how_ == WriteBy::kHugePageMapping && size_ > 0) {
+  if (WrittenThroughMapping() && size_ > 0) {
     if (Status s = MapReadOnly(MAP_PRIVATE); !s.ok()) return s;
   }
   if (::fcntl(WriterFd(), F_ADD_SEALS, kAllSeals) != 0) return Status::FromErrno("cannot seal the memfd for " + name_, errno);

@@ -68,7 +68,7 @@ TEST(SealedCopyTest, FreePageReportingIsReadFromSysfs) {
   fs::remove_all(sys);
   // And the copies of this machine follow what its own sysfs says.
   if (SealedCopy::FreshMemoryIsSlow()) {
-    EXPECT_EQ(SealedCopy::PreferredWrite(), SealedCopy::WriteBy::kPwrite);
+    EXPECT_EQ(SealedCopy::PreferredWrite(), SealedCopy::WriteBy::kSmallPageMapping);
   }
 }
 
@@ -91,10 +91,10 @@ TEST(SealedCopyTest, NobodyCanChangeASealedCopy) {
   copy->Unlock();
 }
 
-// Both ways of filling (pwrite, or a huge-page mapping under shmem_enabled
-// "advise") give the same sealed bytes.
+// Every way of filling (pwrite, or a mapping of huge pages under
+// shmem_enabled "advise" or of 4 KiB pages) gives the same sealed bytes.
 TEST(SealedCopyTest, EitherWayOfWritingGivesTheSameSealedCopy) {
-  for (auto how : {SealedCopy::WriteBy::kPwrite, SealedCopy::WriteBy::kHugePageMapping}) {
+  for (auto how : {SealedCopy::WriteBy::kPwrite, SealedCopy::WriteBy::kHugePageMapping, SealedCopy::WriteBy::kSmallPageMapping}) {
     auto copy = SealedCopy::Create("ckptfs:test", 5 * kMiB + 3, how);
     ASSERT_TRUE(copy.ok()) << copy.status().message();
     std::string bytes(5 * kMiB + 3, '\0');
@@ -220,7 +220,7 @@ TEST(SealedCopyTest, SmallFilesAreHeldInMemoryWithoutADescriptor) {
 // valid, with the same bytes, through Seal (a reader streaming from a copy in
 // progress must never find its pages unmapped).
 TEST(SealedCopyTest, WrittenBytesAreReadableBeforeAndAcrossSealing) {
-  for (auto how : {SealedCopy::WriteBy::kPwrite, SealedCopy::WriteBy::kHugePageMapping, SealedCopy::WriteBy::kMemory}) {
+  for (auto how : {SealedCopy::WriteBy::kPwrite, SealedCopy::WriteBy::kHugePageMapping, SealedCopy::WriteBy::kSmallPageMapping, SealedCopy::WriteBy::kMemory}) {
     auto copy = SealedCopy::Create("ckptfs:test", 3 * kMiB, how);
     ASSERT_TRUE(copy.ok()) << copy.status().message();
     std::string bytes(3 * kMiB, 'r');
@@ -245,7 +245,7 @@ TEST(SealedCopyTest, WrittenBytesAreReadableBeforeAndAcrossSealing) {
 // remap racing with the reads); and readers that always overlap, so that
 // some hold is always taken, do not keep the seal off.
 TEST(SealedCopyTest, ReadersOfACopyInProgressAreOrderedWithItsSeal) {
-  for (auto how : {SealedCopy::WriteBy::kPwrite, SealedCopy::WriteBy::kHugePageMapping}) {
+  for (auto how : {SealedCopy::WriteBy::kPwrite, SealedCopy::WriteBy::kHugePageMapping, SealedCopy::WriteBy::kSmallPageMapping}) {
     auto made = SealedCopy::Create("ckptfs:test", 4 * kMiB, how);
     ASSERT_TRUE(made.ok()) << made.status().message();
     std::shared_ptr<SealedCopy> copy = std::move(*made);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -120,20 +121,39 @@ TEST_F(DirectReadTest, ADirectReadIsCheckedLikeAnyOther) {
   EXPECT_EQ(s.code(), Status::Code::kChanged) << s.message();
 }
 
+// The flags /proc/self/smaps gives the mapping that begins at `at`.
+std::string MappingFlags(const void* at) {
+  std::ifstream smaps("/proc/self/smaps");
+  char start[32];
+  std::snprintf(start, sizeof start, "%lx-", reinterpret_cast<unsigned long>(at));
+  bool in_it = false;
+  for (std::string line; std::getline(smaps, line);) {
+    if (line.rfind(start, 0) == 0) in_it = true;
+    if (in_it && line.rfind("VmFlags:", 0) == 0) return line;
+  }
+  return "";
+}
+
 TEST(SealedCopyWritableTest, AFillReadsStraightIntoACopyWrittenThroughAMapping) {
   const std::string bytes = RandomBytes(3 * kChunkSize + 5, 9);
-  auto copy = SealedCopy::Create("ckptfs:test", bytes.size(), SealedCopy::WriteBy::kHugePageMapping);
-  ASSERT_TRUE(copy.ok()) << copy.status().message();
-  EXPECT_EQ((*copy)->WritableAt(bytes.size() - 4, 5), nullptr);  // past the end
-  for (uint64_t off = 0; off < bytes.size(); off += kChunkSize) {
-    const size_t n = std::min<size_t>(kChunkSize, bytes.size() - off);
-    uint8_t* at = (*copy)->WritableAt(off, n);
-    ASSERT_NE(at, nullptr);
-    std::memcpy(at, bytes.data() + off, n);
+  for (auto how : {SealedCopy::WriteBy::kHugePageMapping, SealedCopy::WriteBy::kSmallPageMapping}) {
+    auto copy = SealedCopy::Create("ckptfs:test", bytes.size(), how);
+    ASSERT_TRUE(copy.ok()) << copy.status().message();
+    EXPECT_EQ((*copy)->WritableAt(bytes.size() - 4, 5), nullptr);  // past the end
+    // Asked for 2 MiB pages (smaps "hg"), or kept to 4 KiB ones ("nh")
+    // whatever shmem_enabled says.
+    const std::string flags = MappingFlags((*copy)->WritableAt(0, 1));
+    EXPECT_NE(flags.find(how == SealedCopy::WriteBy::kHugePageMapping ? " hg" : " nh"), std::string::npos) << flags;
+    for (uint64_t off = 0; off < bytes.size(); off += kChunkSize) {
+      const size_t n = std::min<size_t>(kChunkSize, bytes.size() - off);
+      uint8_t* at = (*copy)->WritableAt(off, n);
+      ASSERT_NE(at, nullptr);
+      std::memcpy(at, bytes.data() + off, n);
+    }
+    ASSERT_TRUE((*copy)->Seal().ok());
+    EXPECT_EQ((*copy)->WritableAt(0, 1), nullptr);  // sealed: nothing may be written
+    EXPECT_TRUE(std::string(reinterpret_cast<const char*>((*copy)->data()), bytes.size()) == bytes);
   }
-  ASSERT_TRUE((*copy)->Seal().ok());
-  EXPECT_EQ((*copy)->WritableAt(0, 1), nullptr);  // sealed: nothing may be written
-  EXPECT_TRUE(std::string(reinterpret_cast<const char*>((*copy)->data()), bytes.size()) == bytes);
 
   auto by_pwrite = SealedCopy::Create("ckptfs:test", 10, SealedCopy::WriteBy::kPwrite);
   ASSERT_TRUE(by_pwrite.ok());
