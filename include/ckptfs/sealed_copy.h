@@ -19,6 +19,7 @@
 // copy is written through a writable mapping (dropped before sealing: the
 // kernel refuses F_SEAL_WRITE while one exists), into which a fill reads the
 // source directly (WritableAt): one copy of each byte, and a fault per 2 MiB.
+// (Not on a VM that reports free pages to its host: see below.)
 // Under "never" or "deny" it is written with pwrite, which lets shmem
 // allocate each 4 KiB page as it is written, without the zeroing and the
 // page fault per 4 KiB that a mapping costs. Measured on a 750 MB file with

@@ -124,7 +124,8 @@ Status SealedCopy::MapForWriting() {
   if (p == MAP_FAILED) return CopyRefused("cannot map the memfd for " + name_, errno);
   map_ = static_cast<uint8_t*>(p);
   if (how_ == WriteBy::kHugePageMapping) ::madvise(p, static_cast<size_t>(size_), MADV_HUGEPAGE);
-  // 4 KiB pages whatever shmem_enabled says ("always" would give 2 MiB).
+  // 4 KiB pages while it is written, whatever shmem_enabled says ("always"
+  // would give 2 MiB). Once sealed, its pages are the kernel's to merge.
   if (how_ == WriteBy::kSmallPageMapping) ::madvise(p, static_cast<size_t>(size_), MADV_NOHUGEPAGE);
   return Status::Ok();
 }

@@ -149,9 +149,9 @@ nlohmann::json HugePages() {
   const uint64_t machine_huge = ProcKib("/proc/meminfo", "ShmemHugePages");
   const char* use = setting == "never" || setting == "deny"
                         ? "no: shmem_enabled forbids them (see the shmem_huge= option)"
-                    : setting == "advise" && SealedCopy::FreshMemoryIsSlow()
+                    : SealedCopy::FreshMemoryIsSlow()
                         ? "no: this VM reports free pages to its host, where a fresh 2 MiB page is slower to touch "
-                          "than 512 small ones; copies are written in 4 KiB pages"
+                          "than 512 small ones; copies are written through a mapping of 4 KiB pages"
                     : setting == "advise" ? "asked for: copies are written through a MADV_HUGEPAGE mapping"
                                           : "as shmem_enabled decides";
   return {{protocol::kShmemEnabled, setting},
