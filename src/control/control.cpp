@@ -14,7 +14,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <chrono>
 #include <map>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -34,6 +36,9 @@ using Clock = std::chrono::steady_clock;
 // client: the listening socket stays readable, and retrying at once would
 // spin a core.
 constexpr auto kAcceptPause = std::chrono::milliseconds(100);
+// How long Start waits for an unmounting daemon of the same mount point to
+// let go of the control socket.
+constexpr auto kUnmountingPredecessorWait = std::chrono::seconds(5);
 // One line in this long about refused clients, with the count since the last.
 constexpr auto kRefusalLogEvery = std::chrono::seconds(10);
 
@@ -272,6 +277,15 @@ Status ControlServer::Start(bool take_over) {
   // A socket left by a killed daemon of this mount point is replaced; one
   // that a live server answers on is another mount's (or, when taking
   // over, the predecessor's, which stops listening once it drains).
+  // A daemon of this mount point that is unmounting answers until it has
+  // let go of its socket: a mount right after an unmount (a remount, or a
+  // restart by hand) waits for that, a short while, rather than coming up
+  // with no control socket.
+  for (auto waited = std::chrono::milliseconds(0);
+       !take_over && waited < kUnmountingPredecessorWait && ControlSocketAnswers(path_);
+       waited += std::chrono::milliseconds(50)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   if (!take_over && ControlSocketAnswers(path_)) {
     listen_.reset();
     return Status::Error("control socket " + path_ + " is in use by another live daemon (another mount of the same "

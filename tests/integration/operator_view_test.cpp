@@ -172,7 +172,7 @@ TEST_F(OperatorViewTest, LogFileReceivesTheLogOnceMounted) {
   EXPECT_TRUE(WaitFor([&] { return ReadFile(log).find("unmounting " + mnt_) != std::string::npos; })) << ReadFile(log);
   EXPECT_NE(ReadFile(log).find("mounted " + src_ + " at " + mnt_), std::string::npos) << ReadFile(log);
   EXPECT_NE(ReadFile(log).find(" ckptfs["), std::string::npos) << "each line names its daemon";
-  auto status = [&] { return RunCommand(kCtl + " status --json " + mnt_).out; };
+  auto status = [&] { return RunCommand(kCtl + " status --json " + mnt_, true).out; };
 
   // log_file=stderr: kept even when daemonized (here a file stands for the
   // supervisor's pipe).
@@ -180,7 +180,7 @@ TEST_F(OperatorViewTest, LogFileReceivesTheLogOnceMounted) {
   r = RunCommand(kDaemon + " " + src_ + " " + mnt_ + " -o state=" + state_ + ",log_file=stderr 2>" + err, true);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_TRUE(WaitFor([&] { return ReadFile(err).find("mounted " + src_) != std::string::npos; })) << ReadFile(err);
-  EXPECT_NE(status().find("\"log_file\": \"stderr\""), std::string::npos) << status();
+  EXPECT_NE(status().find("\"log_file\": \"stderr\""), std::string::npos) << status() << ReadFile(err);
   EXPECT_EQ(RunCommand("fusermount3 -u " + mnt_).exit_code, 0);
   EXPECT_TRUE(WaitFor([&] { return !IsMounted(mnt_); }));
 }

@@ -158,6 +158,24 @@ class ControlServerTest : public ::testing::Test {
   std::unique_ptr<ControlServer> server_;
 };
 
+// A mount right after an unmount of the same mount point: the daemon that is
+// unmounting still answers on the socket for a moment, and the new one
+// waits for it to let go instead of coming up unreachable. One that stays
+// is another live mount's, and is left alone.
+TEST_F(ControlServerTest, ANewServerWaitsForAnUnmountingOneToLetGoOfTheSocket) {
+  ControlServer next(socket_, [](const ControlServer::Request&) { return Json{{"ok", true}, {"next", true}}; });
+  auto started = std::async(std::launch::async, [&] { return next.Start(); });
+  std::this_thread::sleep_for(300ms);
+  server_.reset();  // the old daemon exits
+  const Status s = started.get();
+  ASSERT_TRUE(s.ok()) << s.message();
+  const std::string answer = AskAs(socket_, 65534, R"({"cmd":"status"})" "\n", 5s);
+  EXPECT_TRUE(FirstLine(answer).value("next", false)) << answer;
+
+  ControlServer third(socket_, [](const ControlServer::Request&) { return Json{{"ok", true}}; });
+  EXPECT_FALSE(third.Start().ok()) << "a live server's socket was taken";
+}
+
 TEST_F(ControlServerTest, FloodFromOneUidLeavesOthersServedWithBoundedThreadsAndFds) {
   const size_t threads_before = testing::CountEntries("/proc/self/task");
   const size_t fds_before = testing::CountEntries("/proc/self/fd");
