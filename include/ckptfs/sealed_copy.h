@@ -60,8 +60,8 @@ class CopyAttachment {
 class SealedCopy {
  public:
   // How the copy is held and written. kPwrite, kHugePageMapping and
-  // kSmallPageMapping are memfds (see above); kMemory keeps the bytes in the daemon's own memory,
-  // with no descriptor: a small file (a config, a tokenizer's settings) is
+  // kSmallPageMapping are memfds (see above); kMemory keeps the bytes in
+  // the daemon's own memory, with no descriptor: a small file (a config, a tokenizer's settings) is
   // served from there by the daemon, since passthrough would save it little
   // and a memfd each would let a user who reads 25,000 of them take every
   // descriptor the daemon has.
