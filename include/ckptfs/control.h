@@ -32,6 +32,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -93,7 +94,7 @@ class ControlServer {
     nlohmann::json body;
     uid_t peer_uid;
     gid_t peer_gid = 0;
-    std::vector<gid_t> peer_groups;  // supplementary groups (SO_PEERGROUPS)
+    std::optional<std::vector<gid_t>> peer_groups;  // supplementary groups (SO_PEERGROUPS); nullopt: unknown
     bool privileged;  // root or the mount's owner
     const std::atomic<bool>* stopping;  // long work gives up when this turns true
     // Sends a progress line to the client; false once the client has gone.

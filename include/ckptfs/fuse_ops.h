@@ -70,6 +70,12 @@ struct FsContext {
   // Called off the request's thread.
   std::function<void(InodeId ino)> drop_page_cache;
   ThreadPool* background = nullptr;  // where drop_page_cache runs
+  // Access decisions that needed a caller's supplementary groups and could
+  // not read them (the caller is outside the daemon's PID namespace: pid 0
+  // there, as for a daemon in a container or a pod without hostPID): what
+  // only those groups would grant was refused. For status; logged once.
+  std::atomic<uint64_t> callers_without_groups{0};
+  std::atomic<bool> callers_without_groups_logged{false};
 };
 
 // How the session talks to /dev/fuse (ConnectionIo, src/fuse/connection_io.h).

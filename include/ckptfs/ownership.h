@@ -88,21 +88,29 @@ std::shared_ptr<const std::vector<Ownership>> JoinChains(const std::shared_ptr<c
 
 // Who is asking: uid, primary gid and, loaded only when a decision needs
 // them (reading them costs a /proc lookup per request), the supplementary
-// groups.
+// groups. The loader answers nullopt when they cannot be known (a FUSE
+// caller outside the daemon's PID namespace, whose /proc entry the daemon
+// cannot read): a decision that depends on them is then taken as the least
+// the caller could be granted, allowed only if it would be allowed whatever
+// groups they are in. Taking them as "none" instead would let a member of
+// a group that the mode keeps out (0604) read as "other".
 class Caller {
  public:
-  using GroupLoader = std::function<std::vector<gid_t>()>;
+  using GroupLoader = std::function<std::optional<std::vector<gid_t>>()>;
   Caller(uid_t uid, gid_t gid, GroupLoader load_groups = nullptr)
       : uid_(uid), gid_(gid), load_groups_(std::move(load_groups)) {}
 
   uid_t uid() const { return uid_; }
-  bool InGroup(gid_t gid);
+  // Whether the caller is in `gid`; nullopt when their supplementary groups
+  // cannot be known and `gid` is not their primary group.
+  std::optional<bool> InGroup(gid_t gid);
 
  private:
   uid_t uid_;
   gid_t gid_;
   GroupLoader load_groups_;
-  std::optional<std::vector<gid_t>> groups_;
+  bool loaded_ = false;
+  std::optional<std::vector<gid_t>> groups_;  // nullopt once loaded: unknown
 };
 
 // What a request wants of an entry, as in access(2).

@@ -33,9 +33,13 @@ std::shared_ptr<const std::vector<Ownership>> JoinChains(const std::shared_ptr<c
   return out;
 }
 
-bool Caller::InGroup(gid_t gid) {
+std::optional<bool> Caller::InGroup(gid_t gid) {
   if (gid == gid_) return true;
-  if (!groups_) groups_ = load_groups_ ? load_groups_() : std::vector<gid_t>{};
+  if (!loaded_) {
+    groups_ = load_groups_ ? load_groups_() : std::vector<gid_t>{};
+    loaded_ = true;
+  }
+  if (!groups_) return std::nullopt;
   return std::find(groups_->begin(), groups_->end(), gid) != groups_->end();
 }
 
@@ -45,25 +49,52 @@ namespace {
 // user entry decides alone (through the mask); else, if the caller is in the
 // owning group or a named group, they pass when one of those entries grants
 // everything asked (through the mask) and are refused otherwise, whatever
-// "other" says; else "other" decides.
-bool AclPermits(const Ownership& o, const ExtendedAcl& acl, Caller& caller, unsigned need) {
+// "other" says; else "other" decides. `in_group(gid)` says who is in what.
+template <typename InGroup>
+bool AclPermitsAs(const Ownership& o, const ExtendedAcl& acl, uid_t uid, unsigned need, const InGroup& in_group) {
   const unsigned mask = (o.mode >> 3) & 7u;
   for (const auto& e : acl.named) {
-    if (e.tag == ExtendedAcl::Entry::Tag::kUser && e.id == caller.uid()) return (e.perm & mask & need) == need;
+    if (e.tag == ExtendedAcl::Entry::Tag::kUser && e.id == uid) return (e.perm & mask & need) == need;
   }
   bool in_group_class = false;
   auto passes = [&](unsigned perm) { return (perm & need) == need; };
-  if (caller.InGroup(o.gid)) {
+  if (in_group(o.gid)) {
     in_group_class = true;
     if (passes(acl.group_obj)) return (mask & need) == need;
   }
   for (const auto& e : acl.named) {
-    if (e.tag != ExtendedAcl::Entry::Tag::kGroup || !caller.InGroup(e.id)) continue;
+    if (e.tag != ExtendedAcl::Entry::Tag::kGroup || !in_group(e.id)) continue;
     in_group_class = true;
     if (passes(e.perm)) return (mask & need) == need;
   }
   if (in_group_class) return false;
   return (o.mode & need) == need;
+}
+
+bool AclPermits(const Ownership& o, const ExtendedAcl& acl, Caller& caller, unsigned need) {
+  bool unknown = false;
+  auto in_no_other_group = [&](gid_t g) {
+    const std::optional<bool> in = caller.InGroup(g);
+    if (!in) unknown = true;
+    return in.value_or(false);
+  };
+  const bool allowed = AclPermitsAs(o, acl, caller.uid(), need, in_no_other_group);
+  if (!allowed || !unknown) return allowed;
+  // The caller's groups cannot be known: allowed only if allowed whatever
+  // they are. In no group of the ACL (above) and in each one alone cover
+  // every case: an entry of the group class that refuses refuses when it
+  // is the only one the caller matches, and when every entry grants (the
+  // mask too), any membership is granted.
+  auto in_only = [&caller](gid_t extra) {
+    return [&caller, extra](gid_t g) { return caller.InGroup(g).value_or(g == extra); };
+  };
+  if (!AclPermitsAs(o, acl, caller.uid(), need, in_only(o.gid))) return false;
+  for (const auto& e : acl.named) {
+    if (e.tag == ExtendedAcl::Entry::Tag::kGroup && !AclPermitsAs(o, acl, caller.uid(), need, in_only(e.id))) {
+      return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace
@@ -77,7 +108,10 @@ bool Permits(const Ownership& o, Caller& caller, int want) {
   // Only when the group's bits differ from everyone else's does membership
   // matter; skip the (costly) lookup of supplementary groups otherwise.
   if (group == other) return other == need;
-  return (caller.InGroup(o.gid) ? group : other) == need;
+  const std::optional<bool> in = caller.InGroup(o.gid);
+  // Groups unknown: the caller may be in either class, and one of them refuses.
+  if (!in) return false;
+  return (*in ? group : other) == need;
 }
 
 bool MayReach(const AccessPath& path, Caller& caller) {

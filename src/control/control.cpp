@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -107,8 +108,10 @@ Result<std::string> ReadLine(int fd, size_t limit, int timeout_ms, std::string& 
   }
 }
 
-// The peer's supplementary groups, as the kernel recorded them at connect.
-std::vector<gid_t> PeerGroups(int fd) {
+// The peer's supplementary groups, as the kernel recorded them at connect;
+// nullopt when they cannot be read (then a decision that depends on them
+// grants only what any groups would: ckptfs/ownership.h).
+std::optional<std::vector<gid_t>> PeerGroups(int fd) {
   std::vector<gid_t> groups(64);
   for (int attempt = 0; attempt < 2; ++attempt) {
     socklen_t len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
@@ -119,7 +122,7 @@ std::vector<gid_t> PeerGroups(int fd) {
     if (errno != ERANGE) break;
     groups.resize(len / sizeof(gid_t) + 1);
   }
-  return {};  // unknown: judged as in no supplementary group
+  return std::nullopt;
 }
 
 sockaddr_un Address(const std::string& path) {
@@ -223,7 +226,7 @@ struct ControlServer::Connection {
   Clock::time_point deadline;
   std::string in;  // the request as read so far
   Admissions::Ticket ticket;
-  std::vector<gid_t> groups;  // the peer's supplementary groups, at connect
+  std::optional<std::vector<gid_t>> groups;  // the peer's supplementary groups, at connect
 };
 
 std::string ControlSocketPath(const std::string& canonical_mountpoint, const std::string& state_dir) {
@@ -455,7 +458,7 @@ void ControlServer::Admit(UniqueFd fd) {
     return;
   }
   const int raw = fd.get();
-  std::vector<gid_t> groups = PeerGroups(fd.get());
+  std::optional<std::vector<gid_t>> groups = PeerGroups(fd.get());
   auto c = std::make_shared<Connection>(Connection{std::move(fd), peer, Clock::now() + limits_.request_timeout, {},
                                                    std::move(*ticket), std::move(groups)});
   epoll_event ev{EPOLLIN | EPOLLRDHUP, {.fd = raw}};

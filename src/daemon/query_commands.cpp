@@ -96,6 +96,10 @@ nlohmann::json StatusJson(const std::vector<CheckpointState>& visible, const Cat
           {kOptions, OptionsJson(o, mount.log_destination)},
           {kPassthrough, {{kMode, mode}, {kReason, reason}}},
           {"reads", {{"requests", ctx.server->reads()}, {"bytes", ctx.server->bytes_read()}, {"failed", ctx.server->failed_reads()}}},
+          // Access decisions taken without the caller's supplementary groups
+          // (fuse_ops.h): nonzero means some users may be refused what a group
+          // grants them.
+          {"callers_without_groups", ctx.callers_without_groups.load()},
           {kCache,
            {{kTierHost, ctx.server->parts().files->GetStats().capacity},
             {kTierChunks, ctx.server->parts().cache->Stats().slots.capacity},

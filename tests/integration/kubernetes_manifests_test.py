@@ -54,6 +54,7 @@ pod = ds["spec"]["template"]["spec"]
 main = by_name(pod["containers"], "ckptfs")
 env = {e["name"]: e.get("value", "") for e in main.get("env", [])}
 check(main.get("securityContext", {}).get("privileged") is True, "the ckptfs container is privileged")
+check(pod.get("hostPID") is True, "hostPID: the daemon reads its callers' supplementary groups from /proc/PID")
 
 mount, volume = volume_of(pod, main, "/dev/fuse")
 check(volume and volume.get("hostPath", {}).get("path") == "/dev/fuse", "/dev/fuse comes from the host")

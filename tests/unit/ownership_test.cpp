@@ -1,0 +1,117 @@
+// Permits with a caller whose supplementary groups cannot be known (a FUSE
+// caller outside the daemon's PID namespace): allowed exactly when allowed
+// whatever groups the caller is in. Each case is checked against the same
+// decision made for every set of groups the caller could be in.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "ckptfs/ownership.h"
+
+namespace ckptfs {
+namespace {
+
+constexpr uid_t kUid = 2002;
+constexpr gid_t kPrimary = 2002;
+
+Caller Known(std::vector<gid_t> groups) {
+  return Caller(kUid, kPrimary, [groups] { return std::optional<std::vector<gid_t>>(groups); });
+}
+Caller Unknown() {
+  return Caller(kUid, kPrimary, [] { return std::optional<std::vector<gid_t>>(); });
+}
+
+std::shared_ptr<const ExtendedAcl> Acl(uint8_t group_obj, std::vector<ExtendedAcl::Entry> named) {
+  auto acl = std::make_shared<ExtendedAcl>();
+  acl->group_obj = group_obj;
+  acl->named = std::move(named);
+  return acl;
+}
+ExtendedAcl::Entry Group(gid_t gid, uint8_t perm) { return {ExtendedAcl::Entry::Tag::kGroup, gid, perm}; }
+ExtendedAcl::Entry User(uid_t uid, uint8_t perm) { return {ExtendedAcl::Entry::Tag::kUser, uid, perm}; }
+
+// Allowed for every subset of `gids` as the caller's supplementary groups.
+bool AllowedForEveryGroupSet(const Ownership& o, const std::vector<gid_t>& gids, int want) {
+  for (unsigned set = 0; set < (1u << gids.size()); ++set) {
+    std::vector<gid_t> groups;
+    for (size_t i = 0; i < gids.size(); ++i) {
+      if (set & (1u << i)) groups.push_back(gids[i]);
+    }
+    Caller c = Known(groups);
+    if (!Permits(o, c, want)) return false;
+  }
+  return true;
+}
+
+TEST(OwnershipTest, ModeBitsWithUnknownGroups) {
+  struct Case {
+    mode_t mode;
+    gid_t gid;
+    bool allowed;
+  } cases[] = {
+      {0644, 3001, true},      // group and other alike: groups do not matter
+      {0640, 3001, false},     // only the group grants: refused
+      {0604, 3001, false},     // the group is kept out: the caller might be in it
+      {0600, 3001, false},     // nobody but the owner
+      {0640, kPrimary, true},  // the primary group is known without /proc
+      {0604, kPrimary, false},  // and keeps the caller out
+  };
+  for (const Case& c : cases) {
+    const Ownership o(1000, c.gid, c.mode);
+    Caller unknown = Unknown();
+    EXPECT_EQ(Permits(o, unknown, kWantRead), c.allowed) << std::oct << c.mode << " gid " << std::dec << c.gid;
+    EXPECT_EQ(Permits(o, unknown, kWantRead), AllowedForEveryGroupSet(o, {c.gid, 4000}, kWantRead))
+        << std::oct << c.mode;
+  }
+  // Known groups decide as before: the member of 3001 is in under 0640, out under 0604.
+  Caller member = Known({3001});
+  EXPECT_TRUE(Permits(Ownership(1000, 3001, 0640), member, kWantRead));
+  Caller member_again = Known({3001});
+  EXPECT_FALSE(Permits(Ownership(1000, 3001, 0604), member_again, kWantRead));
+  Caller none = Known({});
+  EXPECT_TRUE(Permits(Ownership(1000, 3001, 0604), none, kWantRead));
+}
+
+TEST(OwnershipTest, AclsWithUnknownGroupsGrantOnlyWhatEveryMembershipGrants) {
+  struct Case {
+    const char* what;
+    mode_t mode;  // group bits: the mask
+    std::shared_ptr<const ExtendedAcl> acl;
+    bool allowed;
+  } cases[] = {
+      {"a named entry for this user decides alone", 0640, Acl(0, {User(kUid, 4), Group(3002, 0)}), true},
+      {"every group entry and other grant", 0644, Acl(4, {Group(3002, 4), Group(3003, 4)}), true},
+      {"other grants, one named group refuses", 0644, Acl(4, {Group(3002, 4), Group(3003, 0)}), false},
+      // In 3002 alone or in none the caller is let in; in 3003 alone, not:
+      // only a check of each group alone finds that.
+      {"one group grants, another refuses, other grants", 0644, Acl(0, {Group(3002, 4), Group(3003, 0)}), false},
+      {"every group grants but other does not", 0640, Acl(4, {Group(3002, 4)}), false},
+      {"the mask refuses what the groups grant", 0604, Acl(4, {Group(3002, 4)}), false},
+      {"nobody but the owner", 0600, Acl(0, {Group(3002, 0)}), false},
+  };
+  for (const Case& c : cases) {
+    const Ownership o(1000, 3001, c.mode, c.acl);
+    Caller unknown = Unknown();
+    EXPECT_EQ(Permits(o, unknown, kWantRead), c.allowed) << c.what;
+    EXPECT_EQ(Permits(o, unknown, kWantRead), AllowedForEveryGroupSet(o, {3001, 3002, 3003, 4000}, kWantRead))
+        << c.what;
+  }
+}
+
+TEST(OwnershipTest, GroupsAreReadOnlyWhenADecisionNeedsThem) {
+  int loads = 0;
+  Caller c(kUid, kPrimary, [&loads] {
+    ++loads;
+    return std::optional<std::vector<gid_t>>(std::vector<gid_t>{3001});
+  });
+  EXPECT_TRUE(Permits(Ownership(1000, 3001, 0644), c, kWantRead));
+  EXPECT_EQ(loads, 0);
+  EXPECT_TRUE(Permits(Ownership(1000, 3001, 0640), c, kWantRead));
+  EXPECT_TRUE(Permits(Ownership(1000, 3001, 0750), c, kWantSearch));
+  EXPECT_EQ(loads, 1);  // once per caller
+}
+
+}  // namespace
+}  // namespace ckptfs
