@@ -72,10 +72,11 @@ struct FsContext {
   ThreadPool* background = nullptr;  // where drop_page_cache runs
   // Access decisions that needed a caller's supplementary groups and could
   // not read them (the caller is outside the daemon's PID namespace: pid 0
-  // there, as for a daemon in a container or a pod without hostPID): what
-  // only those groups would grant was refused. For status; logged once.
+  // there, as for a daemon in a container or a pod without hostPID): those
+  // grant only what every set of groups would (ckptfs/ownership.h). For
+  // status; each cause logged once (a bit each, request_caller.cpp).
   std::atomic<uint64_t> callers_without_groups{0};
-  std::atomic<bool> callers_without_groups_logged{false};
+  std::atomic<unsigned> groups_causes_logged{0};
 };
 
 // How the session talks to /dev/fuse (ConnectionIo, src/fuse/connection_io.h).

@@ -90,14 +90,17 @@ std::shared_ptr<const std::vector<Ownership>> JoinChains(const std::shared_ptr<c
 // them (reading them costs a /proc lookup per request), the supplementary
 // groups. The loader answers nullopt when they cannot be known (a FUSE
 // caller outside the daemon's PID namespace, whose /proc entry the daemon
-// cannot read): a decision that depends on them is then taken as the least
-// the caller could be granted, allowed only if it would be allowed whatever
-// groups they are in. Taking them as "none" instead would let a member of
-// a group that the mode keeps out (0604) read as "other".
+// cannot read), and so does a null loader: a decision that depends on them
+// is then allowed only if it would be allowed for every set of groups the
+// caller could be in (so a group that the mode keeps out, 0604, keeps
+// everyone out whose groups are unknown). Taking them as "none" instead
+// would let a member of that group read as "other". Each decision is taken
+// so on its own, per entry and per copy: with several copies this may
+// refuse a caller whom some copy would let in whatever their groups.
 class Caller {
  public:
   using GroupLoader = std::function<std::optional<std::vector<gid_t>>()>;
-  Caller(uid_t uid, gid_t gid, GroupLoader load_groups = nullptr)
+  Caller(uid_t uid, gid_t gid, GroupLoader load_groups)
       : uid_(uid), gid_(gid), load_groups_(std::move(load_groups)) {}
 
   uid_t uid() const { return uid_; }

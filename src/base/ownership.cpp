@@ -36,7 +36,7 @@ std::shared_ptr<const std::vector<Ownership>> JoinChains(const std::shared_ptr<c
 std::optional<bool> Caller::InGroup(gid_t gid) {
   if (gid == gid_) return true;
   if (!loaded_) {
-    groups_ = load_groups_ ? load_groups_() : std::vector<gid_t>{};
+    if (load_groups_) groups_ = load_groups_();
     loaded_ = true;
   }
   if (!groups_) return std::nullopt;

@@ -83,8 +83,8 @@ int RunStatus(const MountArgs& args) {
   std::printf("passthrough  %s: %s\n", j[kPassthrough][kMode].get<std::string>().c_str(),
               j[kPassthrough][kReason].get<std::string>().c_str());
   if (const uint64_t n = j.value("callers_without_groups", uint64_t{0}); n > 0) {
-    std::printf("access       %llu decision(s) without the caller's supplementary groups (a caller outside the "
-                "daemon's PID namespace): what only a group grants was refused; see the daemon's log\n",
+    std::printf("access       %llu decision(s) without the caller's supplementary groups, granting only what "
+                "every set of groups would; the daemon's log says why\n",
                 static_cast<unsigned long long>(n));
   }
   std::printf("checkpoints  %zu exposed, %zu indexing, %zu pending, %zu invalid\n", c[kStateExposed].get<size_t>(),

@@ -97,8 +97,8 @@ nlohmann::json StatusJson(const std::vector<CheckpointState>& visible, const Cat
           {kPassthrough, {{kMode, mode}, {kReason, reason}}},
           {"reads", {{"requests", ctx.server->reads()}, {"bytes", ctx.server->bytes_read()}, {"failed", ctx.server->failed_reads()}}},
           // Access decisions taken without the caller's supplementary groups
-          // (fuse_ops.h): nonzero means some users may be refused what a group
-          // grants them.
+          // (fuse_ops.h): nonzero means some users may be refused what their
+          // groups grant them, and others what a group keeps out.
           {"callers_without_groups", ctx.callers_without_groups.load()},
           {kCache,
            {{kTierHost, ctx.server->parts().files->GetStats().capacity},

@@ -85,8 +85,8 @@ TEST(OwnershipTest, AclsWithUnknownGroupsGrantOnlyWhatEveryMembershipGrants) {
       {"every group entry and other grant", 0644, Acl(4, {Group(3002, 4), Group(3003, 4)}), true},
       {"other grants, one named group refuses", 0644, Acl(4, {Group(3002, 4), Group(3003, 0)}), false},
       // In 3002 alone or in none the caller is let in; in 3003 alone, not:
-      // only a check of each group alone finds that.
-      {"one group grants, another refuses, other grants", 0644, Acl(0, {Group(3002, 4), Group(3003, 0)}), false},
+      // only a check of each named group alone finds that.
+      {"one group grants, another refuses, other grants", 0644, Acl(4, {Group(3002, 4), Group(3003, 0)}), false},
       {"every group grants but other does not", 0640, Acl(4, {Group(3002, 4)}), false},
       {"the mask refuses what the groups grant", 0604, Acl(4, {Group(3002, 4)}), false},
       {"nobody but the owner", 0600, Acl(0, {Group(3002, 0)}), false},
@@ -98,6 +98,39 @@ TEST(OwnershipTest, AclsWithUnknownGroupsGrantOnlyWhatEveryMembershipGrants) {
     EXPECT_EQ(Permits(o, unknown, kWantRead), AllowedForEveryGroupSet(o, {3001, 3002, 3003, 4000}, kWantRead))
         << c.what;
   }
+}
+
+// Every ACL of a small space: the owning group (3001 or the caller's
+// primary group) and its entry, up to two named groups (one of them may be
+// the primary group), the mask and "other", each granting r, x, both or
+// nothing; asked for r and for r|x. Unknown groups must decide as the
+// oracle over every set of groups does.
+TEST(OwnershipTest, EveryAclOfASmallSpaceAgreesWithEveryGroupSet) {
+  const uint8_t perms[] = {0, 1, 4, 5};
+  const std::vector<std::vector<gid_t>> nameds = {{}, {3002}, {3002, 3003}, {kPrimary, 3003}};
+  size_t checked = 0, allowed = 0;
+  for (gid_t owning : {gid_t{3001}, kPrimary}) {
+    for (const auto& named_gids : nameds) {
+      for (unsigned combo = 0; combo < (1u << (2 * (3 + named_gids.size()))); ++combo) {
+        auto perm = [&](unsigned i) { return perms[(combo >> (2 * i)) & 3u]; };
+        std::vector<ExtendedAcl::Entry> named;
+        for (size_t i = 0; i < named_gids.size(); ++i) named.push_back(Group(named_gids[i], perm(3 + i)));
+        const mode_t mode = static_cast<mode_t>(0700 | (perm(1) << 3) | perm(2));  // mask, other
+        const Ownership o(1000, owning, mode, Acl(perm(0), named));
+        for (int want : {int{kWantRead}, kWantRead | kWantSearch}) {
+          Caller unknown = Unknown();
+          const bool got = Permits(o, unknown, want);
+          ASSERT_EQ(got, AllowedForEveryGroupSet(o, {3001, 3002, 3003, 4000}, want))
+              << "owning " << owning << " mode " << std::oct << mode << std::dec << " group_obj " << int(perm(0))
+              << " named " << named.size() << " want " << want;
+          ++checked;
+          allowed += got ? 1 : 0;
+        }
+      }
+    }
+  }
+  EXPECT_GT(allowed, 0u);  // the space has both answers
+  EXPECT_LT(allowed, checked);
 }
 
 TEST(OwnershipTest, GroupsAreReadOnlyWhenADecisionNeedsThem) {
