@@ -36,7 +36,10 @@ class Fingerprint {
     Add(a.self);
     Add(static_cast<uint64_t>(a.dirs ? a.dirs->size() : 0));
     if (a.dirs) {
-      for (const auto& d : *a.dirs) Add(d);
+      a.dirs->AllOf([this](const Ownership& d) {  // last first: any fixed order of the same directories
+        Add(d);
+        return true;
+      });
     }
     return *this;
   }

@@ -13,24 +13,59 @@ bool Ownership::operator==(const Ownership& other) const {
 bool AccessPath::operator==(const AccessPath& other) const {
   if (!(self == other.self)) return false;
   if (dirs == other.dirs) return true;
-  static const std::vector<Ownership> kNone;
-  return (dirs ? *dirs : kNone) == (other.dirs ? *other.dirs : kNone);
+  const size_t n = dirs ? dirs->size() : 0, m = other.dirs ? other.dirs->size() : 0;
+  if (n != m) return false;
+  return n == 0 || dirs->Flatten() == other.dirs->Flatten();
 }
 
-std::shared_ptr<const std::vector<Ownership>> ExtendChain(const std::shared_ptr<const std::vector<Ownership>>& chain,
-                                                          const Ownership& next) {
-  auto out = std::make_shared<std::vector<Ownership>>(chain ? *chain : std::vector<Ownership>{});
-  out->push_back(next);
+DirChain::DirChain(Ptr first, Ptr second, std::optional<Ownership> dir, size_t size)
+    : first_(std::move(first)), second_(std::move(second)), dir_(std::move(dir)), size_(size) {
+  last_ = dir_ ? &*dir_ : second_->last_;
+}
+
+DirChain::Ptr DirChain::Extend(Ptr chain, const Ownership& dir) {
+  const size_t size = (chain ? chain->size_ : 0) + 1;
+  return std::make_shared<const DirChain>(std::move(chain), nullptr, dir, size);
+}
+
+DirChain::Ptr DirChain::Join(Ptr a, Ptr b) {
+  if (!b || b->size_ == 0) return a;
+  if (!a || a->size_ == 0) return b;
+  const size_t size = a->size_ + b->size_;
+  return std::make_shared<const DirChain>(std::move(a), std::move(b), std::nullopt, size);
+}
+
+// Along the chain of parents in a loop (as deep as the tree); into a join's
+// second chain by recursion (as deep as links within links).
+bool DirChain::AllOf(const std::function<bool(const Ownership&)>& pred) const {
+  for (const DirChain* node = this; node != nullptr; node = node->first_.get()) {
+    if (node->dir_) {
+      if (!pred(*node->dir_)) return false;
+    } else if (!node->second_->AllOf(pred)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::vector<Ownership> DirChain::Flatten() const {
+  std::vector<Ownership> out;
+  out.reserve(size_);
+  AppendTo(out);
   return out;
 }
 
-std::shared_ptr<const std::vector<Ownership>> JoinChains(const std::shared_ptr<const std::vector<Ownership>>& a,
-                                                         const std::shared_ptr<const std::vector<Ownership>>& b) {
-  if (!b || b->empty()) return a;
-  if (!a || a->empty()) return b;
-  auto out = std::make_shared<std::vector<Ownership>>(*a);
-  out->insert(out->end(), b->begin(), b->end());
-  return out;
+void DirChain::AppendTo(std::vector<Ownership>& out) const {
+  // This node and those above it, last first; then appended first first.
+  std::vector<const DirChain*> up;
+  for (const DirChain* node = this; node != nullptr; node = node->first_.get()) up.push_back(node);
+  for (auto it = up.rbegin(); it != up.rend(); ++it) {
+    if ((*it)->dir_) {
+      out.push_back(*(*it)->dir_);
+    } else {
+      (*it)->second_->AppendTo(out);
+    }
+  }
 }
 
 std::optional<bool> Caller::InGroup(gid_t gid) {
@@ -116,15 +151,12 @@ bool Permits(const Ownership& o, Caller& caller, int want) {
 
 bool MayReach(const AccessPath& path, Caller& caller) {
   if (!path.dirs) return true;
-  for (const Ownership& dir : *path.dirs) {
-    if (!Permits(dir, caller, kWantSearch)) return false;
-  }
-  return true;
+  return path.dirs->AllOf([&](const Ownership& dir) { return Permits(dir, caller, kWantSearch); });
 }
 
 bool MayLearnPath(const AccessPath& path, Caller& caller) {
   if (!MayReach(path, caller)) return false;
-  const bool has_parent = path.dirs && !path.dirs->empty();
+  const bool has_parent = path.dirs && path.dirs->size() > 0;
   if (has_parent && Permits(path.dirs->back(), caller, kWantRead)) return true;
   return Permits(path.self, caller, kWantSearch);
 }
@@ -152,7 +184,7 @@ bool OpenToEveryone(const std::vector<AccessPath>& copies, int want) {
   for (const AccessPath& copy : copies) {
     bool ok = all(copy.self, static_cast<unsigned>(want) & 7u);
     if (ok && copy.dirs) {
-      ok = std::all_of(copy.dirs->begin(), copy.dirs->end(), [&](const Ownership& d) { return all(d, 1); });
+      ok = copy.dirs->AllOf([&](const Ownership& d) { return all(d, 1); });
     }
     if (ok) return true;
   }

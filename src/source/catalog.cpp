@@ -20,7 +20,7 @@ namespace ckptfs {
 
 namespace {
 
-using Chain = std::shared_ptr<const std::vector<Ownership>>;
+using Chain = DirChain::Ptr;
 
 // Bounds of one walk, so that no directory's content can make the walk of
 // the rest of the tree cost more than the tree itself (issue 21): links may
@@ -29,6 +29,8 @@ using Chain = std::shared_ptr<const std::vector<Ownership>>;
 // this many paths in one walk (a path beyond makes its checkpoint invalid);
 // and a checkpoint has at most this many members.
 constexpr int kMaxPathsPerDirectory = 256;
+// Directories nested deeper than this below SRC are not walked (Walker).
+constexpr size_t kMaxWalkDepth = 1024;
 constexpr size_t kMaxMembersPerCheckpoint = 1'000'000;
 
 // A problem met on the walk: the full text for the log and root, and the
@@ -124,7 +126,7 @@ class TreeWalker {
  public:
   TreeWalker(std::string real_root, Ownership root_owner, const CatalogOptions& options)
       : real_root_(std::move(real_root)), options_(options) {
-    chains_[real_root_] = ExtendChain(nullptr, root_owner);
+    chains_[real_root_] = DirChain::Extend(nullptr, root_owner);
   }
 
   // `hint`: what an incremental rescan may reuse (null: walk everything).
@@ -196,9 +198,18 @@ class TreeWalker {
       if (!resolved) return;
       target = resolved->path;
       st = resolved->st;
-      reach = JoinChains(node.inside, ChainInto(ParentOf(target)));
+      reach = DirChain::Join(node.inside, ChainInto(ParentOf(target)));
     }
     if (S_ISDIR(st.st_mode)) {
+      // Every directory's path, kept in several tables, grows with its
+      // depth, so a chain of nested directories costs its depth squared:
+      // a SRC writer's could take the daemon's memory. No model store
+      // nests this deep; a checkpoint that does is invalid, with why.
+      if (ancestors.size() >= kMaxWalkDepth) {
+        node.problems.push_back(Plain("directory " + Quote(child) + " is more than " + std::to_string(kMaxWalkDepth) +
+                                      " levels below the source root; it is not walked"));
+        return;
+      }
       auto key = std::make_pair(st.st_dev, st.st_ino);
       if (ancestors.count(key) != 0) {
         node.problems.push_back(Plain("symlink loop: " + Quote(child) + " leads back to its own ancestor " +
@@ -233,7 +244,7 @@ class TreeWalker {
       auto sub = std::make_unique<DirNode>();
       sub->rel = rel;
       sub->access = access;
-      sub->inside = ExtendChain(reach, sub->access.self);
+      sub->inside = DirChain::Extend(reach, sub->access.self);
       ancestors.insert(key);
       Walk(target, *sub, ancestors, hint_ != nullptr ? before : nullptr);
       ancestors.erase(key);
@@ -277,7 +288,7 @@ class TreeWalker {
     struct stat st;
     Ownership o{0, 0, 0};  // unreadable: nobody but root passes
     if (::stat(dir.c_str(), &st) == 0) o = ReadOwnership(dir, st);
-    Chain out = ExtendChain(above, o);
+    Chain out = DirChain::Extend(above, o);
     chains_[dir] = out;
     return out;
   }
@@ -421,6 +432,16 @@ void CheckNames(const CheckpointSource& cp, std::vector<Problem>& problems) {
   if (cp.rel_path.find('\n') != std::string::npos) {
     problems.push_back(Plain("checkpoint path contains a newline: " + Quote(cp.abs_path)));
   }
+  // Its by-name link climbs "../" once a level (DESIGN.md section 2), and a
+  // symlink's target is at most 4,095 bytes: 1,000 levels, one more for a
+  // link in a by-name directory, the digest's name and a member's, fit.
+  constexpr size_t kMaxDepth = 1000;
+  const size_t depth = cp.rel_path.empty() ? 0 : std::count(cp.rel_path.begin(), cp.rel_path.end(), '/') + 1;
+  if (depth > kMaxDepth) {
+    problems.push_back(Plain("checkpoint " + Quote(cp.abs_path) + " is " + std::to_string(depth) +
+                             " directories below the source root, more than " + std::to_string(kMaxDepth) +
+                             ": its by-name link would be longer than a symlink may be"));
+  }
 }
 
 std::string LastComponent(const std::string& rel) { return rel.substr(rel.rfind('/') + 1); }
@@ -540,7 +561,7 @@ Result<CatalogScan> ScanSourceTree(const std::string& root, const CatalogOptions
   scan.tree->real_root = *real_root;
   DirNode& top = scan.tree->top;
   top.access = {nullptr, ReadOwnership(*real_root, st)};
-  top.inside = ExtendChain(nullptr, top.access.self);
+  top.inside = DirChain::Extend(nullptr, top.access.self);
   std::set<std::pair<dev_t, ino_t>> ancestors{{st.st_dev, st.st_ino}};
   TreeWalker walker(*real_root, top.access.self, options);
   // The root itself is always listed; below it, unchanged directories may

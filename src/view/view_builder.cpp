@@ -251,7 +251,10 @@ std::vector<SourceCopy> ViewBuilder::CopiesByTrust(size_t index,
     const auto& f = c->files[index];
     int worst = std::max(rank(f.owner.uid), rank(f.access.self.uid));
     if (f.access.dirs) {
-      for (const Ownership& d : *f.access.dirs) worst = std::max(worst, rank(d.uid));
+      f.access.dirs->AllOf([&](const Ownership& d) {
+        worst = std::max(worst, rank(d.uid));
+        return true;
+      });
     }
     ranked.push_back({worst, SourceCopy{f.source_path, f.stamp, f.chunks}});
   }
@@ -305,7 +308,7 @@ InodeId ViewBuilder::BuildByNameDir(const std::string& p, const std::string& dig
     dir->source_access = own.source_access;
   }
   // What its entries need: search on every directory down to this one.
-  const AccessPath inside{ExtendChain(source.dirs, source.self), {in_.root_owner.uid, in_.root_owner.gid, 0777}};
+  const AccessPath inside{DirChain::Extend(source.dirs, source.self), {in_.root_owner.uid, in_.root_owner.gid, 0777}};
   std::set<std::string> names;
   NextComponents(by_name_, p, names);
   NextComponents(refs_, p, names);

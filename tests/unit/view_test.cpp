@@ -216,7 +216,7 @@ TEST(ViewTest, LookupsGoOnWhileAPublishBuildsItsSnapshot) {
 TEST(ViewTest, AFileNodeCarriesEveryCopyMostTrustedFirst) {
   const uid_t mount_owner = ::geteuid() == 0 ? 4242 : ::geteuid();  // never root's rank for the test
   auto owned = [](ExposedCheckpoint cp, uid_t file_uid, uid_t dir_uid) {
-    auto dirs = ExtendChain(nullptr, {dir_uid, dir_uid, 0755});
+    auto dirs = DirChain::Extend(nullptr, {dir_uid, dir_uid, 0755});
     for (auto& f : cp.files) {
       f.owner.uid = file_uid;
       f.access = {dirs, f.owner};
