@@ -15,6 +15,7 @@
 #include "ckptfs/catalog.h"
 #include "ckptfs/index.h"
 #include "ckptfs/indexer.h"
+#include "ckptfs/printable.h"
 
 #include <nlohmann/json.hpp>
 
@@ -92,9 +93,6 @@ Result<nlohmann::json> CallControl(const MountControl& m, const nlohmann::json& 
                                    const std::function<void(const nlohmann::json&)>& on_progress = nullptr,
                                    std::chrono::milliseconds silence = std::chrono::minutes(10));
 
-// `text` with control characters (C0, DEL, C1 in UTF-8 or as single bytes)
-// written as \xNN; other bytes, UTF-8 or not, as they are.
-std::string Printable(std::string_view text);
 // Printable applied to every string and key of `j` (paths decoded; its
 // depth already bounded by DecodeJsonPaths).
 void MakePrintable(nlohmann::json& j);

@@ -13,6 +13,7 @@
 #include "ctl.h"
 
 using namespace ckptfs::ctl;
+using ckptfs::Printable;
 namespace protocol = ckptfs::protocol;
 
 namespace {

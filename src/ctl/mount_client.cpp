@@ -86,6 +86,21 @@ Status CheckPeerIsTheDaemon(int fd, const MountControl& m) {
                        ", which runs as uid " + std::to_string(m.owner_uid) + "; not believed");
 }
 
+void MakePrintable(nlohmann::json& j) {
+  if (j.is_string()) {
+    j = Printable(j.get_ref<const std::string&>());
+  } else if (j.is_array()) {
+    for (auto& v : j) MakePrintable(v);
+  } else if (j.is_object()) {
+    nlohmann::json out = nlohmann::json::object();
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      MakePrintable(it.value());
+      out[Printable(it.key())] = std::move(it.value());
+    }
+    j = std::move(out);
+  }
+}
+
 // The reply with every string made printable (paths decoded for it, then
 // encoded again, so that the caller sees the usual form).
 Result<nlohmann::json> PrintableReply(nlohmann::json reply, const std::string& socket) {

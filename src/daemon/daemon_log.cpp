@@ -9,19 +9,45 @@
 #include <spdlog/sinks/syslog_sink.h>
 #include <spdlog/spdlog.h>
 
+#include "ckptfs/printable.h"
+
 namespace ckptfs::daemon {
 
 namespace {
 
+// Passes each line on with its control characters escaped (Printable): the
+// log names paths that a SRC writer chose, and a newline in one would
+// forge a whole line ("... info: checkpoint trusted verified"), an escape
+// sequence would drive the terminal of whoever reads the log.
+class PrintableSink final : public spdlog::sinks::sink {
+ public:
+  explicit PrintableSink(spdlog::sink_ptr inner) : inner_(std::move(inner)) {}
+  void log(const spdlog::details::log_msg& msg) override {
+    const std::string safe = Printable(std::string_view(msg.payload.data(), msg.payload.size()));
+    spdlog::details::log_msg escaped = msg;
+    escaped.payload = spdlog::string_view_t(safe.data(), safe.size());
+    inner_->log(escaped);
+  }
+  void flush() override { inner_->flush(); }
+  void set_pattern(const std::string& pattern) override { inner_->set_pattern(pattern); }
+  void set_formatter(std::unique_ptr<spdlog::formatter> formatter) override {
+    inner_->set_formatter(std::move(formatter));
+  }
+
+ private:
+  const spdlog::sink_ptr inner_;
+};
+
 spdlog::sink_ptr StderrSink() {
   auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
   sink->set_pattern("ckptfs: %Y-%m-%d %H:%M:%S.%e %l: %v");
-  return sink;
+  return std::make_shared<PrintableSink>(std::move(sink));
 }
 
 spdlog::sink_ptr SyslogSink() {
   // The ident must outlive the sink; a literal does.
-  return std::make_shared<spdlog::sinks::syslog_sink_mt>("ckptfs", LOG_PID, LOG_DAEMON, false);
+  return std::make_shared<PrintableSink>(
+      std::make_shared<spdlog::sinks::syslog_sink_mt>("ckptfs", LOG_PID, LOG_DAEMON, false));
 }
 
 spdlog::level::level_enum SpdlogLevel(LogLevel level) {
@@ -56,7 +82,7 @@ Result<std::unique_ptr<DaemonLog>> DaemonLog::Start(const MountOptions& o) {
       auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, /*truncate=*/false);
       // Several mounts may share one file: each line names its daemon.
       file->set_pattern("%Y-%m-%d %H:%M:%S.%e ckptfs[%P] %l: %v");
-      chosen = std::move(file);
+      chosen = std::make_shared<PrintableSink>(std::move(file));
     } catch (const spdlog::spdlog_ex& e) {
       return Status::Error("option log_file=" + path + ": " + e.what());
     }

@@ -569,6 +569,28 @@ TEST_F(RobustnessTest, DeepDirectoriesCostTheirNumberNotTheirDepthSquared) {
             << " links each, and one of " << kMidDepth << ": daemon peak RSS " << peak_kb << " kB\n";
 }
 
+// A SRC writer's names go into the log with their control characters
+// escaped: a newline in a directory's name forged a whole log line, and an
+// escape sequence went raw to the terminal of whoever read the log. Bound:
+// no line of the log is the forged one, and no escape byte is in it.
+TEST_F(RobustnessTest, NamesInTheLogCannotForgeLinesOrDriveATerminal) {
+  const std::string forged = "ckptfs: 2026-12-05 07:00:00.000 info: checkpoint trusted-llama verified OK";
+  WriteFile(src_ + "/b\n" + forged + "/model.safetensors", "invalid: a newline in its path");
+  const std::string titled = "e\x1b]0;pwned\x07x";
+  WriteFile(src_ + "/" + titled + "/model.bin", "shown, and logged as it is indexed");
+  WriteFile(src_ + "/ok/model.bin", "fine");
+  auto m = Mount();
+  ASSERT_TRUE(m->ok()) << m->Log();
+  ASSERT_TRUE(WaitFor([&] { return !Digest(titled).empty() && !Digest("ok").empty(); })) << m->Log();
+  ASSERT_TRUE(WaitFor([&] { return m->Log().find("verified OK") != std::string::npos; })) << m->Log();
+  const std::string log = m->Log();
+  EXPECT_EQ(log.find("\n" + forged), std::string::npos) << log;
+  EXPECT_NE(log.find("\\x0a" + forged), std::string::npos) << log;
+  EXPECT_EQ(log.find('\x1b'), std::string::npos) << log;
+  EXPECT_EQ(log.find('\x07'), std::string::npos) << log;
+  EXPECT_NE(log.find("e\\x1b]0;pwned\\x07x"), std::string::npos) << log;
+}
+
 // Issue 21 item 4: `truncate -s 15T` in one checkpoint (hours of SHA-256 of
 // zeros, even with its holes not read) must not stop the indexing of every
 // other checkpoint. With one hashing thread, a checkpoint added while the

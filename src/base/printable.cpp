@@ -1,12 +1,8 @@
-// What ckptfsctl prints of what a control socket sent: with every control
-// character escaped, so that no server (a fake one, or a real one echoing a
-// hostile SRC writer's file name) can make the terminal run escape
-// sequences (issue 21 item 15).
+#include "ckptfs/printable.h"
+
 #include <cstdio>
 
-#include "ctl.h"
-
-namespace ckptfs::ctl {
+namespace ckptfs {
 
 namespace {
 
@@ -68,19 +64,4 @@ std::string Printable(std::string_view text) {
   return out;
 }
 
-void MakePrintable(nlohmann::json& j) {
-  if (j.is_string()) {
-    j = Printable(j.get_ref<const std::string&>());
-  } else if (j.is_array()) {
-    for (auto& v : j) MakePrintable(v);
-  } else if (j.is_object()) {
-    nlohmann::json out = nlohmann::json::object();
-    for (auto it = j.begin(); it != j.end(); ++it) {
-      MakePrintable(it.value());
-      out[Printable(it.key())] = std::move(it.value());
-    }
-    j = std::move(out);
-  }
-}
-
-}  // namespace ckptfs::ctl
+}  // namespace ckptfs
