@@ -207,6 +207,7 @@ class CatalogWatcher {
   Drained DrainInotify();
   void NoteDirty(const inotify_event& ev);
   void UpdateWatches(const CatalogScan& scan);
+  void UpdateFileWatches(const CatalogScan& scan);
   void SetState(CheckpointState state);
   // As SetState, mu_ held; a path whose digest is still shown keeps naming
   // it (revalidating) in every phase but invalid.
@@ -220,6 +221,10 @@ class CatalogWatcher {
   UniqueFd inotify_;
   UniqueFd wake_;  // eventfd: Stop() and RequestRescan() interrupt the wait
   std::map<int, std::string> watches_;  // wd -> directory
+  // wd -> the directories that list a file with more than one link
+  // (CatalogScan::linked_files), watched on the file itself.
+  std::map<int, std::set<std::string>> file_watches_;
+  bool file_watch_limit_logged_ = false;
   // For incremental rescans (see RewalkHint); used only on the scanning thread.
   std::string watched_root_;                 // the root as the watches name it
   std::shared_ptr<WalkTree> last_tree_;      // of the last walk

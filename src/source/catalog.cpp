@@ -52,6 +52,7 @@ struct DirNode {
     FileStamp stamp;
     Ownership owner;
     AccessPath access;
+    bool linked = false;  // more than one link: it may change through a name outside every watched directory
   };
   std::vector<File> files;
   std::vector<std::unique_ptr<DirNode>> subdirs;  // ascending rel
@@ -253,7 +254,7 @@ class TreeWalker {
       if (IsWeightFileName(name)) node.has_weight_file = true;
       if (st.st_nlink > 1) node.self_contained = false;  // written through another name, no event here
       const Ownership owner = ReadOwnership(target, st);
-      node.files.push_back({rel, target, FileStamp::FromStat(st), owner, {reach, owner}});
+      node.files.push_back({rel, target, FileStamp::FromStat(st), owner, {reach, owner}, st.st_nlink > 1});
     }
     // Sockets, fifos and devices are not members.
   }
@@ -481,6 +482,9 @@ void CollectHubRefs(const DirNode& node, const std::string& hub_repo, CatalogSca
 void CutIntoCheckpoints(const DirNode& node, const std::string& root, CatalogScan& scan, bool inside_checkpoint,
                         const std::string& hub_repo) {
   scan.dirs[node.rel] = node.access;
+  for (const auto& f : node.files) {
+    if (f.linked) scan.linked_files[f.open_path].insert(node.rel);
+  }
   if (node.has_weight_file) {
     CheckpointSource cp;
     cp.dir_access = node.access;

@@ -302,7 +302,10 @@ CatalogWatcher::Drained CatalogWatcher::DrainInotify() {
     for (char* p = buf; p < buf + n;) {
       auto* ev = reinterpret_cast<inotify_event*>(p);
       NoteDirty(*ev);
-      if (ev->mask & IN_IGNORED) watches_.erase(ev->wd);
+      if (ev->mask & IN_IGNORED) {
+        watches_.erase(ev->wd);
+        file_watches_.erase(ev->wd);
+      }
       const bool arrival = (ev->mask & IN_MOVED_TO) && (ev->mask & IN_ISDIR);
       if (arrival) {
         drained = Drained::kArrival;
@@ -319,6 +322,10 @@ CatalogWatcher::Drained CatalogWatcher::DrainInotify() {
 // names (created, removed, moved or chmod'ed); an event from an unknown
 // watch, or a lost queue, leaves nothing to trust but a full walk.
 void CatalogWatcher::NoteDirty(const inotify_event& ev) {
+  if (auto f = file_watches_.find(ev.wd); f != file_watches_.end() && !(ev.mask & IN_Q_OVERFLOW)) {
+    dirty_dirs_.insert(f->second.begin(), f->second.end());
+    return;
+  }
   auto w = watches_.find(ev.wd);
   if ((ev.mask & IN_Q_OVERFLOW) || w == watches_.end()) {
     full_walk_needed_ = true;
@@ -364,6 +371,35 @@ void CatalogWatcher::UpdateWatches(const CatalogScan& scan) {
     }
     watches_[wd] = path;
   }
+  UpdateFileWatches(scan);
+}
+
+// Files with more than one link are watched themselves, so that a chmod, a
+// chown or a write through a name outside SRC (or outside every watched
+// directory) is seen at once, as in the directories. At most
+// kMaxFileWatches: each is one of the user's inotify watches, and a SRC
+// writer may make many links; past that, such changes are seen by the
+// periodic rescan, as before.
+void CatalogWatcher::UpdateFileWatches(const CatalogScan& scan) {
+  constexpr size_t kMaxFileWatches = 4096;
+  std::map<int, std::set<std::string>> now;
+  for (const auto& [path, dirs] : scan.linked_files) {
+    if (now.size() >= kMaxFileWatches) {
+      if (!std::exchange(file_watch_limit_logged_, true)) {
+        spdlog::warn("more than {} files with several links in {}: a change made through another of their names "
+                     "is seen by the periodic rescan only, beyond the first {}",
+                     kMaxFileWatches, scan.root, kMaxFileWatches);
+      }
+      break;
+    }
+    const int wd = ::inotify_add_watch(inotify_.get(), path.c_str(), kWatchMask);
+    if (wd < 0) continue;  // gone meanwhile, or no watch to be had: the periodic rescan sees it
+    now[wd].insert(dirs.begin(), dirs.end());
+  }
+  for (const auto& [wd, dirs] : file_watches_) {
+    if (!now.count(wd) && !watches_.count(wd)) ::inotify_rm_watch(inotify_.get(), wd);
+  }
+  file_watches_ = std::move(now);
 }
 
 void CatalogWatcher::SetState(CheckpointState state) {

@@ -235,6 +235,31 @@ TEST_F(RevalidationTest, ARevocationAppliesAtOnceWhileTheCheckpointIsVerifiedAga
   EXPECT_EQ(TryAs(kOther, {{Probe::kRead, mnt_ + "/" + now + "/model.bin"}}), std::vector<bool>{false});
 }
 
+// A member with another link outside SRC: a chmod made through that name
+// raises no event in any directory the daemon watches (inotify tells the
+// directory of the name used), so before the file itself was watched the
+// revocation waited for the periodic rescan (never, with rescan=0).
+TEST_F(RevalidationTest, ARevocationThroughAHardLinkOutsideSrcAppliesAtOnce) {
+  const std::string outside = tmp_ / "outside";
+  MakeDirs(outside);
+  ::chmod(outside.c_str(), 0755);
+  WriteFile(outside + "/config.json", "{\"private\": \"later\"}");
+  ::chmod((outside + "/config.json").c_str(), 0644);
+  WriteFile(src_ + "/pub/ck/model.bin", RandomBytes(kMiB, 5));
+  ASSERT_EQ(::link((outside + "/config.json").c_str(), (src_ + "/pub/ck/config.json").c_str()), 0);
+  auto m = Mount();
+  ASSERT_TRUE(m->ok()) << m->Log();
+  ASSERT_TRUE(WaitFor([&] { return !DigestOf("pub/ck").empty(); })) << m->Log();
+  const std::string file = mnt_ + "/" + DigestOf("pub/ck") + "/config.json";
+  EXPECT_EQ(TryAs(kOther, {{Probe::kRead, file}}), std::vector<bool>{true});
+
+  ASSERT_EQ(::chmod((outside + "/config.json").c_str(), 0600), 0);
+  EXPECT_EQ(TryAs(kOther, {{Probe::kRead, src_ + "/pub/ck/config.json"}}), std::vector<bool>{false});  // the oracle
+  EXPECT_TRUE(WaitFor([&] { return TryAs(kOther, {{Probe::kRead, file}}) == std::vector<bool>{false}; }))
+      << "other still reads, through the mount, what SRC now refuses them\n" << m->Log();
+  EXPECT_EQ(TryAs(kRoot, {{Probe::kRead, file}}), std::vector<bool>{true});
+}
+
 // Hub cache: a revision resolves through refs/ (a by-name file) to its
 // snapshot link while the only snapshot is verified again.
 TEST_F(RevalidationTest, AHubRevisionResolvesWhileItsOnlySnapshotIsVerifiedAgain) {
