@@ -100,11 +100,17 @@ struct CatalogScan {
   std::vector<CheckpointSource> checkpoints;  // ascending order of rel_path
   // Every directory walked, by path relative to the root ("" is the root).
   std::map<std::string, AccessPath> dirs;
-  // Every file with more than one link (its path as opened), and the
+  // Every file with more than one link (by its path as opened): the
   // directories that list it (relative to the root; for a symlink to it,
-  // the link's directory): a chmod or a write through a name outside SRC
-  // raises no event in those directories, only on the file itself.
-  std::map<std::string, std::set<std::string>> linked_files;
+  // the link's directory) and its inode as walked. A chmod or a write
+  // through a name outside SRC raises no event in those directories, only
+  // on the file itself.
+  struct LinkedFile {
+    std::set<std::string> dirs;
+    dev_t dev = 0;
+    ino_t ino = 0;
+  };
+  std::map<std::string, LinkedFile> linked_files;
   // The refs/ files of hub repository directories outside every checkpoint
   // (see hub_refs.h), with their bytes; not members of anything.
   std::vector<HubRef> hub_refs;

@@ -92,6 +92,8 @@ class DirChain {
 
   // Use Extend and Join.
   DirChain(Ptr first, Ptr second, std::optional<Ownership> dir, size_t size);
+  DirChain(const DirChain&) = delete;  // last_ points into the object itself
+  DirChain& operator=(const DirChain&) = delete;
 
  private:
   void AppendTo(std::vector<Ownership>& out) const;

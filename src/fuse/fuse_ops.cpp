@@ -204,6 +204,12 @@ void ReadLink(fuse_req_t req, fuse_ino_t ino) {
     return;
   }
   if (!Allowed(req, *n, 0)) return;
+  // The kernel takes a target of at most a page less its NUL; a longer
+  // reply it refuses (EINVAL on the device), and the reader would hang on.
+  if (n->link_target.size() >= 4096) {
+    fuse_reply_err(req, ENAMETOOLONG);
+    return;
+  }
   fuse_reply_readlink(req, n->link_target.c_str());
 }
 

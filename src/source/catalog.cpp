@@ -29,8 +29,11 @@ using Chain = DirChain::Ptr;
 // this many paths in one walk (a path beyond makes its checkpoint invalid);
 // and a checkpoint has at most this many members.
 constexpr int kMaxPathsPerDirectory = 256;
-// Directories nested deeper than this below SRC are not walked (Walker).
+// Directories nested deeper than this below SRC are not walked (Walker),
+// nor entries whose path of directories to search, links followed, is
+// longer than kMaxChainLength.
 constexpr size_t kMaxWalkDepth = 1024;
+constexpr size_t kMaxChainLength = 4 * kMaxWalkDepth;
 constexpr size_t kMaxMembersPerCheckpoint = 1'000'000;
 
 // A problem met on the walk: the full text for the log and root, and the
@@ -58,6 +61,7 @@ struct DirNode {
   std::vector<std::unique_ptr<DirNode>> subdirs;  // ascending rel
   std::vector<Problem> problems;  // each names the path and the cause
   bool too_many_paths = false;    // a problem says so already (see kMaxPathsPerDirectory)
+  bool too_deep = false;          // the same for kMaxWalkDepth and kMaxChainLength
   // Nothing in this subtree can change without an inotify event in it: no
   // symlink followed, no file with other links, no problem (see RewalkHint).
   bool self_contained = true;
@@ -152,6 +156,9 @@ class TreeWalker {
     if (errno != 0) {
       node.problems.push_back(Plain("cannot list directory " + Quote(abs) + ": " + std::strerror(errno)));
     }
+    // Closed before the walk goes down: a chain of nested directories would
+    // otherwise hold a descriptor a level, which the daemon's reads need.
+    dir.reset();
     std::sort(names.begin(), names.end());
     for (const std::string& name : names) VisitEntry(abs, name, node, ancestors, previous);
     if (!node.problems.empty()) node.self_contained = false;
@@ -200,15 +207,29 @@ class TreeWalker {
       target = resolved->path;
       st = resolved->st;
       reach = DirChain::Join(node.inside, ChainInto(ParentOf(target)));
+      // Each level entered through a link adds the target's whole chain,
+      // and every request and scan walks the chain: bounded, as the depth is.
+      if (reach->size() > kMaxChainLength) {
+        if (!std::exchange(node.too_deep, true)) {
+          node.problems.push_back(Plain("entries in " + Quote(abs) + " are reached through more than " +
+                                        std::to_string(kMaxChainLength) +
+                                        " directories (links within links); they are not walked"));
+        }
+        return;
+      }
     }
     if (S_ISDIR(st.st_mode)) {
       // Every directory's path, kept in several tables, grows with its
       // depth, so a chain of nested directories costs its depth squared:
       // a SRC writer's could take the daemon's memory. No model store
       // nests this deep; a checkpoint that does is invalid, with why.
-      if (ancestors.size() >= kMaxWalkDepth) {
-        node.problems.push_back(Plain("directory " + Quote(child) + " is more than " + std::to_string(kMaxWalkDepth) +
-                                      " levels below the source root; it is not walked"));
+      // (`ancestors` holds the root and every directory down to this one:
+      // its size is the depth of `child`.)
+      if (ancestors.size() > kMaxWalkDepth) {
+        if (!std::exchange(node.too_deep, true)) {  // once per directory, as the paths of the tree are many
+          node.problems.push_back(Plain("directories in " + Quote(abs) + " are more than " +
+                                        std::to_string(kMaxWalkDepth) + " levels below the source root; they are not walked"));
+        }
         return;
       }
       auto key = std::make_pair(st.st_dev, st.st_ino);
@@ -434,8 +455,10 @@ void CheckNames(const CheckpointSource& cp, std::vector<Problem>& problems) {
     problems.push_back(Plain("checkpoint path contains a newline: " + Quote(cp.abs_path)));
   }
   // Its by-name link climbs "../" once a level (DESIGN.md section 2), and a
-  // symlink's target is at most 4,095 bytes: 1,000 levels, one more for a
-  // link in a by-name directory, the digest's name and a member's, fit.
+  // symlink's target is at most 4,095 bytes: 1,000 levels (3,003 bytes),
+  // one more for a link in a by-name directory, the digest's name and a
+  // member's fit. (A longer target still, through long names inside a
+  // by-name directory, is answered ENAMETOOLONG: fuse_ops.cpp ReadLink.)
   constexpr size_t kMaxDepth = 1000;
   const size_t depth = cp.rel_path.empty() ? 0 : std::count(cp.rel_path.begin(), cp.rel_path.end(), '/') + 1;
   if (depth > kMaxDepth) {
@@ -483,7 +506,11 @@ void CutIntoCheckpoints(const DirNode& node, const std::string& root, CatalogSca
                         const std::string& hub_repo) {
   scan.dirs[node.rel] = node.access;
   for (const auto& f : node.files) {
-    if (f.linked) scan.linked_files[f.open_path].insert(node.rel);
+    if (!f.linked) continue;
+    auto& linked = scan.linked_files[f.open_path];
+    linked.dirs.insert(node.rel);
+    linked.dev = static_cast<dev_t>(f.stamp.dev);
+    linked.ino = static_cast<ino_t>(f.stamp.ino);
   }
   if (node.has_weight_file) {
     CheckpointSource cp;

@@ -2,7 +2,9 @@
 
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <fcntl.h>
 #include <sys/inotify.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -326,6 +328,9 @@ void CatalogWatcher::NoteDirty(const inotify_event& ev) {
     dirty_dirs_.insert(f->second.begin(), f->second.end());
     return;
   }
+  // The end of a watch the daemon removed itself (a file that no longer
+  // has other links): nothing changed.
+  if ((ev.mask & IN_IGNORED) && ev.wd != -1 && !watches_.count(ev.wd)) return;
   auto w = watches_.find(ev.wd);
   if ((ev.mask & IN_Q_OVERFLOW) || w == watches_.end()) {
     full_walk_needed_ = true;
@@ -383,7 +388,7 @@ void CatalogWatcher::UpdateWatches(const CatalogScan& scan) {
 void CatalogWatcher::UpdateFileWatches(const CatalogScan& scan) {
   constexpr size_t kMaxFileWatches = 4096;
   std::map<int, std::set<std::string>> now;
-  for (const auto& [path, dirs] : scan.linked_files) {
+  for (const auto& [path, file] : scan.linked_files) {
     if (now.size() >= kMaxFileWatches) {
       if (!std::exchange(file_watch_limit_logged_, true)) {
         spdlog::warn("more than {} files with several links in {}: a change made through another of their names "
@@ -392,9 +397,27 @@ void CatalogWatcher::UpdateFileWatches(const CatalogScan& scan) {
       }
       break;
     }
-    const int wd = ::inotify_add_watch(inotify_.get(), path.c_str(), kWatchMask);
-    if (wd < 0) continue;  // gone meanwhile, or no watch to be had: the periodic rescan sees it
-    now[wd].insert(dirs.begin(), dirs.end());
+    // The watch goes on the inode the walk saw, whatever a SRC writer did
+    // to the path since: opened without following its last component,
+    // checked, and named through the descriptor. (By the path, a component
+    // swapped for a link could land it on a directory already watched,
+    // whose events would then be taken for this file's.)
+    UniqueFd fd(::open(path.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
+    struct stat st;
+    if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_dev != file.dev ||
+        st.st_ino != file.ino) {
+      continue;  // gone or replaced meanwhile: its directory's events tell the next scan
+    }
+    const std::string by_fd = "/proc/self/fd/" + std::to_string(fd.get());
+    const int wd = ::inotify_add_watch(inotify_.get(), by_fd.c_str(), kWatchMask);
+    if (wd < 0 || watches_.count(wd)) continue;  // no watch to be had: the periodic rescan sees it
+    // Changed between the walk's stat and this watch, unseen: the next scan
+    // reads its directories again, and comes soon (as for a new directory).
+    if (!file_watches_.count(wd)) {
+      dirty_dirs_.insert(file.dirs.begin(), file.dirs.end());
+      followup_scan_ = true;
+    }
+    now[wd].insert(file.dirs.begin(), file.dirs.end());
   }
   for (const auto& [wd, dirs] : file_watches_) {
     if (!now.count(wd) && !watches_.count(wd)) ::inotify_rm_watch(inotify_.get(), wd);
