@@ -95,6 +95,12 @@ class FileServer {
     // Chunks the chunk tier holds: each reader's window shrinks so that every
     // open file's current chunk and its read-ahead fit in it together.
     uint64_t cache_chunks = 64;
+    // Opens that may wait for a copy at once under fill=wait (the daemon
+    // gives half its FUSE threads): each holds a FUSE thread until its copy
+    // is made, so that many opens of a large file, whoever makes them,
+    // would leave no thread for anyone else's requests. An open beyond
+    // them does not wait: its reads are served from the copy as it is made.
+    unsigned max_waiting_opens = 2;
   };
   // A read found a copy's chunk that does not match the index although its
   // stamp does: hash that copy again, and withdraw the digest when no other
@@ -219,10 +225,15 @@ class FileServer {
   uint64_t reads() const { return reads_.load(); }
   uint64_t bytes_read() const { return bytes_read_.load(); }
   uint64_t failed_reads() const { return failed_reads_.load(); }
+  // Opens under fill=wait that did not wait for their copy, because
+  // max_waiting_opens others were waiting already.
+  uint64_t opens_not_waiting() const { return opens_not_waiting_.load(); }
 
  private:
   Result<std::shared_ptr<ServedFile>> Served(const View::NodePtr& file);
   bool StreamsWhileFilling(const View::Node& file, int open_flags, pid_t opener);
+  // One of max_waiting_opens places for an open to wait for its copy; false when all are taken.
+  bool TakeWaitingPlace();
   void ReadAhead(ServedFile& f, uint64_t last_chunk);
   void EndReadAhead();
   Status AppendSourceRange(const View::NodePtr& file, uint64_t begin, uint64_t end, ServedBytes& out);
@@ -242,6 +253,8 @@ class FileServer {
   CondVar readahead_done_;  // readahead_in_flight_ fell to 0
   std::atomic<uint64_t> open_files_{0};
   std::atomic<uint64_t> reads_{0}, bytes_read_{0}, failed_reads_{0};
+  std::atomic<unsigned> waiting_opens_{0};      // opens waiting for a copy now
+  std::atomic<uint64_t> opens_not_waiting_{0};  // opens that found every waiting place taken
 };
 
 }  // namespace ckptfs

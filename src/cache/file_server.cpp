@@ -126,9 +126,21 @@ Result<std::shared_ptr<ServedFile>> FileServer::Open(const View::NodePtr& file, 
       // served from the copy as each chunk is verified, the chunks asked
       // for first, and the next open passes through.
       filler_->Start(file);
-    } else if (auto filled = filler_->Fill(file, /*pin=*/false); !filled.ok()) {
-      // Failing that (no room, a bad source), the chunk path serves it.
-      spdlog::debug("{}: not copied at open: {}", file->source_path, filled.status().message());
+    } else if (!TakeWaitingPlace()) {
+      // Half the FUSE threads wait for copies already: this open does not,
+      // so that requests of every other user still find a thread. Its reads
+      // are served from the copy as it is made (under verify=sha256, where
+      // a copy serves nothing before its whole SHA-256 passed, from the
+      // chunk path).
+      ++opens_not_waiting_;
+      if (options_.verify == Verify::kXxh3) filler_->Start(file);
+    } else {
+      auto filled = filler_->Fill(file, /*pin=*/false);
+      waiting_opens_.fetch_sub(1);
+      if (!filled.ok()) {
+        // Failing that (no room, a bad source), the chunk path serves it.
+        spdlog::debug("{}: not copied at open: {}", file->source_path, filled.status().message());
+      }
     }
     // After this file's copy, not beside it: the next shard then fills while
     // the engine loads this one, instead of slowing this one's fill down.
@@ -136,6 +148,14 @@ Result<std::shared_ptr<ServedFile>> FileServer::Open(const View::NodePtr& file, 
   }
   (*f)->answered = std::chrono::steady_clock::now();
   return f;
+}
+
+bool FileServer::TakeWaitingPlace() {
+  unsigned now = waiting_opens_.load();
+  do {
+    if (now >= std::max(1u, options_.max_waiting_opens)) return false;
+  } while (!waiting_opens_.compare_exchange_weak(now, now + 1));
+  return true;
 }
 
 Result<std::shared_ptr<ServedFile>> FileServer::Adopt(const View::NodePtr& file) { return Served(file); }

@@ -228,6 +228,7 @@ void Daemon::StartCaches() {
   serving.fill_io = o.fill_io;
   serving.readahead_budget_chunks = std::max<uint64_t>(1, chunk_bytes / kChunkSize / 4);
   serving.cache_chunks = chunk_bytes / kChunkSize;
+  serving.max_waiting_opens = std::max(1u, FuseLoopThreads(o) / 2);
   server_ = std::make_unique<FileServer>(
       FileServer::Parts{view_.get(), cache_.get(), files_.get(), reader_.get(), readahead_pool_.get(), proven_.get()},
       serving, FileServer::Reports{[this] { watcher_->RequestRescanSoon(); }, CorruptChunkReport()});

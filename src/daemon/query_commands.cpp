@@ -96,6 +96,9 @@ nlohmann::json StatusJson(const std::vector<CheckpointState>& visible, const Cat
           {kOptions, OptionsJson(o, mount.log_destination)},
           {kPassthrough, {{kMode, mode}, {kReason, reason}}},
           {"reads", {{"requests", ctx.server->reads()}, {"bytes", ctx.server->bytes_read()}, {"failed", ctx.server->failed_reads()}}},
+          // Opens that did not wait for their copy: half the FUSE threads
+          // waited for copies already (FileServer::Options::max_waiting_opens).
+          {"opens_not_waiting", ctx.server->opens_not_waiting()},
           // Access decisions taken without the caller's supplementary groups
           // (fuse_ops.h): nonzero means some users may be refused what their
           // groups grant them, and others what a group keeps out.

@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
@@ -735,6 +736,65 @@ TEST_F(FaultySourceTest, AFailedFillKeepsItsRoomUntilAStuckReadLetsGoOfItsPages)
     return HostTierMemfds(mount_->ServingPid()).empty() && now["tiers"]["host"]["filling"] == 0;
   }));
   ASSERT_EQ(RunCommand(kCtl + " preload " + mnt_ + "/by-name/m").exit_code, 0);
+  EXPECT_TRUE(ReadBuffered(Through()) == data_);
+}
+
+// Under fill=wait an open waits for its file's copy, on a FUSE thread.
+// Opens of a file whose copy takes long (here: never ends, its first
+// chunk's source read stuck) hold at most half of those threads, whoever
+// makes them; the rest do not wait (their reads are served from the copy
+// as it is made), so every other request still finds a thread. Found
+// attacking the daemon: eight loops opening one 400 MB file stalled
+// another user's 13-byte read for 10 s on a slow source.
+TEST_F(FaultySourceTest, OpensWaitingForACopyLeaveThreadsForEveryoneElse) {
+  // 4 FUSE threads; the file not copied at indexing, so that its opens
+  // wait; one chunk read at a time, so that the copy stays on the stuck one.
+  mount_ = MountWithPassthrough("cache_size=256M,threads=2,fill_on_index=off,supervise=off,fill_depth=1");
+  SKIP_WITHOUT_PASSTHROUGH();
+  WriteFile(trigger_, "stall");  // the first chunk's reads hang
+  // Eight processes open the file. Two wait, half the threads; the others
+  // find their places taken and return.
+  const std::string file = Through();
+  std::vector<pid_t> openers;
+  for (int i = 0; i < 8; ++i) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      const int fd = ::open(file.c_str(), O_RDONLY);
+      if (fd >= 0) ::close(fd);
+      ::_exit(0);
+    }
+    ASSERT_GT(pid, 0);
+    openers.push_back(pid);
+  }
+  // Each opener waits in its open or is done with it. (Nothing here asks
+  // the mount: ckptfsctl finds the daemon through an xattr of the mount,
+  // which waits behind the opens too, before the fix.)
+  auto waiting_or_done = [](pid_t pid) {
+    const std::string wchan = ReadFile("/proc/" + std::to_string(pid) + "/wchan");
+    return wchan == "request_wait_answer" || wchan == "0" || wchan.empty();
+  };
+  EXPECT_TRUE(WaitFor([&] { return std::all_of(openers.begin(), openers.end(), waiting_or_done); }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // Anyone's request meanwhile: a listing (no kernel cache answers it).
+  // Should it wait behind the opens (as before the fix), the stuck read is
+  // let go after 20 s, so that the test ends, and fails.
+  std::atomic<bool> listed{false};
+  std::thread watchdog([&] {
+    for (int i = 0; i < 200 && !listed; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ::unlink(trigger_.c_str());
+  });
+  const auto before = std::chrono::steady_clock::now();
+  CommandResult ls = RunCommand("ls " + ShellQuote(mnt_ + "/by-name/m"));
+  const bool let_go = ::access(trigger_.c_str(), F_OK) != 0;
+  listed = true;
+  watchdog.join();
+  EXPECT_FALSE(let_go) << "a listing waited behind the opens until the stuck read was let go ("
+                       << std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count() << " s)";
+  EXPECT_EQ(ls.exit_code, 0);
+  EXPECT_NE(ls.out.find("model.safetensors"), std::string::npos) << ls.out;
+  ::unlink(trigger_.c_str());  // the stuck read goes on, the copy completes, the waiting opens return
+  for (pid_t pid : openers) ::waitpid(pid, nullptr, 0);
+  EXPECT_GE(Ctl("status", mnt_).value("opens_not_waiting", uint64_t{0}), 1u);
   EXPECT_TRUE(ReadBuffered(Through()) == data_);
 }
 
