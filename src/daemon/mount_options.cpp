@@ -444,7 +444,8 @@ ckptfs options (-o):
                        SRC): before hashing a file, use a trusted record of
                        it (same path, size and mtime) that another node
                        published; publish the records of files hashed here
-                       (when manifest_sign= is given). Every chunk read is
+                       that every user may read (when manifest_sign= is
+                       given). Every chunk read is
                        still checked; a record that does not match its file
                        gives EIO, is reported and the file is hashed here
   manifest_keys=FILE   Ed25519 public keys (PEM) whose records are trusted;

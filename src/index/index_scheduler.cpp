@@ -261,6 +261,7 @@ void IndexScheduler::Attach(Job& job, const std::vector<FileJob*>& misses) {
       f.stamp = miss->stamp;
       f.owner = miss->owner;
     }
+    if (miss->open_to_everyone) s->file->open_to_everyone = true;
     s->waiters.push_back(&job);
     s->file->live_waiters++;
     miss->shared = s->file;

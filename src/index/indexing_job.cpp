@@ -154,6 +154,11 @@ void FileWork::Record() {
   if (o.ignore_index) return;
   if (ctx_->index != nullptr) ctx_->rows->Add({file_.stamp, file_.open_path, *file_.hashes});
   if (o.manifests == nullptr || !o.manifests->can_sign()) return;
+  // A record names the file's path, size, times and hashes, and the store
+  // is read by every user who can read it (records are 0644, so that every
+  // node's daemon can, through NFS root squash too): a file that not every
+  // user may read in SRC is hashed on each node instead.
+  if (!file_.open_to_everyone.load()) return;
   auto rel = PathBelow(ctx_->real_root, file_.open_path);
   if (!rel) return;
   Status s = o.manifests->Publish(*rel, file_.stamp, *file_.hashes);
@@ -177,6 +182,7 @@ std::vector<FileJob*> IndexingJob::Prepare(unsigned threads) {
         it->second.owner = m.owner;
       }
       if (IsSafetensorsName(m.rel_path)) it->second.safetensors = true;
+      if (!it->second.open_to_everyone && OpenToEveryone({m.access}, kWantRead)) it->second.open_to_everyone = true;
     }
   }
   const IndexerOptions& o = ctx_->options;

@@ -138,6 +138,29 @@ TEST_F(FleetTest, SecondNodeReadsNoFileContentAndServesTheSameBytes) {
   EXPECT_EQ(compared, files);
 }
 
+// A record names its file's path, size, times and hashes, and whoever can
+// read the store can read it (records are 0644, for every node's daemon):
+// only files that every user may read in SRC are published, and a private
+// checkpoint is hashed on each node. Found attacking the daemon: a record
+// told any local user the paths and hashes of files in a 0700 home.
+TEST_F(FleetTest, FilesNotEveryUserMayReadArePublishedToNoRecord) {
+  WriteFile(src_ + "/pub/model.safetensors", RandomBytes(kMiB, 5));
+  WriteFile(src_ + "/home/alice/ft/model.safetensors", RandomBytes(kMiB, 6));
+  WriteFile(src_ + "/home/alice/ft/config.json", "{\"secret\": 1}");
+  ASSERT_EQ(::chmod((src_ + "/home/alice").c_str(), 0700), 0);
+  auto first = Node(1, "manifest_sign=" + key_);
+  // Both shown: every file of both was hashed, and recorded or not, by then.
+  ASSERT_TRUE(WaitFor([&] { return AllLinked(*first, {"pub", "home/alice/ft"}); })) << first->Log();
+  EXPECT_EQ(QueryMount(kCtl, "status", first->mountpoint())["manifests"]["records_published"], 1);
+  const auto records = StoreFiles().first;
+  EXPECT_EQ(records.size(), 1u);
+  for (const auto& r : records) {
+    const std::string text = ReadFile(r);
+    EXPECT_NE(text.find("pub/model.safetensors"), std::string::npos) << text;
+    EXPECT_EQ(text.find("alice"), std::string::npos) << text;
+  }
+}
+
 // Options that cannot work are refused before mounting, naming the cause.
 TEST_F(FleetTest, ManifestOptionsThatCannotWorkAreRefused) {
   MakeDirs(src_);

@@ -252,6 +252,7 @@ TEST_F(ManifestStoreTest, StoreNeedsADirectoryAndAKeyToTrust) {
 // the public key, gets every digest without opening a single file.
 TEST_F(ManifestStoreTest, SecondIndexerHashesNothing) {
   TempDir src("ckptfs-src"), state_a("ckptfs-state"), state_b("ckptfs-state");
+  ::chmod(src.path().c_str(), 0755);  // records are published of what every user may read
   WriteModel(src / "base", {.seed = 1});
   WriteModel(src / "tune", {.seed = 2});
   auto publisher = OpenStore(dir_.path(), {}, key_);
