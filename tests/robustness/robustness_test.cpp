@@ -585,6 +585,66 @@ TEST_F(RobustnessTest, DeepDirectoriesCostTheirNumberNotTheirDepthSquared) {
             << " kB\n";
 }
 
+// A SRC writer's files with several links are each watched with inotify
+// (so that a chmod through another name is seen), from the daemon's share
+// of the system's watches: at most 4,096 of them, then one warning. Bound:
+// 4,100 files of two links each cost at most 4,096 file watches plus one a
+// directory.
+TEST_F(RobustnessTest, FilesWithSeveralLinksCostAtMost4096Watches) {
+  constexpr int kFiles = 4100;
+  MakeDirs(src_ + "/links/ck");
+  MakeDirs(src_ + "/links/other");
+  WriteFile(src_ + "/links/ck/model.safetensors", "weights");
+  for (int i = 0; i < kFiles; ++i) {
+    const std::string name = "/f" + std::to_string(i) + ".json";
+    WriteFile(src_ + "/links/ck" + name, std::to_string(i));
+    ASSERT_EQ(::link((src_ + "/links/ck" + name).c_str(), (src_ + "/links/other" + name).c_str()), 0);
+  }
+  auto m = Mount();
+  ASSERT_TRUE(m->ok()) << m->Log();
+  ASSERT_TRUE(WaitFor([&] { return !Digest("links/ck").empty(); }, std::chrono::seconds(60))) << m->Log();
+  EXPECT_TRUE(WaitFor([&] { return m->Log().find("more than 4096 files with several links") != std::string::npos; }))
+      << m->Log();
+  // The daemon's inotify watches, as /proc tells them: one line each.
+  size_t watches = 0;
+  const std::string fds = "/proc/" + std::to_string(m->ServingPid()) + "/fdinfo";
+  for (const auto& e : fs::directory_iterator(fds)) {
+    std::ifstream info(e.path());
+    for (std::string line; std::getline(info, line);) watches += line.rfind("inotify wd:", 0) == 0 ? 1 : 0;
+  }
+  EXPECT_GT(watches, 4096u);  // the file watches are there
+  EXPECT_LE(watches, 4096u + 10) << "4,096 file watches and a few directories";
+}
+
+// Links within links: each level entered through a link adds the chain of
+// directories down to its target, so a chain of hidden directories, each
+// with a link to the next, makes the directories to search grow with the
+// square of the levels, and every request and scan walks them. Bound: past
+// 4,096 directories to search the walk stops, and the checkpoint says why.
+TEST_F(RobustnessTest, LinksWithinLinksStopAt4096DirectoriesToSearch) {
+  std::string hidden = src_ + "/.c";  // not walked itself: reached only through the links
+  MakeDirs(src_);
+  Symlink(".c", src_ + "/s");
+  WriteFile(hidden + "/model.safetensors", "weights");
+  for (int i = 0; i < 150; ++i) {
+    MakeDirs(hidden + "/.c");
+    Symlink(".c", hidden + "/s");
+    hidden += "/.c";
+  }
+  WriteFile(src_ + "/ok/model.bin", "fine");
+  auto m = Mount();
+  ASSERT_TRUE(m->ok()) << m->Log();
+  ASSERT_TRUE(WaitFor([&] { return !Digest("ok").empty(); })) << m->Log();
+  nlohmann::json found;
+  EXPECT_TRUE(WaitFor([&] {
+    for (const auto& c : Ctl("status").value("checkpoints", nlohmann::json::array())) {
+      if (c.value("path", "") == src_ + "/s") found = c;
+    }
+    return found.value("state", "") == "invalid";
+  })) << Ctl("status").dump(1);
+  EXPECT_NE(found.value("reason", "").find("links within links"), std::string::npos) << found.dump(1);
+}
+
 // A SRC writer's names go into the log with their control characters
 // escaped: a newline in a directory's name forged a whole log line, and an
 // escape sequence went raw to the terminal of whoever read the log. Bound:
