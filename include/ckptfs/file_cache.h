@@ -8,19 +8,27 @@
 // small config costs 4 KiB, not a 4 MiB chunk slot). A fill that needs room
 // evicts the least recently used unpinned copies; if that is not enough it
 // is refused, never squeezed in. Evicting a copy drops the tier's reference
-// only: readers that still hold it (an open file, a passthrough backing)
-// keep its pages until they let go, and those bytes are reported apart as
-// held by readers, outside the budget.
+// only: readers that still hold it keep its pages until they let go, and
+// those pages stay in the budget ("held by readers") until then, so that no
+// reader can take memory past `capacity` by holding evicted copies. Readers
+// are the daemon's own (an open file's handle, a reply in flight: the copy's
+// reference count) and the kernel's (a passthrough open, and every mapping
+// of one, also after its close, which the daemon is not told of: the tier
+// keeps the copy's read-only descriptor and asks the kernel,
+// SealedCopy::OpenElsewhere). Held copies are looked at again whenever room
+// is claimed and in GetStats. Evicting for room skips copies in use (by
+// either kind of reader), which would free nothing and could not be served
+// again; when the copies not in use cannot make room, nothing is evicted.
 //
 // Descriptors: a copy in a memfd holds one of the daemon's descriptors
 // (small files are kept in memory and hold none: SealedCopy::kMemory), and
-// `descriptor_budget` bounds how many the resident copies and the fills in
-// flight hold together, exactly as `capacity` bounds their bytes: a fill
+// `descriptor_budget` bounds how many the resident copies, the fills in
+// flight and the held copies hold together, exactly as `capacity` bounds
+// their bytes: a fill
 // that needs a descriptor evicts the least recently used unpinned copy that
 // holds one, or is refused (kFull) and its file is served by the chunk
-// path. A copy the tier lets go of closes its descriptor at once, even
-// while readers still hold it (their mapping, or the kernel's passthrough
-// backing, keeps the pages), so readers never hold descriptors of the tier.
+// path. A copy the tier lets go of closes its descriptor as soon as no
+// reader holds it; until then the descriptor is counted as held.
 //
 // Single flight: one fill per key at a time; others wait for it or, if they
 // only wanted to start one (a background fill), go away.
@@ -149,7 +157,7 @@ class FileCache final : public CacheTier {
     uint64_t used = 0;      // resident copies, in whole pages
     uint64_t filling = 0;   // reserved by fills in flight
     uint64_t pinned = 0;
-    uint64_t held_by_readers = 0;  // evicted copies readers still hold
+    uint64_t held_by_readers = 0;  // evicted copies readers still hold (in `used`'s budget)
     uint64_t files = 0;
     uint64_t hits = 0, misses = 0, fills = 0, evictions = 0;
     uint64_t fill_bytes = 0;
@@ -161,7 +169,8 @@ class FileCache final : public CacheTier {
     bool locked_memory = true;  // false once the kernel refused to mlock a pinned copy
     uint64_t registered = 0;    // pinned bytes registered with the gpu= device
   };
-  Stats GetStats() const;
+  // Looks at the held copies again first (see above).
+  Stats GetStats() EXCLUDES(mu_);
 
  private:
   struct Entry {
@@ -175,12 +184,28 @@ class FileCache final : public CacheTier {
   // takes time for a large file and must not hold up Find.
   struct Released {
     std::vector<CopyPtr> copies;
-    ~Released();
+    std::vector<UniqueFd> descriptors;
+  };
+  // An evicted copy that readers may still hold: the daemon's (while `copy`
+  // lives) or the kernel's (`descriptor` open elsewhere).
+  struct HeldCopy {
+    std::weak_ptr<const SealedCopy> copy;
+    UniqueFd descriptor;  // read-only; invalid for a copy without a memfd
+    uint64_t bytes = 0;
   };
   class PageLock;
   void Abandon(Reservation& fill) EXCLUDES(mu_);
   Status PinRefused() const REQUIRES(mu_);
   bool MakeRoom(uint64_t bytes, bool descriptor, const FileKey& keep, Released& released) REQUIRES(mu_);
+  // Forgets the held copies no reader holds any more (their descriptors go
+  // to `released`, closed after the lock).
+  void SweepHeld(Released& released) REQUIRES(mu_);
+  // Whether a reader holds the copy: the daemon's (a reference) or the
+  // kernel's (a passthrough open or a mapping of one). Evicting it would
+  // free nothing.
+  static bool InUse(const Entry& e);
+  // Bytes of the resident unpinned copies in use.
+  uint64_t InUse() const REQUIRES(mu_);
   bool EvictOldest(bool holding_descriptor, const FileKey& keep, Released& released) REQUIRES(mu_);
   void Drop(std::map<FileKey, Entry>::iterator it, Released& released) REQUIRES(mu_);
   // Makes the reserved fill's copy resident (takes mu_).
@@ -203,8 +228,9 @@ class FileCache final : public CacheTier {
   std::list<FileKey> lru_ GUARDED_BY(mu_);  // front: most recently used
   std::set<FileKey> filling_ GUARDED_BY(mu_);
   uint64_t used_ GUARDED_BY(mu_) = 0, reserved_ GUARDED_BY(mu_) = 0, pinned_ GUARDED_BY(mu_) = 0;
-  uint64_t descriptors_ GUARDED_BY(mu_) = 0;  // of resident copies and reserved by fills
-  mutable std::vector<std::weak_ptr<const SealedCopy>> evicted_ GUARDED_BY(mu_);
+  uint64_t descriptors_ GUARDED_BY(mu_) = 0;  // of resident and held copies, and reserved by fills
+  std::vector<HeldCopy> held_ GUARDED_BY(mu_);
+  uint64_t held_bytes_ GUARDED_BY(mu_) = 0;
   Stats counters_ GUARDED_BY(mu_);
 };
 

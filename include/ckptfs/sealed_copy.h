@@ -151,14 +151,30 @@ class SealedCopy {
   bool sealed() const { return sealed_; }
   const uint8_t* data() const { return sealed_ ? map_ : nullptr; }
   uint64_t size() const { return size_; }
-  // The memfd; -1 for a kMemory copy or once ReleaseDescriptor ran.
+  // The memfd; -1 for a kMemory copy or once TakeDescriptor ran. Once
+  // sealed, a descriptor opened read-only (see OpenElsewhere), unless the
+  // memfd could not be opened again (no /proc): then the one it was written
+  // through, and readers_visible() is false.
   int fd() const;
   bool holds_descriptor() const { return fd() >= 0; }
   bool in_memory() const { return how_ == WriteBy::kMemory; }
-  // Closes the memfd of a copy the host tier let go of: its mapping (and
-  // every reader of it, and a kernel passthrough backing made from it
-  // already) keeps the pages, but the descriptor goes back to the daemon.
-  void ReleaseDescriptor() const;
+  bool readers_visible() const { return readers_visible_; }
+  // Hands the memfd over to a host tier that lets go of the copy: its
+  // mapping (and every reader of it, and a kernel passthrough backing made
+  // from it already) keeps the pages; the tier keeps the descriptor only to
+  // learn when the kernel's readers are gone (OpenElsewhere).
+  UniqueFd TakeDescriptor() const;
+  // Whether the inode of `fd`, a sealed copy's read-only descriptor, has an
+  // open file description other than `fd`'s own: a file the kernel opened
+  // on it for a passthrough open, which every mapping of such a file keeps
+  // too, after its close. The daemon hears of neither (a mapping outlives
+  // the RELEASE it sent), so it asks the kernel: a write lease is granted
+  // only to the sole opener of a file (fs/locks.c, check_conflicting_open),
+  // and is given back at once. The daemon's own mappings come from the
+  // descriptor the copy was written through, which no lease counts (a
+  // memfd's first descriptor takes no write access). False when the kernel
+  // grants no leases (fs.leases-enable=0), with one warning.
+  static bool OpenElsewhere(int fd);
   const std::string& name() const { return name_; }
 
   // mlock of the mapping; the errno on refusal. Unlock undoes it.
@@ -166,9 +182,10 @@ class SealedCopy {
   void Unlock() const;
 
   // The attachment made by `make` from the memfd the first time one is asked
-  // for (made at most once, under a lock that ReleaseDescriptor takes too,
-  // so the descriptor cannot be closed under `make`); null if `make` failed
-  // or the copy has no descriptor any more.
+  // for (made at most once, under a lock that TakeDescriptor takes too,
+  // so the descriptor cannot be closed under `make`); null if `make` failed,
+  // the copy has no descriptor any more, or its readers would not be
+  // visible (readers_visible(): the kernel could keep its pages unseen).
   std::shared_ptr<CopyAttachment> Attachment(const std::function<std::shared_ptr<CopyAttachment>(int fd)>& make) const;
 
  private:
@@ -180,7 +197,7 @@ class SealedCopy {
   void ReleaseHold() const;
   // The memfd, for the copy's writer (Write, Seal and the mappings they
   // make) without attach_mu_: until the copy is published nobody else has
-  // it, and ReleaseDescriptor, the only other writer of fd_, runs only on a
+  // it, and TakeDescriptor, the only other writer of fd_, runs only on a
   // published copy.
   int WriterFd() const NO_THREAD_SAFETY_ANALYSIS { return fd_.get(); }
   void Unmap();
@@ -195,6 +212,7 @@ class SealedCopy {
   uint8_t* map_ = nullptr;
   std::unique_ptr<uint8_t[]> memory_;
   bool sealed_ = false;
+  bool readers_visible_ = false;  // fd_ was opened read-only at Seal
   mutable bool locked_ = false;
   mutable Mutex attach_mu_;
   // MappingHold's: how many readers hold the mapping, and whether Seal is

@@ -61,10 +61,6 @@ class FileCache::PageLock {
 FileCache::FileCache(uint64_t capacity, DeviceMemory* device, uint64_t descriptor_budget)
     : capacity_(capacity), device_(device), descriptor_budget_(descriptor_budget) {}
 
-FileCache::Released::~Released() {
-  for (const CopyPtr& c : copies) c->ReleaseDescriptor();
-}
-
 // The page locks first: each one updates registered_ and locked_memory_ as
 // it goes, which are destroyed before page_locks_ would be.
 FileCache::~FileCache() { page_locks_.clear(); }
@@ -93,9 +89,19 @@ void FileCache::Drop(std::map<FileKey, Entry>::iterator it, Released& released) 
   const uint64_t bytes = PageBytes(copy->size());
   used_ -= bytes;
   if (it->second.pinned) pinned_ -= bytes;  // its pages are unlocked by the caller (Evict)
-  if (it->second.descriptor) --descriptors_;
-  // Readers may still hold it: remember it to count what they hold.
-  if (copy.use_count() > 1) evicted_.push_back(copy);
+  // Readers may still hold it: then its pages stay in the budget, and its
+  // descriptor counted, until they let go (SweepHeld).
+  UniqueFd descriptor = copy->TakeDescriptor();
+  const bool held = copy.use_count() > 1 ||
+                    (descriptor.valid() && copy->readers_visible() && SealedCopy::OpenElsewhere(descriptor.get()));
+  if (held) {
+    held_bytes_ += bytes;
+    if (!descriptor.valid() && it->second.descriptor) --descriptors_;
+    held_.push_back(HeldCopy{copy, std::move(descriptor), bytes});
+  } else {
+    if (it->second.descriptor) --descriptors_;
+    if (descriptor.valid()) released.descriptors.push_back(std::move(descriptor));
+  }
   released.copies.push_back(std::move(it->second.copy));
   lru_.erase(it->second.lru);
   entries_.erase(it);
@@ -107,15 +113,50 @@ void FileCache::Drop(std::map<FileKey, Entry>::iterator it, Released& released) 
 bool FileCache::EvictOldest(bool holding_descriptor, const FileKey& keep, Released& released) {
   for (auto it = lru_.rbegin(); it != lru_.rend(); ++it) {
     const Entry& e = entries_.at(*it);
-    if (*it == keep || e.pinned || (holding_descriptor && !e.descriptor)) continue;
+    if (*it == keep || e.pinned || (holding_descriptor && !e.descriptor) || InUse(e)) continue;
     Drop(entries_.find(*it), released);
     return true;
   }
   return false;
 }
 
+void FileCache::SweepHeld(Released& released) {
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (!it->copy.expired() || (it->descriptor.valid() && SealedCopy::OpenElsewhere(it->descriptor.get()))) {
+      ++it;
+      continue;
+    }
+    held_bytes_ -= it->bytes;
+    if (it->descriptor.valid()) {
+      --descriptors_;
+      released.descriptors.push_back(std::move(it->descriptor));
+    }
+    it = held_.erase(it);
+  }
+}
+
+bool FileCache::InUse(const Entry& e) {
+  if (e.copy.use_count() > 1) return true;
+  const int fd = e.copy->fd();
+  return fd >= 0 && e.copy->readers_visible() && SealedCopy::OpenElsewhere(fd);
+}
+
+uint64_t FileCache::InUse() const {
+  uint64_t bytes = 0;
+  for (const auto& [key, e] : entries_) {
+    if (!e.pinned && InUse(e)) bytes += PageBytes(e.copy->size());
+  }
+  return bytes;
+}
+
 bool FileCache::MakeRoom(uint64_t bytes, bool descriptor, const FileKey& keep, Released& released) {
-  while (used_ + reserved_ + bytes > capacity_) {
+  // Evicting cannot free what is pinned, being filled, held by readers or
+  // in use: when that leaves no room, evict nothing.
+  if (used_ + reserved_ + held_bytes_ + bytes > capacity_ &&
+      pinned_ + reserved_ + held_bytes_ + InUse() + bytes > capacity_) {
+    return false;
+  }
+  while (used_ + reserved_ + held_bytes_ + bytes > capacity_) {
     if (!EvictOldest(/*holding_descriptor=*/false, keep, released)) return false;
   }
   while (descriptor && descriptors_ + 1 > descriptor_budget_) {
@@ -129,6 +170,7 @@ Result<FileCache::Claimed> FileCache::Claim(const FileKey& key, uint64_t size, b
   const bool descriptor = SealedCopy::NeedsDescriptor(size);
   Released released;  // declared before the lock: let go of after it
   MutexLock lock(mu_);
+  SweepHeld(released);
   for (;;) {
     if (auto it = entries_.find(key); it != entries_.end()) {
       lru_.splice(lru_.begin(), lru_, it->second.lru);
@@ -144,18 +186,20 @@ Result<FileCache::Claimed> FileCache::Claim(const FileKey& key, uint64_t size, b
                         std::to_string(capacity_) + " bytes)");
   }
   if (room == Room::kFreeOnly &&
-      (used_ + reserved_ + bytes > capacity_ || (descriptor && descriptors_ + 1 > descriptor_budget_))) {
-    return Status::Full("no free room in the host tier: " + std::to_string(used_ + reserved_) + " of " +
-                        std::to_string(capacity_) + " bytes and " + std::to_string(descriptors_) + " of " +
-                        std::to_string(descriptor_budget_) + " descriptors are used or being filled");
+      (used_ + reserved_ + held_bytes_ + bytes > capacity_ || (descriptor && descriptors_ + 1 > descriptor_budget_))) {
+    return Status::Full("no free room in the host tier: " + std::to_string(used_ + reserved_ + held_bytes_) +
+                        " of " + std::to_string(capacity_) + " bytes and " + std::to_string(descriptors_) + " of " +
+                        std::to_string(descriptor_budget_) + " descriptors are used, being filled or held by readers");
   }
   if (!MakeRoom(bytes, descriptor, key, released)) {
-    if (used_ + reserved_ + bytes > capacity_) {
-      return Status::Full("no room in the host tier: " + std::to_string(used_ + reserved_) + " of " +
-                          std::to_string(capacity_) + " bytes are pinned or being filled");
+    if (used_ + reserved_ + held_bytes_ + bytes > capacity_) {
+      return Status::Full("no room in the host tier: " + std::to_string(pinned_ + reserved_ + held_bytes_ + InUse()) +
+                          " of " + std::to_string(capacity_) +
+                          " bytes are pinned, being filled, or held by readers (" + std::to_string(held_bytes_) +
+                          " of them in evicted copies)");
     }
     return Status::Full("no descriptor for another copy in the host tier: " + std::to_string(descriptors_) + " of " +
-                        std::to_string(descriptor_budget_) + " are held by pinned copies or fills");
+                        std::to_string(descriptor_budget_) + " are held by pinned copies, fills or readers");
   }
   reserved_ += bytes;
   if (descriptor) ++descriptors_;
@@ -302,13 +346,16 @@ uint64_t FileCache::Evict(const Sha256Digest& sha256) {
 size_t FileCache::ShedDescriptors(size_t count) {
   Released released;
   MutexLock lock(mu_);
+  SweepHeld(released);
   size_t shed = 0;
   while (shed < count && EvictOldest(/*holding_descriptor=*/true, FileKey{}, released)) ++shed;
   return shed;
 }
 
-FileCache::Stats FileCache::GetStats() const {
+FileCache::Stats FileCache::GetStats() {
+  Released released;
   MutexLock lock(mu_);
+  SweepHeld(released);
   Stats s = counters_;
   s.locked_memory = locked_memory_.load();
   s.registered = registered_.load();
@@ -320,10 +367,7 @@ FileCache::Stats FileCache::GetStats() const {
   s.descriptors = descriptors_;
   s.descriptor_budget = descriptor_budget_;
   for (const auto& [key, e] : entries_) s.in_memory += e.copy->in_memory() ? 1 : 0;
-  std::erase_if(evicted_, [](const auto& w) { return w.expired(); });
-  for (const auto& w : evicted_) {
-    if (auto c = w.lock()) s.held_by_readers += PageBytes(c->size());
-  }
+  s.held_by_readers = held_bytes_;
   return s;
 }
 

@@ -54,7 +54,7 @@ void FileFiller::QueueSiblingsOf(const View::NodePtr& file) {
   }
   std::sort(siblings.begin(), siblings.end(), [](const auto& a, const auto& b) { return a->source_path < b->source_path; });
   const FileCache::Stats tier = server_.parts().files->GetStats();
-  uint64_t room = tier.capacity - std::min(tier.capacity, tier.used + tier.filling);
+  uint64_t room = tier.capacity - std::min(tier.capacity, tier.used + tier.filling + tier.held_by_readers);
   for (const auto& f : siblings) {
     auto form = server_.FormOf(f);
     if (!form.ok() || server_.parts().files->Find(form->key, /*use=*/false)) continue;

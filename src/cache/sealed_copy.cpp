@@ -4,11 +4,14 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <vector>
+
+#include <spdlog/spdlog.h>
 
 namespace ckptfs {
 
@@ -161,9 +164,25 @@ int SealedCopy::fd() const {
   return fd_.get();
 }
 
-void SealedCopy::ReleaseDescriptor() const {
+UniqueFd SealedCopy::TakeDescriptor() const {
   MutexLock lock(attach_mu_);
-  fd_.reset();
+  return std::move(fd_);
+}
+
+bool SealedCopy::OpenElsewhere(int fd) {
+  if (::fcntl(fd, F_SETLEASE, F_WRLCK) == 0) {
+    ::fcntl(fd, F_SETLEASE, F_UNLCK);
+    return false;
+  }
+  if (errno == EAGAIN) return true;
+  static std::atomic<bool> warned{false};
+  if (!warned.exchange(true)) {
+    spdlog::warn("the kernel grants no file lease ({}), so the host tier cannot tell when readers let go of an "
+                 "evicted copy: the pages that mappings keep after their file's close are not counted in cache_size "
+                 "(sysctl fs.leases-enable=1 counts them)",
+                 std::strerror(errno));
+  }
+  return false;
 }
 
 Status SealedCopy::Write(uint64_t offset, const uint8_t* data, size_t len) {
@@ -223,6 +242,16 @@ Status SealedCopy::RemapSealed() {
   if (size_ > 0) {
     if (Status s = MapReadOnly(MAP_SHARED); !s.ok()) return s;
   }
+  // From now on the copy holds a read-only descriptor of the memfd, which
+  // the kernel is given for passthrough and the host tier asks, once it
+  // lets go of the copy, whether anyone still holds the pages
+  // (OpenElsewhere). The mapping keeps the pages it maps either way.
+  UniqueFd read_only(::open(("/proc/self/fd/" + std::to_string(WriterFd())).c_str(), O_RDONLY | O_CLOEXEC));
+  if (read_only.valid()) {
+    MutexLock lock(attach_mu_);
+    fd_ = std::move(read_only);
+    readers_visible_ = true;
+  }
   sealed_ = true;
   return Status::Ok();
 }
@@ -267,7 +296,7 @@ void SealedCopy::Unlock() const {
 std::shared_ptr<CopyAttachment> SealedCopy::Attachment(
     const std::function<std::shared_ptr<CopyAttachment>(int fd)>& make) const {
   MutexLock lock(attach_mu_);
-  if (!attachment_ && fd_.valid()) attachment_ = make(fd_.get());
+  if (!attachment_ && fd_.valid() && readers_visible_) attachment_ = make(fd_.get());
   return attachment_;
 }
 

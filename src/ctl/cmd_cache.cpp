@@ -61,7 +61,7 @@ void PrintPrometheus(const nlohmann::json& j, const std::string& mountpoint) {
     out += std::string("# HELP ckptfs_") + c.name + " " + c.help + "\n# TYPE ckptfs_" + c.name + " counter\n";
     out += Prom(c.name, mnt, j[c.key].get<uint64_t>());
   }
-  out += "# HELP ckptfs_held_by_readers_bytes Evicted host-tier copies that open files still hold.\n"
+  out += "# HELP ckptfs_held_by_readers_bytes Evicted host-tier copies that readers (open files, mappings) still hold, within the capacity.\n"
          "# TYPE ckptfs_held_by_readers_bytes gauge\n" +
          Prom("held_by_readers_bytes", mnt, j[kHeldByReaders].get<uint64_t>());
   out += "# HELP ckptfs_fill_bytes_total Bytes copied into the host tier.\n# TYPE ckptfs_fill_bytes_total counter\n" +

@@ -45,6 +45,11 @@ int main(int argc, char** argv) {
     std::fputs(parsed->show_help ? MountUsage().c_str() : (BuildDescription() + "\n").c_str(), stdout);
     return 0;
   }
+  // The host tier takes file leases for an instant to learn whether the
+  // kernel still holds an evicted copy (SealedCopy::OpenElsewhere); a
+  // passthrough open in that instant breaks the lease, which signals the
+  // holder with SIGIO, whose default is to end the process.
+  ::signal(SIGIO, SIG_IGN);
   auto log = daemon::DaemonLog::Start(*parsed);
   if (!log.ok()) {
     std::fprintf(stderr, "ckptfs: %s\n", log.status().message().c_str());

@@ -386,7 +386,9 @@ ckptfs options (-o):
   cache_size=SIZE|N%   host cache, e.g. 32G or 40% (default 25% of physical
                        memory), taken as it fills: whole verified files in
                        sealed memfds, plus 1/8 (16M to 256M) for the chunk
-                       path's 4 MiB chunks (all of it with fill=off)
+                       path's 4 MiB chunks (all of it with fill=off); copies
+                       evicted while readers still hold them (an open file,
+                       a mapping) count until they let go
   passthrough=auto|off auto (default): an open of a file resident in the
                        host tier is handed to the kernel (FUSE passthrough,
                        Linux 6.9+, CAP_SYS_ADMIN), so reads and mmap run at

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <iostream>
@@ -495,6 +496,72 @@ TEST_F(PassthroughMountTest, WithoutPrivilegeTheChunkPathServesTheSameBytes) {
   EXPECT_TRUE(why.find("CAP_SYS_ADMIN") != std::string::npos || why.find("did not offer") != std::string::npos) << why;
 }
 
+// Pages of the calling process that are shared memory it maps (the host
+// tier's copies, through passthrough mappings), from /proc/self/status.
+uint64_t MappedSharedMemory() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("RssShmem:", 0) == 0) return std::stoull(line.substr(9)) * 1024;
+  }
+  return 0;
+}
+
+// A reader that maps each file and closes it keeps the copy's pages with a
+// mapping the daemon is not told of (its RELEASE comes at the close). Such
+// readers could make the daemon copy file after file, each copy evicted
+// for the next and kept by its mapping: memory without bound, past
+// cache_size. The tier asks the kernel whether a copy is still held, and
+// counts it: copies in use are not evicted, what does not fit is served by
+// the chunk path, and the mapped copies never exceed cache_size.
+TEST_F(PassthroughMountTest, MappingsKeptAfterTheirCloseStayWithinCacheSize) {
+  constexpr int kFiles = 6;
+  constexpr uint64_t kSize = 12 * kMiB;
+  std::vector<std::string> bytes;
+  for (int i = 0; i < kFiles; ++i) {
+    bytes.push_back(RandomBytes(kSize, 100 + i));
+    WriteFile(src_ + "/m/s" + std::to_string(i) + ".safetensors", bytes.back());
+  }
+  auto m = MountWithPassthrough("cache_size=32M,fill=wait,fill_on_index=off");
+  SKIP_WITHOUT_PASSTHROUGH();
+  const std::string dir = DigestDir("m");
+  const uint64_t shared_before = MappedSharedMemory();
+  std::vector<void*> maps;
+  auto map_each_file = [&] {
+    for (int i = 0; i < kFiles; ++i) {
+      const int fd = ::open((dir + "/s" + std::to_string(i) + ".safetensors").c_str(), O_RDONLY);
+      ASSERT_GE(fd, 0);
+      void* map = ::mmap(nullptr, kSize, PROT_READ, MAP_SHARED, fd, 0);
+      ::close(fd);
+      ASSERT_NE(map, MAP_FAILED);
+      maps.push_back(map);
+      EXPECT_TRUE(std::memcmp(map, bytes[i].data(), kSize) == 0) << "s" << i;  // touches every page
+    }
+  };
+  map_each_file();
+  auto s = Stats(mnt_);
+  const uint64_t capacity = s["tiers"]["host"]["capacity"];
+  // Each file is mapped once: the shared memory mapped is the copies kept.
+  const uint64_t mapped = MappedSharedMemory() - shared_before;
+  EXPECT_LE(mapped, capacity) << "mapped copies: " << mapped;
+  EXPECT_GE(mapped, kSize);  // the first fitted, and passed through
+  // Mapped again, the files whose copies were evicted are not copied again
+  // past the budget either.
+  map_each_file();
+  s = Stats(mnt_);
+  const uint64_t used = s["tiers"]["host"]["used"], held = s["held_by_readers"];
+  EXPECT_LE(used + held, capacity);
+  EXPECT_GE(used + held, kSize);
+  EXPECT_GE(Opens(s, "chunk path: not resident"), 1u) << s.dump();  // what did not fit
+  for (void* map : maps) ::munmap(map, kSize);
+  // Let go of, every copy can be evicted again: a new file fits.
+  EXPECT_TRUE(WaitFor([&] {
+    auto now = Stats(mnt_);
+    return now["held_by_readers"] == 0 && now["open_inodes"] == 0;
+  }));
+  ASSERT_EQ(RunCommand(kCtl + " evict " + mnt_ + "/by-name/m").exit_code, 0);
+  EXPECT_TRUE(HostTierMemfds(m->ServingPid()).empty());
+}
+
 TEST_F(PassthroughMountTest, EvictionUnderOpenReadersKeepsTheirBytes) {
   const std::string a = RandomBytes(16 * kMiB + 1, 3), b = RandomBytes(8 * kMiB, 4);
   WriteFile(src_ + "/m/a.safetensors", a);
@@ -525,11 +592,13 @@ TEST_F(PassthroughMountTest, EvictionUnderOpenReadersKeepsTheirBytes) {
   EXPECT_TRUE(ReadBuffered(dir + "/a.safetensors") == a);
   EXPECT_EQ(Stats(mnt_)["read_requests"], reads);
 
-  // A copy the tier let go of holds no descriptor, though its readers
-  // (an open file, a mapping, a passthrough backing) keep its pages.
-  EXPECT_TRUE(HostTierMemfds(m->ServingPid()).empty());
+  // A copy the tier let go of keeps one descriptor while its readers (an
+  // open file, a mapping, a passthrough backing) keep its pages: the
+  // daemon asks the kernel through it whether they still do.
+  EXPECT_EQ(HostTierMemfds(m->ServingPid()).size(), 2u);
   ::close(fb);  // b's copy is let go: its backing id closed, its pages freed
   EXPECT_TRUE(WaitFor([&] { return Stats(mnt_)["held_by_readers"] == PageBytes(a.size()); }));
+  EXPECT_EQ(HostTierMemfds(m->ServingPid()).size(), 1u);
   ::munmap(map, a.size());
   ::close(fa);
   EXPECT_TRUE(WaitFor([&] { return Stats(mnt_)["held_by_readers"] == 0 && Stats(mnt_)["open_inodes"] == 0; }));

@@ -77,15 +77,17 @@ TEST(SealedCopyTest, NobodyCanChangeASealedCopy) {
   const int seals = ::fcntl(copy->fd(), F_GET_SEALS);
   EXPECT_EQ(seals, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
   EXPECT_EQ(copy->data()[3 * kMiB + 4], 'a');
-  EXPECT_EQ(::pwrite(copy->fd(), "b", 1, 0), -1);  // the memfd is open O_RDWR; the seal still refuses
-  EXPECT_EQ(errno, EPERM);
-  EXPECT_NE(::ftruncate(copy->fd(), 1), 0);
-  EXPECT_EQ(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, copy->fd(), 0), MAP_FAILED);
-  EXPECT_NE(::fcntl(copy->fd(), F_ADD_SEALS, 0), 0);  // F_SEAL_SEAL: the seals are final
-  // Reopened through /proc, as another process could, it is still unwritable.
+  EXPECT_TRUE(copy->readers_visible());
+  EXPECT_EQ(::fcntl(copy->fd(), F_GETFL) & O_ACCMODE, O_RDONLY);  // what the kernel is given: read-only
+  // Reopened for writing through /proc, as root in another process could,
+  // it is still unwritable: the seals refuse.
   const int again = ::open(("/proc/self/fd/" + std::to_string(copy->fd())).c_str(), O_RDWR);
   ASSERT_GE(again, 0);
   EXPECT_EQ(::pwrite(again, "b", 1, 0), -1);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_NE(::ftruncate(again, 1), 0);
+  EXPECT_EQ(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, again, 0), MAP_FAILED);
+  EXPECT_NE(::fcntl(again, F_ADD_SEALS, 0), 0);  // F_SEAL_SEAL: the seals are final
   ::close(again);
   EXPECT_EQ(copy->Lock(), 0);
   copy->Unlock();
@@ -162,7 +164,9 @@ TEST(FileCacheTest, CopyOutGivesAResidentCopysBytesOnly) {
   EXPECT_EQ(cache.GetStats().hits + cache.GetStats().misses, 0u);
 }
 
-TEST(FileCacheTest, EvictedCopiesHeldByReadersAreCountedApart) {
+// Evicted copies the daemon's own readers hold (an open file's handle)
+// keep their pages: those stay in the budget until the readers let go.
+TEST(FileCacheTest, EvictedCopiesHeldByReadersStayInTheBudget) {
   FileCache cache(8 * kMiB);
   FileCache::CopyPtr reader = Fill(cache, Key(1), 3 * kMiB);
   ASSERT_TRUE(Fill(cache, Key(1, "stamped:sha256-ab"), kMiB));  // another form of the same file
@@ -172,8 +176,33 @@ TEST(FileCacheTest, EvictedCopiesHeldByReadersAreCountedApart) {
   EXPECT_EQ(s.files, 0u);
   EXPECT_EQ(s.held_by_readers, 3 * kMiB);  // the other form had no reader and is gone
   EXPECT_EQ(reader->data()[0], 'x');        // the reader keeps its verified bytes
+  auto refused = cache.Claim(Key(2), 6 * kMiB, false, true);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Status::Code::kFull);
   reader.reset();
   EXPECT_EQ(cache.GetStats().held_by_readers, 0u);
+  EXPECT_TRUE(Fill(cache, Key(2), 6 * kMiB));
+}
+
+// A copy in use is not evicted for room: its reader would keep its pages,
+// so evicting it would free nothing. The least recently used copy that
+// nobody uses goes instead, and when only copies in use are left the fill
+// is refused at once, with nothing evicted.
+TEST(FileCacheTest, CopiesInUseAreNotEvictedForRoom) {
+  FileCache cache(8 * kMiB);
+  FileCache::CopyPtr in_use = Fill(cache, Key(1), 3 * kMiB);
+  ASSERT_TRUE(Fill(cache, Key(2), 3 * kMiB));
+  ASSERT_TRUE(Fill(cache, Key(3), 4 * kMiB));  // evicts 2, not the older 1
+  EXPECT_TRUE(cache.Find(Key(1)));
+  EXPECT_FALSE(cache.Find(Key(2)));
+  FileCache::CopyPtr also_in_use = cache.Find(Key(3));
+  auto refused = cache.Claim(Key(4), 2 * kMiB, false, true);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(cache.Find(Key(1)) && cache.Find(Key(3)));  // nothing was evicted in vain
+  EXPECT_EQ(cache.GetStats().held_by_readers, 0u);
+  in_use.reset();
+  EXPECT_TRUE(Fill(cache, Key(4), 2 * kMiB));
+  EXPECT_FALSE(cache.Find(Key(1)));
 }
 
 TEST(FileCacheTest, OneFillAtATimePerKeyAndAnAbandonedFillLeavesNothing) {
@@ -279,9 +308,10 @@ TEST(SealedCopyTest, ReadersOfACopyInProgressAreOrderedWithItsSeal) {
 }
 
 // The tier bounds its memfds as it bounds its bytes: a fill that needs a
-// descriptor evicts the least recently used copy holding one, or is
-// refused; files held in memory need none; a copy let go of closes its
-// descriptor at once, though a reader keeps its bytes.
+// descriptor evicts the least recently used copy holding one that nobody
+// uses, or is refused; files held in memory need none; a copy let go of
+// while a reader holds it keeps its descriptor counted until the reader
+// lets go, though the reader keeps its bytes.
 TEST(FileCacheTest, DescriptorsAreBudgetedLikeBytes) {
   FileCache cache(64 * kMiB, nullptr, /*descriptor_budget=*/2);
   FileCache::CopyPtr reader = Fill(cache, Key(1), kMiB);
@@ -290,25 +320,101 @@ TEST(FileCacheTest, DescriptorsAreBudgetedLikeBytes) {
   for (int i = 10; i < 40; ++i) ASSERT_TRUE(Fill(cache, Key(i), 10));  // configs: no descriptor
   EXPECT_EQ(cache.GetStats().descriptors, 2u);
   EXPECT_EQ(cache.GetStats().in_memory, 30u);
-  ASSERT_TRUE(Fill(cache, Key(3), kMiB));  // evicts 1, the oldest holding a descriptor
+  // Evicts 2, the oldest holding a descriptor that no reader uses (evicting
+  // 1 would free nothing: its reader keeps its pages).
+  ASSERT_TRUE(Fill(cache, Key(3), kMiB));
   auto s = cache.GetStats();
   EXPECT_EQ(s.descriptors, 2u);
   EXPECT_EQ(s.files, 32u);
-  EXPECT_FALSE(cache.Find(Key(1)));
+  EXPECT_TRUE(cache.Find(Key(1)));
+  EXPECT_FALSE(cache.Find(Key(2)));
   EXPECT_TRUE(cache.Find(Key(10)));
-  EXPECT_FALSE(reader->holds_descriptor());  // closed though a reader holds the copy
-  EXPECT_EQ(reader->data()[kMiB - 1], 'x');   // whose bytes it keeps
+  // Let go of while its reader holds it: its descriptor stays counted.
+  EXPECT_EQ(cache.Evict(Key(1).sha256), kMiB);
+  EXPECT_FALSE(reader->holds_descriptor());  // the tier took it
+  EXPECT_EQ(reader->data()[kMiB - 1], 'x');   // the reader keeps the bytes
+  s = cache.GetStats();
+  EXPECT_EQ(s.descriptors, 2u);
+  EXPECT_EQ(s.held_by_readers, kMiB);
+  auto claim = cache.Claim(Key(4), kMiB, false, true);  // evicts 3, which no reader uses
+  ASSERT_TRUE(claim.ok());
+  EXPECT_FALSE(cache.Find(Key(3)));
+  claim->fill.reset();
+  EXPECT_EQ(cache.GetStats().descriptors, 1u);  // the held copy's
+  reader.reset();
+  EXPECT_EQ(cache.GetStats().descriptors, 0u);
+  EXPECT_EQ(cache.GetStats().held_by_readers, 0u);
   // Pinned copies are never evicted for a descriptor: then the fill is refused.
-  ASSERT_TRUE(cache.Pin(Key(2)).ok());
-  ASSERT_TRUE(cache.Pin(Key(3)).ok());
-  auto refused = cache.Claim(Key(4), kMiB, false, true);
+  ASSERT_TRUE(Fill(cache, Key(5), kMiB));
+  ASSERT_TRUE(Fill(cache, Key(6), kMiB));
+  ASSERT_TRUE(cache.Pin(Key(5)).ok());
+  ASSERT_TRUE(cache.Pin(Key(6)).ok());
+  auto refused = cache.Claim(Key(7), kMiB, false, true);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), Status::Code::kFull);
   EXPECT_NE(refused.status().message().find("descriptor"), std::string::npos) << refused.status().message();
   EXPECT_TRUE(Fill(cache, Key(41), 10));  // a config still fits
-  cache.Unpin(Key(3).sha256);
+  cache.Unpin(Key(6).sha256);
   EXPECT_EQ(cache.ShedDescriptors(8), 1u);  // the unpinned one
   EXPECT_EQ(cache.GetStats().descriptors, 1u);
+}
+
+// A reader the daemon is not told of: the kernel's file of a passthrough
+// open, and a mapping of it, which outlives the file's close. Here a file
+// opened read-only on the copy (as the kernel opens one for a passthrough
+// open), mapped and closed. Once evicted, the copy's pages stay in the
+// budget for as long as the mapping keeps them, so holding evicted copies
+// cannot take memory past the tier's capacity.
+TEST(FileCacheTest, EvictedCopiesMappedAfterTheirCloseStayInTheBudget) {
+  FileCache cache(8 * kMiB);
+  FileCache::CopyPtr copy = Fill(cache, Key(1), 5 * kMiB);
+  ASSERT_TRUE(copy);
+  if (!copy->readers_visible()) GTEST_SKIP() << "no /proc to open the memfd again";
+  const int kernel_file = ::open(("/proc/self/fd/" + std::to_string(copy->fd())).c_str(), O_RDONLY);
+  ASSERT_GE(kernel_file, 0);
+  void* map = ::mmap(nullptr, 5 * kMiB, PROT_READ, MAP_SHARED, kernel_file, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  ::close(kernel_file);
+  copy.reset();  // the daemon's own readers are gone: only the mapping holds it
+
+  // Another 5 MiB would evict 1, which would free nothing: the mapping
+  // holds it. So nothing is evicted, and the fill is refused.
+  auto claim = cache.Claim(Key(2), 5 * kMiB, false, true);
+  ASSERT_FALSE(claim.ok());
+  EXPECT_TRUE(cache.Find(Key(1)));
+  // Let go of by hand (ckptfsctl evict), it stays in the budget.
+  EXPECT_EQ(cache.Evict(Key(1).sha256), 5 * kMiB);
+  auto s = cache.GetStats();
+  EXPECT_EQ(s.used, 0u);
+  EXPECT_EQ(s.held_by_readers, 5 * kMiB);
+  EXPECT_EQ(s.descriptors, 1u);  // the held copy's, kept to ask the kernel
+  // Nothing can make room while the mapping holds 5 of the 8 MiB.
+  auto refused = cache.Claim(Key(3), 4 * kMiB, false, true);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Status::Code::kFull);
+  EXPECT_NE(refused.status().message().find("held by readers"), std::string::npos) << refused.status().message();
+  EXPECT_EQ(static_cast<const char*>(map)[5 * kMiB - 1], 'x');  // the mapping keeps its bytes
+
+  ::munmap(map, 5 * kMiB);
+  auto fits = cache.Claim(Key(3), 4 * kMiB, false, true);
+  ASSERT_TRUE(fits.ok()) << fits.status().message();
+  EXPECT_TRUE(fits->fill);
+  s = cache.GetStats();
+  EXPECT_EQ(s.held_by_readers, 0u);
+  EXPECT_EQ(s.descriptors, 1u);  // the fill's; the held copy's was closed
+}
+
+// A copy held only by readers: an open file the kernel made on it counts
+// until it is closed, and the daemon's own mapping of the copy never does.
+TEST(SealedCopyTest, OnlyOtherOpenFilesCountAsReaders) {
+  auto copy = SealedOf(2 * kMiB, 'r');
+  ASSERT_TRUE(copy->readers_visible());
+  EXPECT_FALSE(SealedCopy::OpenElsewhere(copy->fd()));  // its own mapping is no reader
+  const int other = ::open(("/proc/self/fd/" + std::to_string(copy->fd())).c_str(), O_RDONLY);
+  ASSERT_GE(other, 0);
+  EXPECT_TRUE(SealedCopy::OpenElsewhere(copy->fd()));
+  ::close(other);
+  EXPECT_FALSE(SealedCopy::OpenElsewhere(copy->fd()));
 }
 
 }  // namespace
