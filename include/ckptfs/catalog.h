@@ -100,6 +100,11 @@ struct CatalogScan {
   std::vector<CheckpointSource> checkpoints;  // ascending order of rel_path
   // Every directory walked, by path relative to the root ("" is the root).
   std::map<std::string, AccessPath> dirs;
+  // Those of them whose changes change what is served or who may reach it:
+  // the directories of checkpoints and those inside them, those holding a
+  // member a link leads to, those holding hub refs, and every directory
+  // above these. Their inotify watches come first (CatalogWatcher).
+  std::set<std::string, std::less<>> serving_dirs;
   // Every file with more than one link (by its path as opened): the
   // directories that list it (relative to the root; for a symlink to it,
   // the link's directory) and its inode as walked. A chmod or a write

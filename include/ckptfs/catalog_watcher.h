@@ -89,6 +89,10 @@ class CatalogWatcher {
     std::function<void()> before_publish;  // test seam: called under the watcher's lock before each publish
     ManifestStore* manifests = nullptr;  // manifests=DIR, see IndexerOptions
     HashCopyMaker* copies = nullptr;     // fill_on_index, see IndexerOptions
+    // At most this many directories watched (max_watches=); 0: half of
+    // fs.inotify.max_user_watches, a limit the daemon's user shares with
+    // every other program of that user that watches files.
+    size_t max_watches = 0;
   };
   // Told which directory entries changed after each publish.
   using ChangeCallback = std::function<void(const View::Changes&)>;
@@ -232,6 +236,8 @@ class CatalogWatcher {
   bool full_walk_needed_ = true;
   bool followup_scan_ = false;  // new watches were added: read their directories once more
   bool watch_limit_logged_ = false;
+  size_t watch_budget_ = 0;           // directories to watch at most (Options::max_watches, resolved)
+  bool watch_budget_logged_ = false;  // said that some directories go unwatched
 
   std::thread thread_;
   std::atomic<bool> stop_{false};

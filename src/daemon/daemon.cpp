@@ -128,6 +128,7 @@ void Daemon::StartWatcher() {
   wo.rescan_s = options_.rescan_s;
   wo.settle_s = options_.settle_s;
   wo.threads = options_.threads;
+  wo.max_watches = options_.max_watches;
   wo.before_hash = PauseBeforeHashHook(&stopping_);
   wo.before_publish = HoldPublishHook(&stopping_);
   wo.manifests = manifests_.get();

@@ -164,6 +164,11 @@ std::optional<Status> ApplyKeyedOption(const std::string& key, const std::string
     if (Status s = need_value(); !s.ok()) return s;
     if (value[0] != '/') return Status::Error("option " + key + "=" + value + ": must be an absolute path");
     (key == "manifests" ? o.manifests : key == "manifest_keys" ? o.manifest_keys : o.manifest_sign) = value;
+  } else if (key == "max_watches") {
+    if (Status s = need_value(); !s.ok()) return s;
+    auto n = ParseCount(key, value, 1L << 30);
+    if (!n.ok()) return n.status();
+    o.max_watches = *n;
   } else if (key == "symlinks") {
     return SetFromWord(key, value, kSymlinkPolicyWords, o.symlinks);
   } else if (key == "threads" || key == "fill_depth") {
@@ -372,6 +377,11 @@ ckptfs options (-o):
                        Lustre, FUSE, ...)
   settle=SECONDS       index a checkpoint once none of its files changed for
                        this long: 0 to 31536000 (default 5)
+  max_watches=N        inotify watches on directories of SRC at most
+                       (default: half of fs.inotify.max_user_watches);
+                       those inside or above a checkpoint come first, the
+                       rest (where a checkpoint may yet arrive) are seen by
+                       the periodic rescan when they do not fit
   symlinks=POLICY      contained: follow links only when they resolve inside
                        SRC (default); follow: follow every link
   threads=N            FUSE and hashing threads (default: one per CPU)

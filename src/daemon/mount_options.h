@@ -53,6 +53,7 @@ struct MountOptions {
   double settle_s = 5;        // settle=SECONDS
   SymlinkPolicy symlinks = SymlinkPolicy::kContained;
   unsigned threads = 0;       // threads=N: FUSE and hashing threads; 0 = one per CPU
+  unsigned max_watches = 0;   // max_watches=N: directories watched at most; 0 = half of max_user_watches
   LogLevel log_level = LogLevel::kInfo;  // log=LEVEL
   LogTo log_to = LogTo::kDefault;        // log_file=
   std::string log_file;                  // the PATH of log_file=PATH (log_to kFile)

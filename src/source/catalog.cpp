@@ -487,6 +487,16 @@ std::string JoinProblems(const std::vector<Problem>& problems, std::string Probl
 }
 
 // The files of a directory under a hub repository's refs/, with their bytes.
+// `rel` (a directory relative to the root) and every directory above it.
+void MarkServing(std::string_view rel, CatalogScan& scan) {
+  for (;;) {
+    if (!scan.serving_dirs.emplace(rel).second) return;  // marked before, with all above it
+    if (rel.empty()) return;
+    const size_t slash = rel.rfind('/');
+    rel = slash == std::string_view::npos ? std::string_view() : rel.substr(0, slash);
+  }
+}
+
 // A ref that cannot be read is left out with a warning; it never touches a
 // checkpoint.
 void CollectHubRefs(const DirNode& node, const std::string& hub_repo, CatalogScan& scan) {
@@ -533,8 +543,11 @@ void CutIntoCheckpoints(const DirNode& node, const std::string& root, CatalogSca
       cp.invalid_reason_shown = JoinProblems(problems, &Problem::shown);
     }
     scan.checkpoints.push_back(std::move(cp));
+    MarkServing(node.rel, scan);
     inside_checkpoint = true;
-  } else if (!inside_checkpoint) {
+  } else if (inside_checkpoint) {
+    scan.serving_dirs.insert(node.rel);  // the directory above is marked already
+  } else {
     for (const auto& p : node.problems) scan.warnings.push_back(p.full);
   }
   if (!hub_repo.empty() && !inside_checkpoint) CollectHubRefs(node, hub_repo, scan);
@@ -542,6 +555,27 @@ void CutIntoCheckpoints(const DirNode& node, const std::string& root, CatalogSca
   for (const auto& sub : node.subdirs) {
     const bool enters_refs = hub_repo.empty() && is_hub_repo && LastComponent(sub->rel) == "refs";
     CutIntoCheckpoints(*sub, root, scan, inside_checkpoint, enters_refs ? node.rel : hub_repo);
+  }
+}
+
+// What CutIntoCheckpoints could not mark as it went: the directories that
+// members reached through links lead to, and those holding hub refs.
+void CollectServingDirs(CatalogScan& scan) {
+  const std::string real_prefix = scan.real_root + "/";
+  for (const auto& cp : scan.checkpoints) {
+    for (const auto& m : cp.members) {
+      // A member reached through a link: a change of its target's
+      // directory (a chmod of the blob) changes who may read it.
+      if (m.open_path.compare(0, real_prefix.size(), real_prefix) != 0) continue;
+      const std::string_view rel = std::string_view(m.open_path).substr(real_prefix.size());
+      const size_t slash = rel.rfind('/');
+      MarkServing(slash == std::string_view::npos ? std::string_view() : rel.substr(0, slash), scan);
+    }
+  }
+  for (const auto& ref : scan.hub_refs) {
+    const size_t slash = ref.rel_path.rfind('/');
+    MarkServing(slash == std::string::npos ? std::string_view() : std::string_view(ref.rel_path).substr(0, slash),
+                scan);
   }
 }
 
@@ -609,6 +643,7 @@ Result<CatalogScan> ScanSourceTree(const std::string& root, const CatalogOptions
     return Status::Error("scan of " + Quote(root) + " cancelled (the daemon is stopping)");
   }
   CutIntoCheckpoints(top, scan.root, scan, /*inside_checkpoint=*/false, /*hub_repo=*/"");
+  CollectServingDirs(scan);
   return scan;
 }
 

@@ -13,6 +13,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <set>
 
@@ -34,6 +35,10 @@ constexpr uint32_t kWatchMask = IN_CREATE | IN_DELETE | IN_MODIFY | IN_CLOSE_WRI
 // step-N/): it is walked at once, since the arrival's time to loaded is
 // what such a writer waits on (still no more often than one walk per
 // kDebounceS).
+// Directories watched at most when fs.inotify.max_user_watches cannot be
+// read: half the kernel's old default.
+constexpr size_t kDefaultWatchBudget = 4096;
+
 constexpr double kDebounceS = 0.3;
 // Indexed checkpoints are shown at most this often (each publish rebuilds
 // the view), and always once the last has been indexed.
@@ -127,6 +132,12 @@ CatalogWatcher::CatalogWatcher(Options options, Index* index, View* view, Change
                  std::strerror(errno), options_.source);
   }
   wake_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  watch_budget_ = options_.max_watches;
+  if (watch_budget_ == 0) {
+    std::ifstream limit("/proc/sys/fs/inotify/max_user_watches");
+    uint64_t n = 0;
+    watch_budget_ = (limit >> n) && n >= 2 ? static_cast<size_t>(n / 2) : kDefaultWatchBudget;
+  }
 }
 
 CatalogWatcher::~CatalogWatcher() { Stop(); }
@@ -350,14 +361,49 @@ void CatalogWatcher::NoteDirty(const inotify_event& ev) {
   if (ev.len > 0 && (ev.mask & IN_ISDIR)) dirty_dirs_.insert(rel.empty() ? ev.name : rel + "/" + ev.name);
 }
 
+// Directories in the order their watches matter: those whose changes
+// change what is served or who may reach it (CatalogScan::serving_dirs)
+// first, then the others (where a checkpoint may yet arrive), each kind
+// shallowest first. Only the first watch_budget_ are watched: a SRC writer
+// who makes a million empty directories must neither take the watches
+// that keep another user's revocation immediate nor every watch the
+// daemon's user has. Watches of directories gone from SRC, or pushed past
+// the budget by ones needed more, are removed.
 void CatalogWatcher::UpdateWatches(const CatalogScan& scan) {
   if (!inotify_.valid()) return;
-  std::set<std::string> watched;
-  for (const auto& [wd, path] : watches_) watched.insert(path);
   watched_root_ = scan.root;
-  for (const auto& [rel, owner] : scan.dirs) {
-    const std::string path = rel.empty() ? scan.root : scan.root + "/" + rel;
-    if (watched.count(path)) continue;
+  auto depth = [](const std::string& rel) { return rel.empty() ? 0 : 1 + std::count(rel.begin(), rel.end(), '/'); };
+  std::vector<std::pair<long, const std::string*>> order;  // (rank, rel)
+  order.reserve(scan.dirs.size());
+  for (const auto& [rel, access] : scan.dirs) {
+    const bool serving = scan.serving_dirs.count(rel) != 0;
+    order.emplace_back((serving ? 0 : 1L << 20) + depth(rel), &rel);
+  }
+  std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  if (order.size() > watch_budget_) {
+    if (!std::exchange(watch_budget_logged_, true)) {
+      spdlog::warn("{} has {} directories, more than the {} watched (max_watches=): changes in the others ({}) are "
+                   "seen by the periodic rescan only",
+                   scan.root, order.size(), watch_budget_,
+                   order[watch_budget_].first < (1L << 20) ? "some of them inside or above a checkpoint"
+                                                           : "none inside or above a checkpoint");
+    }
+    order.resize(watch_budget_);
+  }
+  std::set<std::string> wanted;
+  for (const auto& [rank, rel] : order) wanted.insert(rel->empty() ? scan.root : scan.root + "/" + *rel);
+  for (auto it = watches_.begin(); it != watches_.end();) {
+    if (wanted.count(it->second)) {
+      wanted.erase(it->second);  // watched already
+      ++it;
+      continue;
+    }
+    ::inotify_rm_watch(inotify_.get(), it->first);  // its IN_IGNORED then finds no watch: nothing changed
+    it = watches_.erase(it);
+  }
+  for (const auto& [rank, rel] : order) {
+    const std::string path = rel->empty() ? scan.root : scan.root + "/" + *rel;
+    if (!wanted.count(path)) continue;
     int wd = ::inotify_add_watch(inotify_.get(), path.c_str(), kWatchMask);
     if (wd < 0) {
       if (errno == ENOSPC && !watch_limit_logged_) {
@@ -371,7 +417,7 @@ void CatalogWatcher::UpdateWatches(const CatalogScan& scan) {
     // A directory walked before its watch existed may have changed in
     // between, unseen: the next scan reads it again, and comes soon.
     if (!watches_.count(wd)) {
-      dirty_dirs_.insert(rel);
+      dirty_dirs_.insert(*rel);
       followup_scan_ = true;
     }
     watches_[wd] = path;

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -258,6 +259,34 @@ TEST_F(RevalidationTest, ARevocationThroughAHardLinkOutsideSrcAppliesAtOnce) {
   EXPECT_TRUE(WaitFor([&] { return TryAs(kOther, {{Probe::kRead, file}}) == std::vector<bool>{false}; }))
       << "other still reads, through the mount, what SRC now refuses them\n" << m->Log();
   EXPECT_EQ(TryAs(kRoot, {{Probe::kRead, file}}), std::vector<bool>{true});
+}
+
+// Watches go first to the directories a revocation needs: a SRC writer's
+// empty directories, more than the daemon may watch, do not push them out.
+// With room for 40 watches and 300 empty directories as deep as the
+// private checkpoint's parent and sorting before it, a chmod of the
+// checkpoint still refuses another user at once (rescan=0: nothing but a
+// watch would tell), and the daemon watches no more than 40 directories.
+TEST_F(RevalidationTest, EmptyDirectoriesCannotTakeTheWatchesARevocationNeeds) {
+  for (int i = 0; i < 300; ++i) MakeDirs(src_ + "/aaa/d" + std::to_string(i));
+  WriteFile(src_ + "/zzz/team/ck/model.bin", RandomBytes(kMiB, 9));
+  auto m = Mount("allow_other,max_watches=40,rescan=0");
+  ASSERT_TRUE(m->ok()) << m->Log();
+  ASSERT_TRUE(WaitFor([&] { return !DigestOf("zzz/team/ck").empty(); })) << m->Log();
+  const std::string file = mnt_ + "/" + DigestOf("zzz/team/ck") + "/model.bin";
+  ASSERT_EQ(TryAs(kOther, {{Probe::kRead, file}}), std::vector<bool>{true});
+  EXPECT_NE(m->Log().find("more than the 40 watched"), std::string::npos) << m->Log();
+  size_t watches = 0;  // the daemon's inotify watches, as /proc tells them: one line each
+  for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(m->ServingPid()) + "/fdinfo")) {
+    std::ifstream info(e.path());
+    for (std::string line; std::getline(info, line);) watches += line.rfind("inotify wd:", 0) == 0 ? 1 : 0;
+  }
+  EXPECT_GE(watches, 4u);
+  EXPECT_LE(watches, 40u);
+
+  ASSERT_EQ(::chmod((src_ + "/zzz/team/ck").c_str(), 0700), 0);
+  EXPECT_TRUE(WaitFor([&] { return TryAs(kOther, {{Probe::kRead, file}}) == std::vector<bool>{false}; }))
+      << "other still reads, through the mount, what SRC now refuses them\n" << m->Log();
 }
 
 // Hub cache: a revision resolves through refs/ (a by-name file) to its
