@@ -16,9 +16,10 @@
 // of one, also after its close, which the daemon is not told of: the tier
 // keeps the copy's read-only descriptor and asks the kernel,
 // SealedCopy::OpenElsewhere). Held copies are looked at again whenever room
-// is claimed and in GetStats. Evicting for room skips copies in use (by
-// either kind of reader), which would free nothing and could not be served
-// again; when the copies not in use cannot make room, nothing is evicted.
+// is claimed and in GetStats. Evicting for room skips copies the daemon's
+// readers use, which would free nothing; when the copies not in use cannot
+// make room, nothing is evicted. (A resident copy is not asked about
+// kernel readers: see InUse.)
 //
 // Descriptors: a copy in a memfd holds one of the daemon's descriptors
 // (small files are kept in memory and hold none: SealedCopy::kMemory), and
@@ -200,9 +201,8 @@ class FileCache final : public CacheTier {
   // Forgets the held copies no reader holds any more (their descriptors go
   // to `released`, closed after the lock).
   void SweepHeld(Released& released) REQUIRES(mu_);
-  // Whether a reader holds the copy: the daemon's (a reference) or the
-  // kernel's (a passthrough open or a mapping of one). Evicting it would
-  // free nothing.
+  // Whether one of the daemon's readers holds the copy (a reference):
+  // evicting it would free nothing.
   static bool InUse(const Entry& e);
   // Bytes of the resident unpinned copies in use.
   uint64_t InUse() const REQUIRES(mu_);

@@ -172,9 +172,15 @@ class SealedCopy {
   // only to the sole opener of a file (fs/locks.c, check_conflicting_open),
   // and is given back at once. The daemon's own mappings come from the
   // descriptor the copy was written through, which no lease counts (a
-  // memfd's first descriptor takes no write access). False when the kernel
-  // grants no leases (fs.leases-enable=0), with one warning.
+  // memfd's first descriptor takes no write access). True when the kernel
+  // refuses the lease for any reason: nothing then says the copy is free.
+  // Never asked of a copy some FUSE open may attach to at that moment: an
+  // open with O_NONBLOCK during the lease would fail.
   static bool OpenElsewhere(int fd);
+  // Whether leases tell readers apart on this machine (fs.leases-enable,
+  // an LSM, /proc): checked once, with one warning when not. Without it no
+  // copy is readers_visible(), so none is passed through.
+  static bool LeasesTellReaders();
   const std::string& name() const { return name_; }
 
   // mlock of the mapping; the errno on refusal. Unlock undoes it.

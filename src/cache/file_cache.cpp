@@ -91,9 +91,15 @@ void FileCache::Drop(std::map<FileKey, Entry>::iterator it, Released& released) 
   if (it->second.pinned) pinned_ -= bytes;  // its pages are unlocked by the caller (Evict)
   // Readers may still hold it: then its pages stay in the budget, and its
   // descriptor counted, until they let go (SweepHeld).
+  // (No FUSE open holds it when the count is 1, so none can be attaching
+  // to it as the kernel is asked.) A copy whose readers the kernel would
+  // not tell was never passed through: its descriptor can go.
   UniqueFd descriptor = copy->TakeDescriptor();
-  const bool held = copy.use_count() > 1 ||
-                    (descriptor.valid() && copy->readers_visible() && SealedCopy::OpenElsewhere(descriptor.get()));
+  if (descriptor.valid() && !copy->readers_visible()) {
+    released.descriptors.push_back(std::move(descriptor));
+  }
+  const bool held =
+      copy.use_count() > 1 || (descriptor.valid() && SealedCopy::OpenElsewhere(descriptor.get()));
   if (held) {
     held_bytes_ += bytes;
     if (!descriptor.valid() && it->second.descriptor) --descriptors_;
@@ -135,11 +141,11 @@ void FileCache::SweepHeld(Released& released) {
   }
 }
 
-bool FileCache::InUse(const Entry& e) {
-  if (e.copy.use_count() > 1) return true;
-  const int fd = e.copy->fd();
-  return fd >= 0 && e.copy->readers_visible() && SealedCopy::OpenElsewhere(fd);
-}
+// Only the daemon's readers: the kernel is not asked about a resident copy,
+// which an open may be attaching to at that very moment (see
+// SealedCopy::OpenElsewhere). A copy that only a mapping holds may
+// therefore be evicted in vain; it then stays in the budget as held.
+bool FileCache::InUse(const Entry& e) { return e.copy.use_count() > 1; }
 
 uint64_t FileCache::InUse() const {
   uint64_t bytes = 0;
@@ -156,8 +162,15 @@ bool FileCache::MakeRoom(uint64_t bytes, bool descriptor, const FileKey& keep, R
       pinned_ + reserved_ + held_bytes_ + InUse() + bytes > capacity_) {
     return false;
   }
-  while (used_ + reserved_ + held_bytes_ + bytes > capacity_) {
-    if (!EvictOldest(/*holding_descriptor=*/false, keep, released)) return false;
+  if (used_ + reserved_ + held_bytes_ + bytes > capacity_) {
+    std::vector<FileKey> oldest_first(lru_.rbegin(), lru_.rend());
+    for (const FileKey& k : oldest_first) {
+      if (used_ + reserved_ + held_bytes_ + bytes <= capacity_) break;
+      auto it = entries_.find(k);
+      if (k == keep || it->second.pinned || InUse(it->second)) continue;
+      Drop(it, released);
+    }
+    if (used_ + reserved_ + held_bytes_ + bytes > capacity_) return false;
   }
   while (descriptor && descriptors_ + 1 > descriptor_budget_) {
     if (!EvictOldest(/*holding_descriptor=*/true, keep, released)) return false;
@@ -193,10 +206,10 @@ Result<FileCache::Claimed> FileCache::Claim(const FileKey& key, uint64_t size, b
   }
   if (!MakeRoom(bytes, descriptor, key, released)) {
     if (used_ + reserved_ + held_bytes_ + bytes > capacity_) {
-      return Status::Full("no room in the host tier: " + std::to_string(pinned_ + reserved_ + held_bytes_ + InUse()) +
-                          " of " + std::to_string(capacity_) +
-                          " bytes are pinned, being filled, or held by readers (" + std::to_string(held_bytes_) +
-                          " of them in evicted copies)");
+      return Status::Full("no room in the host tier: " + std::to_string(used_ + reserved_ + held_bytes_) + " of " +
+                          std::to_string(capacity_) +
+                          " bytes are in copies in use or pinned, being filled, or held by readers of evicted "
+                          "copies (" + std::to_string(held_bytes_) + " bytes)");
     }
     return Status::Full("no descriptor for another copy in the host tier: " + std::to_string(descriptors_) + " of " +
                         std::to_string(descriptor_budget_) + " are held by pinned copies, fills or readers");

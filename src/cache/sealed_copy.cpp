@@ -174,15 +174,34 @@ bool SealedCopy::OpenElsewhere(int fd) {
     ::fcntl(fd, F_SETLEASE, F_UNLCK);
     return false;
   }
-  if (errno == EAGAIN) return true;
-  static std::atomic<bool> warned{false};
-  if (!warned.exchange(true)) {
-    spdlog::warn("the kernel grants no file lease ({}), so the host tier cannot tell when readers let go of an "
-                 "evicted copy: the pages that mappings keep after their file's close are not counted in cache_size "
-                 "(sysctl fs.leases-enable=1 counts them)",
-                 std::strerror(errno));
-  }
-  return false;
+  return true;  // EAGAIN; any other refusal cannot say it is free either
+}
+
+bool SealedCopy::LeasesTellReaders() {
+  static const bool works = [] {
+    auto fail = [](const std::string& why) {
+      spdlog::warn("copies in the host tier are not passed through to the kernel: {}; the tier could not tell when "
+                   "a reader's mapping lets go of an evicted copy (sysctl fs.leases-enable=1, and a kernel that "
+                   "grants leases on memfds, pass them through)",
+                   why);
+      return false;
+    };
+    UniqueFd memfd(::memfd_create("ckptfs:lease-check", MFD_CLOEXEC));
+    if (!memfd.valid()) return fail(std::string("memfd_create: ") + std::strerror(errno));
+    const std::string path = "/proc/self/fd/" + std::to_string(memfd.get());
+    UniqueFd mine(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!mine.valid()) return fail("cannot open a memfd again through /proc: " + std::string(std::strerror(errno)));
+    if (::fcntl(mine.get(), F_SETLEASE, F_WRLCK) != 0) {
+      return fail(std::string("the kernel grants no file lease (") + std::strerror(errno) + ")");
+    }
+    ::fcntl(mine.get(), F_SETLEASE, F_UNLCK);
+    UniqueFd other(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!other.valid() || !OpenElsewhere(mine.get())) return fail("a lease did not see another open file");
+    other.reset();
+    if (OpenElsewhere(mine.get())) return fail("a lease saw an open file that was closed");
+    return true;
+  }();
+  return works;
 }
 
 Status SealedCopy::Write(uint64_t offset, const uint8_t* data, size_t len) {
@@ -246,8 +265,11 @@ Status SealedCopy::RemapSealed() {
   // the kernel is given for passthrough and the host tier asks, once it
   // lets go of the copy, whether anyone still holds the pages
   // (OpenElsewhere). The mapping keeps the pages it maps either way.
+  // Without it (no /proc, out of descriptors) or without leases, the copy
+  // is never handed to the kernel: readers it could not see would keep
+  // pages outside the tier's budget.
   UniqueFd read_only(::open(("/proc/self/fd/" + std::to_string(WriterFd())).c_str(), O_RDONLY | O_CLOEXEC));
-  if (read_only.valid()) {
+  if (read_only.valid() && LeasesTellReaders()) {
     MutexLock lock(attach_mu_);
     fd_ = std::move(read_only);
     readers_visible_ = true;
