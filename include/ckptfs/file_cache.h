@@ -15,9 +15,11 @@
 // reference count) and the kernel's (a passthrough open, and every mapping
 // of one, also after its close, which the daemon is not told of: the tier
 // keeps the copy's read-only descriptor and asks the kernel,
-// SealedCopy::OpenElsewhere). Held copies are looked at again whenever room
-// is claimed and in GetStats. Evicting for room skips copies the daemon's
-// readers use, which would free nothing; when the copies not in use cannot
+// SealedCopy::OpenElsewhere). Held copies are looked at again when a claim
+// is short of room and in GetStats (with more than 64 of them, at most
+// every 100 ms: each costs a lease under the lock every open takes).
+// Evicting for room skips copies the daemon's readers use, which would free
+// nothing; when the copies not in use cannot
 // make room, nothing is evicted. (A resident copy is not asked about
 // kernel readers: see InUse.)
 //
@@ -231,6 +233,7 @@ class FileCache final : public CacheTier {
   uint64_t descriptors_ GUARDED_BY(mu_) = 0;  // of resident and held copies, and reserved by fills
   std::vector<HeldCopy> held_ GUARDED_BY(mu_);
   uint64_t held_bytes_ GUARDED_BY(mu_) = 0;
+  std::chrono::steady_clock::time_point last_sweep_ GUARDED_BY(mu_);
   Stats counters_ GUARDED_BY(mu_);
 };
 

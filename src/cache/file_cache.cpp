@@ -127,6 +127,15 @@ bool FileCache::EvictOldest(bool holding_descriptor, const FileKey& keep, Releas
 }
 
 void FileCache::SweepHeld(Released& released) {
+  // Each held copy whose daemon readers are gone costs the kernel a lease
+  // and its release, under mu_, which every open takes: with many held
+  // copies (a reader mapping thousands of small files) at most one sweep
+  // per kSweepEvery, so that stats in a loop cannot stall the opens.
+  constexpr size_t kSweepAlways = 64;
+  constexpr auto kSweepEvery = std::chrono::milliseconds(100);
+  const auto now = std::chrono::steady_clock::now();
+  if (held_.size() > kSweepAlways && now - last_sweep_ < kSweepEvery) return;
+  last_sweep_ = now;
   for (auto it = held_.begin(); it != held_.end();) {
     if (!it->copy.expired() || (it->descriptor.valid() && SealedCopy::OpenElsewhere(it->descriptor.get()))) {
       ++it;
@@ -183,7 +192,9 @@ Result<FileCache::Claimed> FileCache::Claim(const FileKey& key, uint64_t size, b
   const bool descriptor = SealedCopy::NeedsDescriptor(size);
   Released released;  // declared before the lock: let go of after it
   MutexLock lock(mu_);
-  SweepHeld(released);
+  if (used_ + reserved_ + held_bytes_ + bytes > capacity_ || (descriptor && descriptors_ + 1 > descriptor_budget_)) {
+    SweepHeld(released);  // only when room is short
+  }
   for (;;) {
     if (auto it = entries_.find(key); it != entries_.end()) {
       lru_.splice(lru_.begin(), lru_, it->second.lru);

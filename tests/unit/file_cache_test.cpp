@@ -403,6 +403,40 @@ TEST(FileCacheTest, EvictedCopiesMappedAfterTheirCloseStayInTheBudget) {
   EXPECT_EQ(s.descriptors, 1u);  // the fill's; the held copy's was closed
 }
 
+// Asking the kernel about a held copy costs a lease under the lock every
+// open takes: a reader who maps many small files and lets the tier evict
+// them cannot make every stats query or claim pay for all of them. With
+// more than 64 held copies they are looked at again at most every 100 ms.
+TEST(FileCacheTest, ManyHeldCopiesAreAskedAboutAtMostEvery100Ms) {
+  constexpr int kCopies = 100;
+  constexpr uint64_t kSize = 300 << 10;  // past kMemoryCopyMax: a memfd each
+  FileCache cache(1ull << 30);
+  std::vector<void*> maps;
+  for (int i = 0; i < kCopies; ++i) {
+    FileCache::CopyPtr copy = Fill(cache, Key(i), kSize);
+    ASSERT_TRUE(copy);
+    if (!copy->readers_visible()) GTEST_SKIP() << "leases do not tell readers apart here";
+    const int file = ::open(("/proc/self/fd/" + std::to_string(copy->fd())).c_str(), O_RDONLY);
+    ASSERT_GE(file, 0);
+    maps.push_back(::mmap(nullptr, kSize, PROT_READ, MAP_SHARED, file, 0));
+    ASSERT_NE(maps.back(), MAP_FAILED);
+    ::close(file);
+  }
+  for (int i = 0; i < kCopies; ++i) cache.Evict(Key(i).sha256);
+  const uint64_t held = kCopies * PageBytes(kSize);
+  EXPECT_EQ(cache.GetStats().held_by_readers, held);
+  const auto swept = std::chrono::steady_clock::now();
+  for (void* map : maps) ::munmap(map, kSize);
+  const uint64_t right_after = cache.GetStats().held_by_readers;
+  if (std::chrono::steady_clock::now() - swept < std::chrono::milliseconds(80)) {
+    EXPECT_EQ(right_after, held);  // not asked again yet
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(110));
+  auto s = cache.GetStats();
+  EXPECT_EQ(s.held_by_readers, 0u);
+  EXPECT_EQ(s.descriptors, 0u);
+}
+
 // A copy held only by readers: an open file the kernel made on it counts
 // until it is closed, and the daemon's own mapping of the copy never does.
 TEST(SealedCopyTest, OnlyOtherOpenFilesCountAsReaders) {
