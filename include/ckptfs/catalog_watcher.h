@@ -156,6 +156,8 @@ class CatalogWatcher {
     uint64_t checkpoints = 0;          // valid checkpoints walked
     uint64_t checkpoints_kept = 0;     // unchanged since shown: not looked up again
     uint64_t files_looked_up = 0;      // index lookups of member files
+    uint64_t directories = 0;          // directories walked
+    uint64_t watched_directories = 0;  // of them, watched (max_watches= bounds it)
     View::PublishStats nodes;          // of the publish that ended it
   };
   ScanStats LastScan() const;

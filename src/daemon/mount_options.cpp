@@ -379,9 +379,10 @@ ckptfs options (-o):
                        this long: 0 to 31536000 (default 5)
   max_watches=N        inotify watches on directories of SRC at most
                        (default: half of fs.inotify.max_user_watches);
-                       those inside or above a checkpoint come first, the
-                       rest (where a checkpoint may yet arrive) are seen by
-                       the periodic rescan when they do not fit
+                       those inside or above a checkpoint come first, then
+                       the rest, the directories' owners taking turns;
+                       changes past the budget are seen by the periodic
+                       rescan
   symlinks=POLICY      contained: follow links only when they resolve inside
                        SRC (default); follow: follow every link
   threads=N            FUSE and hashing threads (default: one per CPU)

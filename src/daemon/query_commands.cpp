@@ -62,6 +62,8 @@ nlohmann::json LastScanJson(const CatalogWatcher::ScanStats& s) {
           {"checkpoints", s.checkpoints},
           {"checkpoints_kept", s.checkpoints_kept},
           {"files_looked_up", s.files_looked_up},
+          {"directories", s.directories},
+          {"watched_directories", s.watched_directories},
           {"nodes_built", s.nodes.built},
           {"nodes_reused", s.nodes.reused}};
 }

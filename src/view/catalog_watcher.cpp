@@ -16,6 +16,7 @@
 #include <fstream>
 #include <limits>
 #include <set>
+#include <tuple>
 
 #include <spdlog/spdlog.h>
 
@@ -363,35 +364,50 @@ void CatalogWatcher::NoteDirty(const inotify_event& ev) {
 
 // Directories in the order their watches matter: those whose changes
 // change what is served or who may reach it (CatalogScan::serving_dirs)
-// first, then the others (where a checkpoint may yet arrive), each kind
-// shallowest first. Only the first watch_budget_ are watched: a SRC writer
-// who makes a million empty directories must neither take the watches
-// that keep another user's revocation immediate nor every watch the
-// daemon's user has. Watches of directories gone from SRC, or pushed past
-// the budget by ones needed more, are removed.
+// first, then the others (where a checkpoint may yet arrive). Within each
+// kind, the owners of the directories take turns, each owner's shallowest
+// first: a SRC writer who makes a million empty directories, or a thousand
+// tiny checkpoints, takes only its own turns, never those of the directories
+// that keep another user's revocation immediate, nor every watch the
+// daemon's user has. Only the first watch_budget_ are watched; watches of
+// directories gone from SRC, or pushed past the budget, are removed.
 void CatalogWatcher::UpdateWatches(const CatalogScan& scan) {
   if (!inotify_.valid()) return;
   watched_root_ = scan.root;
-  auto depth = [](const std::string& rel) { return rel.empty() ? 0 : 1 + std::count(rel.begin(), rel.end(), '/'); };
-  std::vector<std::pair<long, const std::string*>> order;  // (rank, rel)
-  order.reserve(scan.dirs.size());
+  struct Ranked {
+    bool other = false;  // not a serving directory
+    size_t turn = 0;     // its place among its owner's directories of its kind
+    long depth = 0;
+    const std::string* rel = nullptr;
+  };
+  std::map<std::pair<bool, uid_t>, std::vector<Ranked>> by_owner;
   for (const auto& [rel, access] : scan.dirs) {
-    const bool serving = scan.serving_dirs.count(rel) != 0;
-    order.emplace_back((serving ? 0 : 1L << 20) + depth(rel), &rel);
+    const bool other = scan.serving_dirs.count(rel) == 0;
+    const long depth = rel.empty() ? 0 : 1 + std::count(rel.begin(), rel.end(), '/');
+    by_owner[{other, access.self.uid}].push_back(Ranked{other, 0, depth, &rel});
   }
-  std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<Ranked> order;
+  order.reserve(scan.dirs.size());
+  for (auto& [key, dirs] : by_owner) {
+    std::stable_sort(dirs.begin(), dirs.end(), [](const Ranked& a, const Ranked& b) { return a.depth < b.depth; });
+    for (size_t i = 0; i < dirs.size(); ++i) dirs[i].turn = i;
+    order.insert(order.end(), dirs.begin(), dirs.end());
+  }
+  std::sort(order.begin(), order.end(), [](const Ranked& a, const Ranked& b) {
+    return std::tie(a.other, a.turn, a.depth, *a.rel) < std::tie(b.other, b.turn, b.depth, *b.rel);
+  });
   if (order.size() > watch_budget_) {
     if (!std::exchange(watch_budget_logged_, true)) {
       spdlog::warn("{} has {} directories, more than the {} watched (max_watches=): changes in the others ({}) are "
                    "seen by the periodic rescan only",
                    scan.root, order.size(), watch_budget_,
-                   order[watch_budget_].first < (1L << 20) ? "some of them inside or above a checkpoint"
-                                                           : "none inside or above a checkpoint");
+                   order[watch_budget_].other ? "none inside or above a checkpoint"
+                                              : "some of them inside or above a checkpoint");
     }
     order.resize(watch_budget_);
   }
   std::set<std::string> wanted;
-  for (const auto& [rank, rel] : order) wanted.insert(rel->empty() ? scan.root : scan.root + "/" + *rel);
+  for (const Ranked& r : order) wanted.insert(r.rel->empty() ? scan.root : scan.root + "/" + *r.rel);
   for (auto it = watches_.begin(); it != watches_.end();) {
     if (wanted.count(it->second)) {
       wanted.erase(it->second);  // watched already
@@ -401,8 +417,9 @@ void CatalogWatcher::UpdateWatches(const CatalogScan& scan) {
     ::inotify_rm_watch(inotify_.get(), it->first);  // its IN_IGNORED then finds no watch: nothing changed
     it = watches_.erase(it);
   }
-  for (const auto& [rank, rel] : order) {
-    const std::string path = rel->empty() ? scan.root : scan.root + "/" + *rel;
+  for (const Ranked& r : order) {
+    const std::string& rel = *r.rel;
+    const std::string path = rel.empty() ? scan.root : scan.root + "/" + rel;
     if (!wanted.count(path)) continue;
     int wd = ::inotify_add_watch(inotify_.get(), path.c_str(), kWatchMask);
     if (wd < 0) {
@@ -417,7 +434,7 @@ void CatalogWatcher::UpdateWatches(const CatalogScan& scan) {
     // A directory walked before its watch existed may have changed in
     // between, unseen: the next scan reads it again, and comes soon.
     if (!watches_.count(wd)) {
-      dirty_dirs_.insert(*rel);
+      dirty_dirs_.insert(rel);
       followup_scan_ = true;
     }
     watches_[wd] = path;
@@ -679,6 +696,8 @@ void CatalogWatcher::ScanOnce(const WalkTriggers& why, bool index_unknown) {
   stats.checkpoints = plan.valid;
   stats.checkpoints_kept = plan.keep.size();
   stats.files_looked_up = plan.files_looked_up;
+  stats.directories = scan->dirs.size();
+  stats.watched_directories = watches_.size();
   Apply(*scan, plan, std::move(shown), stats, started);
   if (index_unknown) IndexQueued(*scan, plan);
 }

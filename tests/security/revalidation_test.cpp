@@ -283,10 +283,49 @@ TEST_F(RevalidationTest, EmptyDirectoriesCannotTakeTheWatchesARevocationNeeds) {
   }
   EXPECT_GE(watches, 4u);
   EXPECT_LE(watches, 40u);
+  const auto last_scan = Status()["last_scan"];
+  EXPECT_EQ(last_scan["directories"], 305) << last_scan.dump();  // SRC, aaa and its 300, zzz, team, ck
+  EXPECT_EQ(last_scan["watched_directories"], 40) << last_scan.dump();
 
   ASSERT_EQ(::chmod((src_ + "/zzz/team/ck").c_str(), 0700), 0);
   EXPECT_TRUE(WaitFor([&] { return TryAs(kOther, {{Probe::kRead, file}}) == std::vector<bool>{false}; }))
       << "other still reads, through the mount, what SRC now refuses them\n" << m->Log();
+}
+
+// Directories of one owner cannot take the watches of another's: a SRC
+// writer's 200 tiny checkpoints (their directories serve, as any
+// checkpoint's do) sit shallower than a hub cache's blobs/, whose watch
+// applies a chmod of a blob; with room for 40 watches the owners take
+// turns, and the blob's revocation still refuses another user at once.
+TEST_F(RevalidationTest, OneWritersCheckpointsCannotTakeTheWatchesOfAnothers) {
+  constexpr uid_t kWriter = 65534;
+  for (int i = 0; i < 200; ++i) {
+    const std::string dir = src_ + "/hostile/c" + std::to_string(100 + i);
+    WriteFile(dir + "/m.safetensors", "x\n");
+    ASSERT_EQ(::chown(dir.c_str(), kWriter, kWriter), 0);
+  }
+  ASSERT_EQ(::chown((src_ + "/hostile").c_str(), kWriter, kWriter), 0);
+  const std::string repo = src_ + "/hub/models--org--tiny";
+  const std::string commit = "0123456789abcdef0123456789abcdef01234567";
+  const std::string weights = RandomBytes(kMiB, 11);
+  WriteHubSnapshot(repo, commit, {{"model.safetensors", weights}, {"config.json", "{}"}});
+  WriteHubRef(repo, "main", commit);
+  const std::string snapshot = "hub/models--org--tiny/snapshots/" + commit;
+  auto m = Mount("allow_other,max_watches=40,rescan=0");
+  ASSERT_TRUE(m->ok()) << m->Log();
+  ASSERT_TRUE(WaitFor([&] { return !DigestOf(snapshot).empty(); })) << m->Log();
+  const std::string file = mnt_ + "/" + DigestOf(snapshot) + "/model.safetensors";
+  ASSERT_EQ(TryAs(kOther, {{Probe::kRead, file}}), std::vector<bool>{true});
+  EXPECT_NE(m->Log().find("more than the 40 watched"), std::string::npos) << m->Log();
+
+  std::string blob;  // the weights' blob: the only one of their size
+  for (const auto& e : fs::directory_iterator(repo + "/blobs")) {
+    if (fs::file_size(e.path()) == weights.size()) blob = e.path();
+  }
+  ASSERT_FALSE(blob.empty());
+  ASSERT_EQ(::chmod(blob.c_str(), 0600), 0);
+  EXPECT_TRUE(WaitFor([&] { return TryAs(kOther, {{Probe::kRead, file}}) == std::vector<bool>{false}; }))
+      << "other still reads, through the mount, a blob SRC now refuses them\n" << m->Log();
 }
 
 // Hub cache: a revision resolves through refs/ (a by-name file) to its
