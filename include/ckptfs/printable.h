@@ -12,7 +12,9 @@
 namespace ckptfs {
 
 // `text` with control characters (C0, DEL, C1 in UTF-8 or as single bytes)
-// written as \xNN; other bytes, UTF-8 or not, as they are.
+// and the backslash written as \xNN (a name's own "\x0a" then reads
+// "\x5cx0a", never as an escaped newline); other bytes, UTF-8 or not, as
+// they are.
 std::string Printable(std::string_view text);
 
 }  // namespace ckptfs

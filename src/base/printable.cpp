@@ -36,7 +36,7 @@ std::string Printable(std::string_view text) {
   out.reserve(text.size());
   for (size_t i = 0; i < text.size();) {
     const auto c = static_cast<unsigned char>(text[i]);
-    if (c < 0x20 || c == 0x7f) {
+    if (c < 0x20 || c == 0x7f || c == '\\') {
       out += Hex(c);
       ++i;
       continue;

@@ -654,10 +654,16 @@ TEST_F(RobustnessTest, NamesInTheLogCannotForgeLinesOrDriveATerminal) {
   WriteFile(src_ + "/b\n" + forged + "/model.safetensors", "invalid: a newline in its path");
   const std::string titled = "e\x1b]0;pwned\x07x";
   WriteFile(src_ + "/" + titled + "/model.bin", "shown, and logged as it is indexed");
+  // A name that spells an escape itself: its backslash is escaped too, so
+  // it cannot pass for the newline above.
+  const std::string spelled = "s\\x0a" + forged.substr(0, 14);
+  WriteFile(src_ + "/" + spelled + "/model.bin", "shown: the backslash is in its directory, not a member");
   WriteFile(src_ + "/ok/model.bin", "fine");
   auto m = Mount();
   ASSERT_TRUE(m->ok()) << m->Log();
   ASSERT_TRUE(WaitFor([&] { return !Digest(titled).empty() && !Digest("ok").empty(); })) << m->Log();
+  ASSERT_TRUE(WaitFor([&] { return m->Log().find("s\\x5cx0a") != std::string::npos; })) << m->Log();
+  EXPECT_EQ(m->Log().find("s\\x0a"), std::string::npos) << m->Log();
   ASSERT_TRUE(WaitFor([&] {
     const std::string log = m->Log();
     return log.find("verified OK") != std::string::npos && log.find("pwned") != std::string::npos;
