@@ -213,8 +213,8 @@ void ReadLink(fuse_req_t req, fuse_ino_t ino) {
   fuse_reply_readlink(req, n->link_target.c_str());
 }
 
-// The listing of directory `ino` as this request's caller sees it, or null
-// after replying with why not.
+// Directory `ino` opened for this request's caller, or null after replying
+// with why not.
 std::shared_ptr<DirHandle> ListDir(fuse_req_t req, fuse_ino_t ino) {
   auto& ctx = Ctx(req);
   auto n = NodeOrReply(req, ino);
@@ -225,19 +225,15 @@ std::shared_ptr<DirHandle> ListDir(fuse_req_t req, fuse_ino_t ino) {
   }
   if (!Allowed(req, *n, kWantRead)) return nullptr;
   auto h = std::make_shared<DirHandle>();
-  h->entries.emplace_back(".", n);
+  h->dir = n;
   // ".." as the directory that lists this one; the mount root's parent lies
   // outside the filesystem, so its ".." is itself, as in every FUSE root.
-  auto parent = ctx.view->Get(n->parent);
-  h->entries.emplace_back("..", parent ? parent : ctx.view->Get(kRootInode));
+  h->parent = ctx.view->Get(n->parent);
+  if (!h->parent) h->parent = ctx.view->Get(kRootInode);
+  if (!h->parent) h->parent = n;
   // The root lists every digest; show each caller only those it may reach.
   // Other directories list like their source (reading one is enough).
-  const bool filter = ino == kRootInode;
-  Caller caller = CallerOf(req);
-  for (const auto& [name, child] : n->children) {
-    auto c = ctx.view->Get(child);
-    if (c && (!filter || MayAccess(c->access, caller, 0))) h->entries.emplace_back(name, c);
-  }
+  h->filtered = ino == kRootInode;
   return h;
 }
 
@@ -245,7 +241,7 @@ void OpenDir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   auto& ctx = Ctx(req);
   auto h = ListDir(req, ino);
   if (!h) return;
-  const View::Node& n = *h->entries.front().second;
+  const View::Node& n = *h->dir;
   fi->fh = ctx.handles->AddDir(h);
   fi->cache_readdir = n.immutable && OpenToEveryone(n.access, kWantRead | kWantSearch);
   fi->keep_cache = n.immutable;
@@ -262,12 +258,35 @@ void ReadDir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
   }
   std::vector<char> buf(size);
   size_t used = 0;
-  for (size_t i = static_cast<size_t>(off); i < h->entries.size(); ++i) {
-    const auto& [name, node] = h->entries[i];
-    const struct stat st = ToStat(*node);
-    size_t need = fuse_add_direntry(req, buf.data() + used, size - used, name.c_str(), &st, static_cast<off_t>(i + 1));
-    if (need > size - used) break;
+  // Adds the entry at index `i`; false when the reply has no room for it.
+  auto add = [&](const std::string& name, const View::Node& node, off_t i) {
+    const struct stat st = ToStat(node);
+    const size_t need = fuse_add_direntry(req, buf.data() + used, size - used, name.c_str(), &st, i + 1);
+    if (need > size - used) return false;
     used += need;
+    return true;
+  };
+  off_t i = std::max<off_t>(off, 0);
+  if (i == 0 && add(".", *h->dir, 0)) i = 1;
+  if (i == 1 && add("..", *h->parent, 1)) i = 2;
+  if (i >= 2) {
+    std::optional<Caller> caller;
+    if (h->filtered) caller.emplace(CallerOf(req));
+    const auto& children = h->dir->children;
+    MutexLock lock(h->mu);
+    auto it = children.begin();
+    if (h->next_offset == i) {
+      it = h->next;
+    } else {  // not where the last one stopped (a seekdir): count from the start
+      std::advance(it, std::min<uint64_t>(static_cast<uint64_t>(i - 2), children.size()));
+    }
+    for (; it != children.end(); ++it, ++i) {
+      auto c = ctx.view->Get(it->second);
+      if (!c || (caller && !MayAccess(c->access, *caller, 0))) continue;
+      if (!add(it->first, *c, i)) break;
+    }
+    h->next_offset = i;
+    h->next = it;
   }
   fuse_reply_buf(req, buf.data(), used);
 }
