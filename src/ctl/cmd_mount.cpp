@@ -33,6 +33,17 @@ void PrintFleetLines(const nlohmann::json& j) {
     if (fs.value(kFsRescan, 0.0) > 0) std::printf(" (rescan every %g s)", fs.value(kFsRescan, 0.0));
     std::printf("%s\n", fs.value(kFsInotify, true) ? "" : "; other clients' changes raise no inotify event here");
   }
+  // Said only when some directories go unwatched (max_watches=, or the
+  // kernel's own limit): changes there wait for the periodic rescan.
+  if (j.contains("last_scan") && j["last_scan"].is_object()) {
+    const auto& scan = j["last_scan"];
+    const uint64_t dirs = scan.value("directories", uint64_t{0}), watched = scan.value("watched_directories", dirs);
+    if (watched < dirs) {
+      std::printf("watches      %llu of %llu directories; changes in the others are seen by the periodic rescan "
+                  "only (max_watches=, fs.inotify.max_user_watches)\n",
+                  static_cast<unsigned long long>(watched), static_cast<unsigned long long>(dirs));
+    }
+  }
   if (j.contains(kManifests)) {
     const auto& m = j[kManifests];
     const std::string signer = m.value(kSigningKey, std::string());

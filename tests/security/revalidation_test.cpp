@@ -286,6 +286,8 @@ TEST_F(RevalidationTest, EmptyDirectoriesCannotTakeTheWatchesARevocationNeeds) {
   const auto last_scan = Status()["last_scan"];
   EXPECT_EQ(last_scan["directories"], 305) << last_scan.dump();  // SRC, aaa and its 300, zzz, team, ck
   EXPECT_EQ(last_scan["watched_directories"], 40) << last_scan.dump();
+  const auto shown = RunCommand(kCtl + " status " + mnt_);
+  EXPECT_NE(shown.out.find("watches      40 of 305 directories"), std::string::npos) << shown.out;
 
   ASSERT_EQ(::chmod((src_ + "/zzz/team/ck").c_str(), 0700), 0);
   EXPECT_TRUE(WaitFor([&] { return TryAs(kOther, {{Probe::kRead, file}}) == std::vector<bool>{false}; }))
