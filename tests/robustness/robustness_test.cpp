@@ -64,6 +64,22 @@ class RobustnessTest : public MountFixture {
     ASSERT_TRUE(stored.has_value());
     ASSERT_TRUE((*index)->PutFile(FileStamp::FromStat(st), stored->path, stored->hashes).ok());
   }
+  // The checkpoint at `path` (absolute) as `ckptfsctl status` shows it;
+  // an empty object when it is not there.
+  nlohmann::json CheckpointStatus(const std::string& path) {
+    for (const auto& c : Ctl("status").value("checkpoints", nlohmann::json::array())) {
+      if (c.value("path", "") == path) return c;
+    }
+    return nlohmann::json::object();
+  }
+  // A field of /proc/PID/status in kB ("VmRSS", "VmHWM"); 0 when absent.
+  static uint64_t ProcStatusKib(pid_t pid, const std::string& field) {
+    std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind(field + ":", 0) == 0) return std::stoull(line.substr(field.size() + 1));
+    }
+    return 0;
+  }
   static size_t Count(const std::string& haystack, const std::string& needle) {
     size_t n = 0;
     for (size_t p = haystack.find(needle); p != std::string::npos; p = haystack.find(needle, p + 1)) ++n;
@@ -280,20 +296,14 @@ TEST_F(RobustnessTest, OpenDirectoriesCopyNoListing) {
   auto m = Mount();
   ASSERT_TRUE(WaitFor([&] { return !Digest("wide").empty(); }, std::chrono::seconds(60))) << m->Log();
   const std::string dir = mnt_ + "/" + Digest("wide");
-  auto rss_kib = [&] {
-    std::ifstream status("/proc/" + std::to_string(m->ServingPid()) + "/status");
-    for (std::string line; std::getline(status, line);) {
-      if (line.rfind("VmRSS:", 0) == 0) return std::stoul(line.substr(6));
-    }
-    return 0ul;
-  };
-  const unsigned long before = rss_kib();
+  auto rss_kib = [&] { return ProcStatusKib(m->ServingPid(), "VmRSS"); };
+  const uint64_t before = rss_kib();
   std::vector<int> fds;
   for (int i = 0; i < 200; ++i) {
     fds.push_back(::open(dir.c_str(), O_RDONLY | O_DIRECTORY));
     ASSERT_GE(fds.back(), 0);
   }
-  const unsigned long after = rss_kib();
+  const uint64_t after = rss_kib();
   EXPECT_LT(after, before + 32 * 1024) << "VmRSS " << before << " kB before, " << after << " kB with 200 open";
   std::vector<std::string> names;
   DIR* d = ::fdopendir(fds.back());
@@ -319,15 +329,8 @@ TEST_F(RobustnessTest, MemoryStaysFlatAcrossManyVersionsOfACheckpoint) {
   for (int i = 0; i < 2000; ++i) WriteFile(src_ + "/m/files/f" + std::to_string(i) + ".txt", std::to_string(i));
   auto m = Mount();
   ASSERT_TRUE(WaitFor([&] { return !Digest("m").empty(); })) << m->Log();
-  auto rss_kib = [&] {
-    std::ifstream status("/proc/" + std::to_string(m->ServingPid()) + "/status");
-    std::string line;
-    while (std::getline(status, line)) {
-      if (line.rfind("VmRSS:", 0) == 0) return std::stoul(line.substr(6));
-    }
-    return 0ul;
-  };
-  unsigned long after_10 = 0;
+  auto rss_kib = [&] { return ProcStatusKib(m->ServingPid(), "VmRSS"); };
+  uint64_t after_10 = 0;
   for (int version = 1; version <= 50; ++version) {
     const std::string before = Digest("m");
     WriteFile(src_ + "/m/version.txt", std::to_string(version));
@@ -343,7 +346,7 @@ TEST_F(RobustnessTest, MemoryStaysFlatAcrossManyVersionsOfACheckpoint) {
     RunCommand("sync; echo 2 > /proc/sys/vm/drop_caches");
     return Ctl("stats").value("kernel_held_nodes", uint64_t{1} << 60) == 0;
   })) << Ctl("stats").dump();
-  const unsigned long after_50 = rss_kib();
+  const uint64_t after_50 = rss_kib();
   EXPECT_LE(after_50, after_10 + after_10 / 10 + 4096) << "VmRSS " << after_10 << " kB after 10 versions, "
                                                        << after_50 << " kB after 50";
   std::cout << "[ memory ] VmRSS " << after_10 << " kB after 10 versions, " << after_50 << " kB after 50\n";
@@ -466,12 +469,7 @@ TEST_F(RobustnessTest, AWithdrawnDigestLeavesTheListingWhileAnotherIsIndexed) {
   ASSERT_FALSE(old.empty()) << m->Log();  // shown at mount: the index vouches for it
   auto held = [&] { return ::access((gate + "/paused").c_str(), F_OK) == 0; };
   ASSERT_TRUE(WaitFor(held)) << m->Log();
-  auto state_of = [&](const std::string& rel) {
-    for (const auto& c : Ctl("status").value("checkpoints", nlohmann::json::array())) {
-      if (c.value("path", "") == src_ + "/" + rel) return c.value("state", "");
-    }
-    return std::string("absent");
-  };
+  auto state_of = [&](const std::string& rel) { return CheckpointStatus(src_ + "/" + rel).value("state", "absent"); };
   ASSERT_EQ(state_of("big"), "indexing");
   EXPECT_NE(RunCommand("cat " + mnt_ + "/" + old + "/model.bin > /dev/null 2>&1").exit_code, 0);  // EIO
   auto listed = [&] {
@@ -522,20 +520,14 @@ TEST_F(RobustnessTest, ASymlinkDagCostsItsDirectoriesNotItsPaths) {
   EXPECT_TRUE(WaitFor([&] { return !Digest("ok").empty(); })) << m->Log();
   nlohmann::json dag;
   ASSERT_TRUE(WaitFor([&] {
-    for (const auto& c : Ctl("status").value("checkpoints", nlohmann::json::array())) {
-      if (c.value("path", "") == src_ + "/dag/d0") dag = c;
-    }
+    dag = CheckpointStatus(src_ + "/dag/d0");
     return dag.value("state", "") == "invalid";
   })) << Ctl("status").dump(1);
   const std::string reason = dag.value("reason", "");
   EXPECT_NE(reason.find("paths through symlinks"), std::string::npos) << dag.dump(1);
   EXPECT_LT(reason.size(), 8192u) << "the reason itself must stay bounded";
   EXPECT_TRUE(Digest("dag/d0").empty());
-  std::ifstream status("/proc/" + std::to_string(m->ServingPid()) + "/status");
-  uint64_t peak_kb = 0;
-  for (std::string line; std::getline(status, line);) {
-    if (line.rfind("VmHWM:", 0) == 0) peak_kb = std::stoul(line.substr(6));
-  }
+  const uint64_t peak_kb = ProcStatusKib(m->ServingPid(), "VmHWM");
   EXPECT_LT(peak_kb, 512u * 1024) << "peak resident memory of the daemon, kB";
   std::cout << "[ symlink DAG ] " << kLevels << " levels, daemon peak RSS " << peak_kb << " kB\n";
 }
@@ -595,12 +587,10 @@ TEST_F(RobustnessTest, DeepDirectoriesCostTheirNumberNotTheirDepthSquared) {
   auto state_of = [&](const std::string& path) {
     nlohmann::json found;
     WaitFor([&] {
-      for (const auto& c : Ctl("status").value("checkpoints", nlohmann::json::array())) {
-        if (c.value("path", "") == path) found = c;
-      }
-      return found.is_object() && (found.value("state", "") == "invalid" || found.value("state", "") == "exposed");
+      found = CheckpointStatus(path);
+      return found.value("state", "") == "invalid" || found.value("state", "") == "exposed";
     });
-    return found.is_object() ? found : nlohmann::json{{"state", "(not in status)"}};
+    return found.empty() ? nlohmann::json{{"state", "(not in status)"}} : found;
   };
   // The 990-deep checkpoints are shown, with their links.
   std::string bottom = "chain0";
@@ -617,11 +607,7 @@ TEST_F(RobustnessTest, DeepDirectoriesCostTheirNumberNotTheirDepthSquared) {
   for (int i = 0; i < kMidDepth; ++i) mid += "/a";
   const nlohmann::json too_deep = state_of(mid);
   EXPECT_NE(too_deep.value("reason", "").find("longer than a symlink may be"), std::string::npos) << too_deep.dump(1);
-  std::ifstream status("/proc/" + std::to_string(m->ServingPid()) + "/status");
-  uint64_t peak_kb = 0;
-  for (std::string line; std::getline(status, line);) {
-    if (line.rfind("VmHWM:", 0) == 0) peak_kb = std::stoul(line.substr(6));
-  }
+  const uint64_t peak_kb = ProcStatusKib(m->ServingPid(), "VmHWM");
   EXPECT_GT(peak_kb, 0u);
   EXPECT_LT(peak_kb, 120u * 1024) << "peak resident memory of the daemon, kB";
   std::cout << "[ deep directories ] " << kChains << " chains of " << kDepth << " directories with " << kLinks
@@ -681,9 +667,7 @@ TEST_F(RobustnessTest, LinksWithinLinksStopAt4096DirectoriesToSearch) {
   ASSERT_TRUE(WaitFor([&] { return !Digest("ok").empty(); })) << m->Log();
   nlohmann::json found;
   EXPECT_TRUE(WaitFor([&] {
-    for (const auto& c : Ctl("status").value("checkpoints", nlohmann::json::array())) {
-      if (c.value("path", "") == src_ + "/s") found = c;
-    }
+    found = CheckpointStatus(src_ + "/s");
     return found.value("state", "") == "invalid";
   })) << Ctl("status").dump(1);
   EXPECT_NE(found.value("reason", "").find("links within links"), std::string::npos) << found.dump(1);
@@ -733,12 +717,11 @@ TEST_F(RobustnessTest, AHugeSparseFileHoldsBackNoOtherCheckpoint) {
   ASSERT_EQ(RunCommand("truncate -s 15T " + huge + " || truncate -s 1T " + huge).exit_code, 0);
   auto m = Mount("threads=1");
   auto hashed = [&]() -> uint64_t {
-    for (const auto& c : Ctl("status").value("checkpoints", nlohmann::json::array())) {
-      if (c.value("path", "") != src_ + "/big" || c.value("state", "") != "indexing") continue;
-      for (const auto& f : c.value("hashing", nlohmann::json::array())) {
-        if (f.value("path", "") == "model.bin" && f.value("size", uint64_t{0}) == fs::file_size(huge)) {
-          return f.value("bytes_done", uint64_t{0});
-        }
+    const nlohmann::json c = CheckpointStatus(src_ + "/big");
+    if (c.value("state", "") != "indexing") return 0;
+    for (const auto& f : c.value("hashing", nlohmann::json::array())) {
+      if (f.value("path", "") == "model.bin" && f.value("size", uint64_t{0}) == fs::file_size(huge)) {
+        return f.value("bytes_done", uint64_t{0});
       }
     }
     return 0;
