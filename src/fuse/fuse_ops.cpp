@@ -272,21 +272,55 @@ void ReadDir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
   if (i >= 2) {
     std::optional<Caller> caller;
     if (h->filtered) caller.emplace(CallerOf(req));
+    const fuse_ctx* asking = fuse_req_ctx(req);
+    const std::pair<uid_t, gid_t> who = caller ? std::pair{asking->uid, asking->gid} : std::pair<uid_t, gid_t>{};
+    // A child as the view has it now: by the inode it had at the open, or
+    // by its name where a publish since gave it another (a by-name link
+    // moved to a new digest is never missing from a listing in progress).
+    bool withdrawn = false;
+    auto shown = [&](const std::pair<const std::string, InodeId>& child) -> View::NodePtr {
+      View::NodePtr c = ctx.view->Get(child.second);
+      if (!c) c = ctx.view->Lookup(h->dir->ino, child.first);
+      if (!c) withdrawn = true;
+      if (!c || (caller && !MayAccess(c->access, *caller, 0))) return nullptr;
+      return c;
+    };
     const auto& children = h->dir->children;
     MutexLock lock(h->mu);
     auto it = children.begin();
-    if (h->next_offset == i) {
+    off_t at = 2;  // the offset of *it
+    if (h->next_offset == i && h->counted_for == who) {
       it = h->next;
-    } else {  // not where the last one stopped (a seekdir): count from the start
-      std::advance(it, std::min<uint64_t>(static_cast<uint64_t>(i - 2), children.size()));
+      at = i;
+    } else if (!h->filtered) {  // a seekdir: every child has its place
+      const auto k = std::min<uint64_t>(static_cast<uint64_t>(i - 2), children.size());
+      std::advance(it, k);
+      at = 2 + static_cast<off_t>(k);
+    } else {  // in the root, the places are the caller's own: count them
+      for (; it != children.end() && at < i; ++it) {
+        if (shown(*it)) ++at;
+      }
     }
-    for (; it != children.end(); ++it, ++i) {
-      auto c = ctx.view->Get(it->second);
-      if (!c || (caller && !MayAccess(c->access, *caller, 0))) continue;
-      if (!add(it->first, *c, i)) break;
-    }
-    h->next_offset = i;
+    h->next_offset = at;
     h->next = it;
+    h->counted_for = who;
+    for (; it != children.end(); ++it) {
+      View::NodePtr c = shown(*it);
+      if (c) {
+        if (!add(it->first, *c, at)) break;
+        h->next_offset = at + 1;
+        h->next = std::next(it);
+      }
+      if (c || !h->filtered) ++at;
+    }
+    // A directory inside a digest lists the same entries for as long as it
+    // lives. Its digest was withdrawn since the open (its members are gone
+    // from the view): an error, not a listing with holes that the kernel
+    // would keep for the digest if it came back.
+    if (withdrawn && h->dir->immutable) {
+      fuse_reply_err(req, ENOENT);
+      return;
+    }
   }
   fuse_reply_buf(req, buf.data(), used);
 }

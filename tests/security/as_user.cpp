@@ -52,9 +52,9 @@ std::string Join(const std::vector<gid_t>& groups) {
 
 }  // namespace
 
-std::vector<bool> TryAs(const User& user, const std::vector<Attempt>& attempts) {
+std::optional<std::string> InChildAs(const User& user, const std::function<std::string()>& fn) {
   int fds[2];
-  if (::pipe(fds) != 0) return {};
+  if (::pipe(fds) != 0) return std::nullopt;
   pid_t pid = ::fork();
   if (pid == 0) {
     ::close(fds[0]);
@@ -62,8 +62,7 @@ std::vector<bool> TryAs(const User& user, const std::vector<Attempt>& attempts) 
         ::setresuid(user.uid, user.uid, user.uid) != 0) {
       ::_exit(3);
     }
-    std::string out;
-    for (const auto& a : attempts) out += TryOne(a) ? '1' : '0';
+    const std::string out = fn();
     ssize_t n = ::write(fds[1], out.data(), out.size());
     ::_exit(n == static_cast<ssize_t>(out.size()) ? 0 : 4);
   }
@@ -74,9 +73,19 @@ std::vector<bool> TryAs(const User& user, const std::vector<Attempt>& attempts) 
   ::close(fds[0]);
   int status = 0;
   ::waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || got.size() != attempts.size()) return {};
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return std::nullopt;
+  return got;
+}
+
+std::vector<bool> TryAs(const User& user, const std::vector<Attempt>& attempts) {
+  std::optional<std::string> got = InChildAs(user, [&] {
+    std::string out;
+    for (const auto& a : attempts) out += TryOne(a) ? '1' : '0';
+    return out;
+  });
+  if (!got || got->size() != attempts.size()) return {};
   std::vector<bool> out;
-  for (char c : got) out.push_back(c == '1');
+  for (char c : *got) out.push_back(c == '1');
   return out;
 }
 

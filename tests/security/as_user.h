@@ -5,6 +5,8 @@
 
 #include <sys/types.h>
 
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,10 @@ struct Attempt {
 
 // One child process runs every attempt as `user`; true where it succeeded.
 std::vector<bool> TryAs(const User& user, const std::vector<Attempt>& attempts);
+
+// Runs `fn` in a child process that dropped to `user`, and returns what it
+// returned; nullopt if the child could not become `user` or did not finish.
+std::optional<std::string> InChildAs(const User& user, const std::function<std::string()>& fn);
 
 // Runs `command` with /bin/sh as `user` (setpriv), returning its exit code
 // and merged output.

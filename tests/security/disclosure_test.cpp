@@ -3,6 +3,13 @@
 // them, a digest nobody holds (ENOENT, as for an unknown one), and the
 // sources xattr of a shared digest names only the copies they could find in
 // SRC themselves.
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <optional>
+
 #include "security_fixture.h"
 
 namespace ckptfs::testing {
@@ -62,6 +69,73 @@ TEST_F(DisclosureTest, TheSourcesXattrNamesOnlyCopiesTheCallerCouldFind) {
   // ckptfsctl ls agrees (it filtered already).
   AsResult ls = RunAs(kOther, Ctl() + " ls --json " + ShellQuote(mnt_));
   EXPECT_EQ(ls.out.find("acquisition-target-x"), std::string::npos) << ls.out;
+}
+
+// The root numbers its entries, for each caller, among the digests that
+// caller may reach: offsets with gaps would tell another user how many
+// private digests sort between two of theirs, and when they come and go.
+// Read a few entries a call (each call goes on from the offset the last
+// one ended at), then from every offset it gave, as seekdir would.
+TEST_F(DisclosureTest, TheRootsOffsetsCountOnlyTheDigestsTheCallerMayReach) {
+  for (int i = 0; i < 4; ++i) WriteFile(src_ + "/pub/m" + std::to_string(i) + "/model.bin", "public " + std::to_string(i));
+  for (int i = 0; i < 24; ++i) {
+    WriteFile(src_ + "/home/owner/p" + std::to_string(i) + "/model.bin", "private " + std::to_string(i));
+  }
+  Own(src_ + "/home", 0, 0, 0755);
+  Own(src_ + "/home/owner", 2001, 3001, 0700);
+  auto m = Mount();
+  std::vector<std::string> pub, priv;
+  ASSERT_TRUE(WaitFor([&] {
+    pub.clear();
+    priv.clear();
+    for (int i = 0; i < 4; ++i) pub.push_back(DigestOf("pub/m" + std::to_string(i)));
+    for (int i = 0; i < 24; ++i) priv.push_back(DigestOf("home/owner/p" + std::to_string(i)));
+    return std::count(pub.begin(), pub.end(), "") + std::count(priv.begin(), priv.end(), "") == 0;
+  })) << m->Log();
+  std::sort(pub.begin(), pub.end());
+  // Without a private digest between two public ones there would be no gap to see.
+  ASSERT_TRUE(std::any_of(priv.begin(), priv.end(), [&](const std::string& p) {
+    return pub.front() < p && p < pub.back();
+  }));
+
+  std::optional<std::string> seen = InChildAs(kOther, [&] {
+    std::string out;
+    const int fd = ::open(mnt_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return std::string("open failed");
+    // One line per entry: its name and the offset it gives.
+    std::vector<std::pair<std::string, off_t>> entries;
+    alignas(8) char buf[200];  // room for two entries named by a digest
+    auto read_some = [&](std::vector<std::pair<std::string, off_t>>& into) {
+      const ssize_t n = ::getdents64(fd, buf, sizeof buf);
+      for (ssize_t at = 0; at < n;) {
+        const auto* e = reinterpret_cast<const dirent64*>(buf + at);
+        into.emplace_back(e->d_name, e->d_off);
+        at += e->d_reclen;
+      }
+      return n > 0;
+    };
+    while (read_some(entries)) {
+    }
+    for (const auto& [name, off] : entries) out += name + " " + std::to_string(off) + "\n";
+    // From each offset, the entry after it.
+    for (const auto& [name, off] : entries) {
+      std::vector<std::pair<std::string, off_t>> next;
+      ::lseek(fd, off, SEEK_SET);
+      read_some(next);
+      out += "after " + name + ": " + (next.empty() ? std::string("-") : next.front().first) + "\n";
+    }
+    ::close(fd);
+    return out;
+  });
+  ASSERT_TRUE(seen.has_value());
+  std::vector<std::string> names{".", "..", "by-name"};
+  names.insert(names.end(), pub.begin(), pub.end());
+  std::string expected;
+  for (size_t k = 0; k < names.size(); ++k) expected += names[k] + " " + std::to_string(k + 1) + "\n";
+  for (size_t k = 0; k < names.size(); ++k) {
+    expected += "after " + names[k] + ": " + (k + 1 < names.size() ? names[k + 1] : "-") + "\n";
+  }
+  EXPECT_EQ(*seen, expected);
 }
 
 }  // namespace

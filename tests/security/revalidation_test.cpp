@@ -6,11 +6,13 @@
 // known file (the daemon's pause seam: the file that changed, as only
 // changed files are hashed again) so that "while it is verified again" is a
 // state the test is in, not a race it hopes to win.
+#include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -332,6 +334,60 @@ TEST_F(RevalidationTest, OneWritersCheckpointsCannotTakeTheWatchesOfAnothers) {
 
 // Hub cache: a revision resolves through refs/ (a by-name file) to its
 // snapshot link while the only snapshot is verified again.
+// Names read from an open by-name directory, from where it stands to its
+// end, with getdents64 in a small buffer (a few entries a call).
+std::vector<std::string> ReadNames(int fd, size_t calls = SIZE_MAX) {
+  std::vector<std::string> names;
+  alignas(8) char buf[512];
+  for (size_t call = 0; call < calls; ++call) {
+    const ssize_t n = ::getdents64(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    for (ssize_t at = 0; at < n;) {
+      const auto* e = reinterpret_cast<const dirent64*>(buf + at);
+      names.emplace_back(e->d_name);
+      at += e->d_reclen;
+    }
+  }
+  return names;
+}
+
+// A listing of by-name read while one of its checkpoints moves to a new
+// digest still names that checkpoint, once: the link is a new node (its
+// inode number comes from its target), which the open directory finds by
+// its name. Nothing here looks the link up, so the kernel holds no node of
+// it that could stand in for the one the publish replaced.
+TEST_F(RevalidationTest, AListingInProgressKeepsACheckpointThatMovesToANewDigest) {
+  constexpr int kCheckpoints = 200;
+  auto name_of = [](int i) {
+    const std::string n = std::to_string(1000 + i);
+    return "c" + n.substr(1);
+  };
+  for (int i = 0; i < kCheckpoints; ++i) WriteFile(src_ + "/run/" + name_of(i) + "/model.bin", "weights " + name_of(i));
+  auto m = Mount("allow_other,settle=0,rescan=0");
+  ASSERT_TRUE(m->ok()) << m->Log();
+  const std::string moving = "run/" + name_of(kCheckpoints - 10);
+  ASSERT_TRUE(WaitFor([&] { return Settled(moving) && Settled("run/" + name_of(0)); })) << Status().dump(1);
+  const std::string old = Row(moving).value("name", "");
+  ASSERT_FALSE(old.empty());
+
+  const int fd = ::open((mnt_ + "/by-name/run").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  std::vector<std::string> names = ReadNames(fd, 2);
+  ASSERT_FALSE(names.empty());
+  ASSERT_LT(names.size(), 50u);  // most of the listing is still to come
+  WriteFile(src_ + "/" + moving + "/model.bin", "new weights");
+  const bool moved = WaitFor([&] {
+    const std::string now = Row(moving).value("name", "");
+    return !now.empty() && now != old && Listed(now) && !Listed(old);
+  });
+  for (const std::string& n : ReadNames(fd)) names.push_back(n);
+  ::close(fd);
+  ASSERT_TRUE(moved) << Status().dump(1);
+  std::vector<std::string> expected{".", ".."};
+  for (int i = 0; i < kCheckpoints; ++i) expected.push_back(name_of(i));
+  EXPECT_EQ(names, expected);
+}
+
 TEST_F(RevalidationTest, AHubRevisionResolvesWhileItsOnlySnapshotIsVerifiedAgain) {
   const std::string repo = src_ + "/hub/models--org--tiny";
   const std::string commit = "0123456789abcdef0123456789abcdef01234567";
