@@ -226,7 +226,10 @@ class CatalogWatcher {
 
   UniqueFd inotify_;
   UniqueFd wake_;  // eventfd: Stop() and RequestRescan() interrupt the wait
-  std::map<int, std::string> watches_;  // wd -> directory
+  // wd -> the directories it watches: one directory may be reached by
+  // several paths (through links), and an event in it concerns them all.
+  std::map<int, std::set<std::string>> watches_;
+  size_t watched_paths_ = 0;  // directories (paths) with a watch
   // wd -> the directories that list a file with more than one link
   // (CatalogScan::linked_files), watched on the file itself.
   std::map<int, std::set<std::string>> file_watches_;

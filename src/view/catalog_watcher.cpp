@@ -349,17 +349,18 @@ void CatalogWatcher::NoteDirty(const inotify_event& ev) {
     return;
   }
   const std::string& root = watched_root_;
-  const std::string& path = w->second;
-  std::string rel;
-  if (path != root) {
-    if (path.compare(0, root.size() + 1, root + "/") != 0) {
-      full_walk_needed_ = true;
-      return;
+  for (const std::string& path : w->second) {
+    std::string rel;
+    if (path != root) {
+      if (path.compare(0, root.size() + 1, root + "/") != 0) {
+        full_walk_needed_ = true;
+        return;
+      }
+      rel = path.substr(root.size() + 1);
     }
-    rel = path.substr(root.size() + 1);
+    if (ev.len > 0 && (ev.mask & IN_ISDIR)) dirty_dirs_.insert(rel.empty() ? ev.name : rel + "/" + ev.name);
+    dirty_dirs_.insert(std::move(rel));
   }
-  dirty_dirs_.insert(rel);
-  if (ev.len > 0 && (ev.mask & IN_ISDIR)) dirty_dirs_.insert(rel.empty() ? ev.name : rel + "/" + ev.name);
 }
 
 // Directories in the order their watches matter: those whose changes
@@ -409,8 +410,11 @@ void CatalogWatcher::UpdateWatches(const CatalogScan& scan) {
   std::set<std::string> wanted;
   for (const Ranked& r : order) wanted.insert(r.rel->empty() ? scan.root : scan.root + "/" + *r.rel);
   for (auto it = watches_.begin(); it != watches_.end();) {
-    if (wanted.count(it->second)) {
-      wanted.erase(it->second);  // watched already
+    std::set<std::string>& paths = it->second;
+    for (auto p = paths.begin(); p != paths.end();) {
+      p = wanted.erase(*p) ? std::next(p) : paths.erase(p);  // watched already, or no longer wanted
+    }
+    if (!paths.empty()) {
       ++it;
       continue;
     }
@@ -437,8 +441,10 @@ void CatalogWatcher::UpdateWatches(const CatalogScan& scan) {
       dirty_dirs_.insert(rel);
       followup_scan_ = true;
     }
-    watches_[wd] = path;
+    watches_[wd].insert(path);
   }
+  watched_paths_ = 0;
+  for (const auto& [wd, paths] : watches_) watched_paths_ += paths.size();
   UpdateFileWatches(scan);
 }
 
@@ -697,7 +703,7 @@ void CatalogWatcher::ScanOnce(const WalkTriggers& why, bool index_unknown) {
   stats.checkpoints_kept = plan.keep.size();
   stats.files_looked_up = plan.files_looked_up;
   stats.directories = scan->dirs.size();
-  stats.watched_directories = watches_.size();
+  stats.watched_directories = watched_paths_;
   Apply(*scan, plan, std::move(shown), stats, started);
   if (index_unknown) IndexQueued(*scan, plan);
 }

@@ -388,6 +388,31 @@ TEST_F(RevalidationTest, AListingInProgressKeepsACheckpointThatMovesToANewDigest
   EXPECT_EQ(names, expected);
 }
 
+// A directory that a link in SRC reaches by a second path (run/latest ->
+// step-2) has one watch, and its events count for both paths: a chmod of
+// a file in it applies at once to the copy each path serves (rescan=0:
+// nothing else would tell), and ckptfsctl status counts the directory as
+// watched.
+TEST_F(RevalidationTest, ARevocationAppliesToEveryPathALinkGivesADirectory) {
+  WriteFile(src_ + "/run/step-2/model.bin", RandomBytes(kMiB, 21));
+  Symlink("step-2", src_ + "/run/latest");
+  auto m = Mount("allow_other,settle=0,rescan=0");
+  ASSERT_TRUE(m->ok()) << m->Log();
+  ASSERT_TRUE(WaitFor([&] { return Settled("run/step-2") && Settled("run/latest"); })) << Status().dump(1);
+  ASSERT_EQ(DigestOf("run/step-2"), DigestOf("run/latest"));
+  const std::string file = mnt_ + "/" + DigestOf("run/step-2") + "/model.bin";
+  ASSERT_EQ(TryAs(kOther, {{Probe::kRead, file}}), std::vector<bool>{true});
+  const auto last_scan = Status()["last_scan"];
+  EXPECT_EQ(last_scan["watched_directories"], last_scan["directories"]) << last_scan.dump();
+  const auto shown = RunCommand(kCtl + " status " + mnt_);
+  EXPECT_EQ(shown.out.find("watches "), std::string::npos) << shown.out;
+
+  // The event comes from the directory's one watch, for a file in it.
+  ASSERT_EQ(::chmod((src_ + "/run/step-2/model.bin").c_str(), 0600), 0);
+  EXPECT_TRUE(WaitFor([&] { return TryAs(kOther, {{Probe::kRead, file}}) == std::vector<bool>{false}; }))
+      << "other still reads, through the path of the link, what SRC now refuses them\n" << Status().dump(1);
+}
+
 TEST_F(RevalidationTest, AHubRevisionResolvesWhileItsOnlySnapshotIsVerifiedAgain) {
   const std::string repo = src_ + "/hub/models--org--tiny";
   const std::string commit = "0123456789abcdef0123456789abcdef01234567";
