@@ -123,6 +123,10 @@ struct CatalogScan {
   std::vector<std::string> warnings;
   std::shared_ptr<WalkTree> tree;
   uint64_t dirs_reused = 0;  // directories taken from the previous tree unread
+  // The directories this scan read (the others, dirs_reused, came from the
+  // previous tree): a path among them may name another directory than last
+  // time (one renamed into its place).
+  std::set<std::string> walked_dirs;
 };
 
 // What a rescan may skip: the previous scan's tree, and the directories

@@ -213,6 +213,8 @@ class CatalogWatcher {
   Drained DrainInotify();
   void NoteDirty(const inotify_event& ev);
   void UpdateWatches(const CatalogScan& scan);
+  void Unlabel(int wd, const std::string& path);
+  void ForgetWatch(int wd);
   void UpdateFileWatches(const CatalogScan& scan);
   void SetState(CheckpointState state);
   // As SetState, mu_ held; a path whose digest is still shown keeps naming
@@ -227,9 +229,11 @@ class CatalogWatcher {
   UniqueFd inotify_;
   UniqueFd wake_;  // eventfd: Stop() and RequestRescan() interrupt the wait
   // wd -> the directories it watches: one directory may be reached by
-  // several paths (through links), and an event in it concerns them all.
+  // several paths (through links), and an event in it concerns them all;
+  // and each such path -> its wd.
   std::map<int, std::set<std::string>> watches_;
-  size_t watched_paths_ = 0;  // directories (paths) with a watch
+  std::map<std::string, int> watch_of_;
+  size_t watchable_dirs_ = 0;  // the last scan's directories that want a watch, budget or not
   // wd -> the directories that list a file with more than one link
   // (CatalogScan::linked_files), watched on the file itself.
   std::map<int, std::set<std::string>> file_watches_;

@@ -48,6 +48,11 @@ struct DirNode {
   std::string rel;    // relative to the root ("" for the root)
   AccessPath access;  // how the directory itself is reached
   Chain inside;       // what must be searched to reach its entries (access.dirs + itself)
+  // The directory's inode as walked: another one renamed into its place
+  // (a trainer's rename of step-N into the name of the last) is walked
+  // anew, never taken for it.
+  dev_t dev = 0;
+  ino_t ino = 0;
   bool has_weight_file = false;
   struct File {
     std::string rel;  // relative to the root
@@ -137,11 +142,15 @@ class TreeWalker {
   // `hint`: what an incremental rescan may reuse (null: walk everything).
   void set_hint(RewalkHint* hint) { hint_ = hint; }
   uint64_t dirs_reused() const { return dirs_reused_; }
+  // The directories this walk read (the others were taken from the
+  // previous tree), by path relative to the root.
+  std::set<std::string> TakeWalked() { return std::move(walked_); }
 
   // `previous`: the same directory in the previous tree, if any.
   void Walk(const std::string& abs, DirNode& node, std::set<std::pair<dev_t, ino_t>>& ancestors,
             DirNode* previous = nullptr) {
     if (options_.cancel != nullptr && options_.cancel->load()) return;
+    walked_.insert(node.rel);
     std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(abs.c_str()), ::closedir);
     if (!dir) {
       node.problems.push_back(Plain("cannot read directory " + Quote(abs) + ": " + std::strerror(errno)));
@@ -254,7 +263,7 @@ class TreeWalker {
       const AccessPath access{reach, ReadOwnership(target, st)};
       DirNode* before = via_link ? nullptr : PreviousChild(previous, rel);
       if (hint_ != nullptr && before != nullptr && before->self_contained && before->access == access &&
-          !DirtyAtOrBelow(rel)) {
+          before->dev == st.st_dev && before->ino == st.st_ino && !DirtyAtOrBelow(rel)) {
         // Taken whole; the emptied node keeps its name so that the previous
         // tree stays sorted for the lookups of the entries still to come.
         node.subdirs.push_back(std::make_unique<DirNode>(std::move(*before)));
@@ -266,6 +275,8 @@ class TreeWalker {
       auto sub = std::make_unique<DirNode>();
       sub->rel = rel;
       sub->access = access;
+      sub->dev = st.st_dev;
+      sub->ino = st.st_ino;
       sub->inside = DirChain::Extend(reach, sub->access.self);
       ancestors.insert(key);
       Walk(target, *sub, ancestors, hint_ != nullptr ? before : nullptr);
@@ -424,6 +435,7 @@ class TreeWalker {
   std::map<std::pair<dev_t, ino_t>, int> paths_to_;  // directory -> paths it was walked by, this walk
   RewalkHint* hint_ = nullptr;
   uint64_t dirs_reused_ = 0;
+  std::set<std::string> walked_;
 };
 
 // Adds the files of `node`'s subtree to `cp`, stopping at nested checkpoints,
@@ -626,6 +638,8 @@ Result<CatalogScan> ScanSourceTree(const std::string& root, const CatalogOptions
   scan.tree->real_root = *real_root;
   DirNode& top = scan.tree->top;
   top.access = {nullptr, ReadOwnership(*real_root, st)};
+  top.dev = st.st_dev;
+  top.ino = st.st_ino;
   top.inside = DirChain::Extend(nullptr, top.access.self);
   std::set<std::pair<dev_t, ino_t>> ancestors{{st.st_dev, st.st_ino}};
   TreeWalker walker(*real_root, top.access.self, options);
@@ -633,12 +647,14 @@ Result<CatalogScan> ScanSourceTree(const std::string& root, const CatalogOptions
   // come from the previous tree when it is of this same root and access.
   DirNode* previous = nullptr;
   if (hint != nullptr && hint->previous && hint->previous->real_root == *real_root &&
-      hint->previous->top.access == top.access) {
+      hint->previous->top.access == top.access && hint->previous->top.dev == top.dev &&
+      hint->previous->top.ino == top.ino) {
     walker.set_hint(hint);
     previous = &hint->previous->top;
   }
   walker.Walk(*real_root, top, ancestors, previous);
   scan.dirs_reused = walker.dirs_reused();
+  scan.walked_dirs = walker.TakeWalked();
   if (options.cancel != nullptr && options.cancel->load()) {
     return Status::Error("scan of " + Quote(root) + " cancelled (the daemon is stopping)");
   }

@@ -317,7 +317,7 @@ CatalogWatcher::Drained CatalogWatcher::DrainInotify() {
       auto* ev = reinterpret_cast<inotify_event*>(p);
       NoteDirty(*ev);
       if (ev->mask & IN_IGNORED) {
-        watches_.erase(ev->wd);
+        ForgetWatch(ev->wd);
         file_watches_.erase(ev->wd);
       }
       const bool arrival = (ev->mask & IN_MOVED_TO) && (ev->mask & IN_ISDIR);
@@ -382,13 +382,22 @@ void CatalogWatcher::UpdateWatches(const CatalogScan& scan) {
     const std::string* rel = nullptr;
   };
   std::map<std::pair<bool, uid_t>, std::vector<Ranked>> by_owner;
-  for (const auto& [rel, access] : scan.dirs) {
+  auto rank = [&](const std::string& rel, uid_t owner) {
     const bool other = scan.serving_dirs.count(rel) == 0;
     const long depth = rel.empty() ? 0 : 1 + std::count(rel.begin(), rel.end(), '/');
-    by_owner[{other, access.self.uid}].push_back(Ranked{other, 0, depth, &rel});
+    by_owner[{other, owner}].push_back(Ranked{other, 0, depth, &rel});
+  };
+  for (const auto& [rel, access] : scan.dirs) rank(rel, access.self.uid);
+  // Serving directories the walk did not read: those that members' links
+  // lead into under a hidden name (.blobs/): a chmod there changes who may
+  // read the member as much as one in a directory walked.
+  for (const std::string& rel : scan.serving_dirs) {
+    struct stat st;
+    if (scan.dirs.count(rel) == 0 && ::stat((scan.root + "/" + rel).c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      rank(rel, st.st_uid);
+    }
   }
   std::vector<Ranked> order;
-  order.reserve(scan.dirs.size());
   for (auto& [key, dirs] : by_owner) {
     std::stable_sort(dirs.begin(), dirs.end(), [](const Ranked& a, const Ranked& b) { return a.depth < b.depth; });
     for (size_t i = 0; i < dirs.size(); ++i) dirs[i].turn = i;
@@ -397,6 +406,7 @@ void CatalogWatcher::UpdateWatches(const CatalogScan& scan) {
   std::sort(order.begin(), order.end(), [](const Ranked& a, const Ranked& b) {
     return std::tie(a.other, a.turn, a.depth, *a.rel) < std::tie(b.other, b.turn, b.depth, *b.rel);
   });
+  watchable_dirs_ = order.size();
   if (order.size() > watch_budget_) {
     if (!std::exchange(watch_budget_logged_, true)) {
       spdlog::warn("{} has {} directories, more than the {} watched (max_watches=): changes in the others ({}) are "
@@ -407,25 +417,25 @@ void CatalogWatcher::UpdateWatches(const CatalogScan& scan) {
     }
     order.resize(watch_budget_);
   }
+  auto path_of = [&](const std::string& rel) { return rel.empty() ? scan.root : scan.root + "/" + rel; };
   std::set<std::string> wanted;
-  for (const Ranked& r : order) wanted.insert(r.rel->empty() ? scan.root : scan.root + "/" + *r.rel);
-  for (auto it = watches_.begin(); it != watches_.end();) {
-    std::set<std::string>& paths = it->second;
-    for (auto p = paths.begin(); p != paths.end();) {
-      p = wanted.erase(*p) ? std::next(p) : paths.erase(p);  // watched already, or no longer wanted
-    }
-    if (!paths.empty()) {
-      ++it;
-      continue;
-    }
-    ::inotify_rm_watch(inotify_.get(), it->first);  // its IN_IGNORED then finds no watch: nothing changed
-    it = watches_.erase(it);
+  for (const Ranked& r : order) wanted.insert(path_of(*r.rel));
+  for (auto it = watch_of_.begin(); it != watch_of_.end();) {
+    const auto [path, wd] = *it++;
+    if (!wanted.count(path)) Unlabel(wd, path);  // gone from SRC, or past the budget
   }
   for (const Ranked& r : order) {
     const std::string& rel = *r.rel;
-    const std::string path = rel.empty() ? scan.root : scan.root + "/" + rel;
-    if (!wanted.count(path)) continue;
-    int wd = ::inotify_add_watch(inotify_.get(), path.c_str(), kWatchMask);
+    const std::string path = path_of(rel);
+    // A path the walk took from the previous tree names the directory it
+    // watched then. One it read again may name another now (a directory
+    // renamed into its place, the old one renamed aside): the kernel says
+    // which, by the watch it gives. Hidden ones are never read: always ask.
+    auto known = watch_of_.find(path);
+    if (known != watch_of_.end() && scan.dirs.count(rel) != 0 && scan.walked_dirs.count(rel) == 0) continue;
+    const int wd = ::inotify_add_watch(inotify_.get(), path.c_str(), kWatchMask);
+    if (known != watch_of_.end() && known->second == wd) continue;
+    if (known != watch_of_.end()) Unlabel(known->second, path);  // it names another directory now, or none
     if (wd < 0) {
       if (errno == ENOSPC && !watch_limit_logged_) {
         spdlog::warn("inotify watch limit reached at {}; raise fs.inotify.max_user_watches, until then changes "
@@ -442,10 +452,29 @@ void CatalogWatcher::UpdateWatches(const CatalogScan& scan) {
       followup_scan_ = true;
     }
     watches_[wd].insert(path);
+    watch_of_[path] = wd;
   }
-  watched_paths_ = 0;
-  for (const auto& [wd, paths] : watches_) watched_paths_ += paths.size();
   UpdateFileWatches(scan);
+}
+
+// `path` no longer names the directory of watch `wd`; a watch that names
+// none is removed (its IN_IGNORED then finds no watch: nothing changed).
+void CatalogWatcher::Unlabel(int wd, const std::string& path) {
+  watch_of_.erase(path);
+  auto it = watches_.find(wd);
+  if (it == watches_.end()) return;
+  it->second.erase(path);
+  if (!it->second.empty()) return;
+  ::inotify_rm_watch(inotify_.get(), wd);
+  watches_.erase(it);
+}
+
+// The kernel ended watch `wd` (its directory is gone, or unmounted).
+void CatalogWatcher::ForgetWatch(int wd) {
+  auto it = watches_.find(wd);
+  if (it == watches_.end()) return;
+  for (const std::string& path : it->second) watch_of_.erase(path);
+  watches_.erase(it);
 }
 
 // Files with more than one link are watched themselves, so that a chmod, a
@@ -702,8 +731,8 @@ void CatalogWatcher::ScanOnce(const WalkTriggers& why, bool index_unknown) {
   stats.checkpoints = plan.valid;
   stats.checkpoints_kept = plan.keep.size();
   stats.files_looked_up = plan.files_looked_up;
-  stats.directories = scan->dirs.size();
-  stats.watched_directories = watched_paths_;
+  stats.directories = std::max<size_t>(scan->dirs.size(), watchable_dirs_);
+  stats.watched_directories = watch_of_.size();
   Apply(*scan, plan, std::move(shown), stats, started);
   if (index_unknown) IndexQueued(*scan, plan);
 }

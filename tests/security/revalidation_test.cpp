@@ -413,6 +413,52 @@ TEST_F(RevalidationTest, ARevocationAppliesToEveryPathALinkGivesADirectory) {
       << "other still reads, through the path of the link, what SRC now refuses them\n" << Status().dump(1);
 }
 
+// A trainer's rotation (README, "Writing checkpoints into SRC"): the last
+// step renamed aside and the new one renamed into its name, in one breath.
+// The directory now at that name is another one: it is read anew (not taken
+// from the last walk because its path and mode match), its checkpoint is
+// indexed, and it gets a watch of its own, so that a chmod in it applies at
+// once (rescan=0).
+TEST_F(RevalidationTest, ADirectoryRenamedIntoThePlaceOfAnotherIsReadAnewAndWatched) {
+  const std::string a_bytes = RandomBytes(kMiB, 31), b_bytes = RandomBytes(kMiB, 32);
+  WriteFile(src_ + "/pub/a/m/w.bin", a_bytes);
+  WriteFile(src_ + "/pub/.new/m/w.bin", b_bytes);
+  auto m = Mount("allow_other,settle=0,rescan=0");
+  ASSERT_TRUE(m->ok()) << m->Log();
+  ASSERT_TRUE(WaitFor([&] { return !DigestOf("pub/a/m").empty(); })) << m->Log();
+  const std::string old = DigestOf("pub/a/m");
+  ASSERT_EQ(::rename((src_ + "/pub/a").c_str(), (src_ + "/pub/b").c_str()), 0);
+  ASSERT_EQ(::rename((src_ + "/pub/.new").c_str(), (src_ + "/pub/a").c_str()), 0);
+  EXPECT_TRUE(WaitFor([&] {
+    const std::string now = DigestOf("pub/a/m");
+    return !now.empty() && now != old && DigestOf("pub/b/m") == old;
+  })) << "pub/a/m: " << DigestOf("pub/a/m") << ", pub/b/m: " << DigestOf("pub/b/m") << ", old " << old << "\n"
+      << Status().dump(1);
+  const std::string file = mnt_ + "/by-name/pub/a/m/w.bin";
+  ASSERT_EQ(ReadFile(file), b_bytes);
+  ASSERT_EQ(TryAs(kOther, {{Probe::kRead, file}}), std::vector<bool>{true});
+  ASSERT_EQ(::chmod((src_ + "/pub/a/m/w.bin").c_str(), 0600), 0);
+  EXPECT_TRUE(WaitFor([&] { return TryAs(kOther, {{Probe::kRead, file}}) == std::vector<bool>{false}; }))
+      << "other still reads what SRC now refuses them: the new directory has no watch\n" << Status().dump(1);
+}
+
+// A member that is a link into a hidden directory (.blobs/, which the walk
+// skips, as every dot-path): that directory is watched all the same, so a
+// chmod of the blob refuses another user at once (rescan=0).
+TEST_F(RevalidationTest, ARevocationInAHiddenDirectoryALinkLeadsIntoAppliesAtOnce) {
+  WriteFile(src_ + "/.blobs/abc", RandomBytes(kMiB, 33));
+  WriteFile(src_ + "/pub/m/config.json", "{}");
+  Symlink("../../.blobs/abc", src_ + "/pub/m/w.bin");
+  auto m = Mount("allow_other,settle=0,rescan=0");
+  ASSERT_TRUE(m->ok()) << m->Log();
+  ASSERT_TRUE(WaitFor([&] { return !DigestOf("pub/m").empty(); })) << m->Log();
+  const std::string file = mnt_ + "/" + DigestOf("pub/m") + "/w.bin";
+  ASSERT_EQ(TryAs(kOther, {{Probe::kRead, file}}), std::vector<bool>{true});
+  ASSERT_EQ(::chmod((src_ + "/.blobs/abc").c_str(), 0600), 0);
+  EXPECT_TRUE(WaitFor([&] { return TryAs(kOther, {{Probe::kRead, file}}) == std::vector<bool>{false}; }))
+      << "other still reads a blob SRC now refuses them\n" << Status().dump(1);
+}
+
 TEST_F(RevalidationTest, AHubRevisionResolvesWhileItsOnlySnapshotIsVerifiedAgain) {
   const std::string repo = src_ + "/hub/models--org--tiny";
   const std::string commit = "0123456789abcdef0123456789abcdef01234567";
