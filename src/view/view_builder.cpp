@@ -124,11 +124,27 @@ std::string ViewBuilder::ByNamePath(const std::string& rel) const {
 bool ViewBuilder::HasCheckpointBelow(const std::string& p) const { return HasKeyBelow(by_name_, p); }
 
 // How the source directory that by-name/<p> mirrors is reached.
-AccessPath ViewBuilder::SourceDirAccess(const std::string& by_name_path) const {
+// How the source directory of `by_name_path` is reached; null if it was
+// not walked.
+const AccessPath* ViewBuilder::FindSourceDir(const std::string& by_name_path) const {
   std::string rel = by_name_path;
   if (root_is_checkpoint_) rel = rel == base_ ? "" : rel.substr(std::min(rel.size(), base_.size() + 1));
   auto it = source_dirs_.find(rel);
-  return it != source_dirs_.end() ? it->second : AccessPath{nullptr, in_.root_owner};
+  return it != source_dirs_.end() ? &it->second : nullptr;
+}
+
+AccessPath ViewBuilder::SourceDirAccess(const std::string& by_name_path) const {
+  const AccessPath* found = FindSourceDir(by_name_path);
+  return found != nullptr ? *found : AccessPath{nullptr, in_.root_owner};
+}
+
+// What reaching the source directory of `by_name_path` asks: search on
+// every directory down to it, through the targets of links on the way
+// (`otherwise` if it was not walked).
+AccessPath ViewBuilder::ReachOf(const std::string& by_name_path, const AccessPath& otherwise) const {
+  const AccessPath* found = FindSourceDir(by_name_path);
+  if (found == nullptr) return otherwise;
+  return {found->dirs, {in_.root_owner.uid, in_.root_owner.gid, 0777}};
 }
 
 std::shared_ptr<View::Node> ViewBuilder::NewNode(const std::string& key, Kind kind, Ownership owner) {
@@ -322,8 +338,12 @@ InodeId ViewBuilder::BuildByNameDir(const std::string& p, const std::string& dig
     const std::string q = Join(p, c);
     if (auto cp = by_name_.find(q); cp != by_name_.end()) {
       snap_->by_name_digest["by-name/" + q] = cp->second;
+      // The link names the checkpoint's digest: it is there for those who
+      // reach the checkpoint's directory, through its link's target too
+      // (a user's link to another's private checkpoint must not tell them
+      // its digest).
       dir->children[c] = HasCheckpointBelow(q) ? BuildByNameDir(q, cp->second, "", true)
-                                               : Link(q, Dots(depth) + cp->second, inside);
+                                               : Link(q, Dots(depth) + cp->second, ReachOf(q, inside));
     } else if (HasCheckpointBelow(q)) {
       dir->children[c] = BuildByNameDir(q, digest, Join(offset, c), has_digest);
     } else if (auto ref = refs_.find(q); ref != refs_.end()) {

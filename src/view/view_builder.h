@@ -63,7 +63,9 @@ class ViewBuilder {
 
   std::string ByNamePath(const std::string& rel) const;
   bool HasCheckpointBelow(const std::string& p) const;
+  const AccessPath* FindSourceDir(const std::string& by_name_path) const;
   AccessPath SourceDirAccess(const std::string& by_name_path) const;
+  AccessPath ReachOf(const std::string& by_name_path, const AccessPath& otherwise) const;
 
   std::shared_ptr<Node> NewNode(const std::string& key, Kind kind, Ownership owner);
   void Add(const std::shared_ptr<Node>& n, bool is_mutable);

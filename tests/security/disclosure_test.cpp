@@ -71,6 +71,28 @@ TEST_F(DisclosureTest, TheSourcesXattrNamesOnlyCopiesTheCallerCouldFind) {
   EXPECT_EQ(ls.out.find("acquisition-target-x"), std::string::npos) << ls.out;
 }
 
+// A user's link to another's private checkpoint (SRC/other/m ->
+// ../home/owner/secret-model) is a path they cannot follow in SRC: its
+// by-name entry refuses them as that path does (it would tell them the
+// digest the root listing keeps from them), and leads whoever can follow it
+// to the digest.
+TEST_F(DisclosureTest, AByNameLinkThroughAPrivateDirectoryDoesNotTellTheDigest) {
+  WriteFile(src_ + "/home/owner/secret-model/model.bin", "weights nobody else may know of");
+  Own(src_ + "/home", 0, 0, 0755);
+  Own(src_ + "/home/owner", 2001, 3001, 0700);
+  MakeDirs(src_ + "/other");
+  Symlink("../home/owner/secret-model", src_ + "/other/m");
+  Own(src_ + "/other", 2003, 2003, 0755);
+  ASSERT_EQ(::lchown((src_ + "/other/m").c_str(), 2003, 2003), 0);
+  auto m = Mount();
+  ASSERT_TRUE(WaitFor([&] { return !DigestOf("other/m").empty(); })) << m->Log();
+  const std::string link = mnt_ + "/by-name/other/m";
+  const std::string as_other = RunAs(kOther, "readlink " + ShellQuote(link) + " 2>&1; stat -c ok " + ShellQuote(link) + " 2>&1").out;
+  EXPECT_EQ(as_other.find("sha256-"), std::string::npos) << as_other;
+  EXPECT_NE(as_other.find("Permission denied"), std::string::npos) << as_other;
+  EXPECT_EQ(RunAs(kOwner, "readlink " + ShellQuote(link)).out, "../../" + DigestOf("other/m") + "\n");
+}
+
 // The root numbers its entries, for each caller, among the digests that
 // caller may reach: offsets with gaps would tell another user how many
 // private digests sort between two of theirs, and when they come and go.
