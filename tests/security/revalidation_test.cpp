@@ -440,6 +440,11 @@ TEST_F(RevalidationTest, ADirectoryRenamedIntoThePlaceOfAnotherIsReadAnewAndWatc
   ASSERT_EQ(::chmod((src_ + "/pub/a/m/w.bin").c_str(), 0600), 0);
   EXPECT_TRUE(WaitFor([&] { return TryAs(kOther, {{Probe::kRead, file}}) == std::vector<bool>{false}; }))
       << "other still reads what SRC now refuses them: the new directory has no watch\n" << Status().dump(1);
+  // And an atomic swap of the two names (renameat2 RENAME_EXCHANGE).
+  const std::string now_a = DigestOf("pub/a/m");
+  ASSERT_EQ(::renameat2(AT_FDCWD, (src_ + "/pub/a").c_str(), AT_FDCWD, (src_ + "/pub/b").c_str(), RENAME_EXCHANGE), 0);
+  EXPECT_TRUE(WaitFor([&] { return DigestOf("pub/a/m") == old && DigestOf("pub/b/m") == now_a; }))
+      << "pub/a/m: " << DigestOf("pub/a/m") << ", pub/b/m: " << DigestOf("pub/b/m") << "\n" << Status().dump(1);
 }
 
 // A member that is a link into a hidden directory (.blobs/, which the walk
