@@ -18,6 +18,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "ckptfs/file_stamp.h"
@@ -124,9 +125,12 @@ struct CatalogScan {
   std::shared_ptr<WalkTree> tree;
   uint64_t dirs_reused = 0;  // directories taken from the previous tree unread
   // The directories this scan read (the others, dirs_reused, came from the
-  // previous tree): a path among them may name another directory than last
-  // time (one renamed into its place).
-  std::set<std::string> walked_dirs;
+  // previous tree), by a hash of their path (paths grow with depth, and a
+  // chain of 1,000 nested directories must not cost its depth squared
+  // again): a path among them may name another directory than last time
+  // (one renamed into its place). A collision only takes a path for read.
+  std::unordered_set<uint64_t> walked_dirs;
+  bool Walked(const std::string& rel) const { return walked_dirs.count(std::hash<std::string>{}(rel)) != 0; }
 };
 
 // What a rescan may skip: the previous scan's tree, and the directories

@@ -164,7 +164,9 @@ void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   // A digest that no copy lets the caller reach does not exist for them:
   // ENOENT, as for a digest nobody holds, so that knowing a digest tells no
   // one that a private copy of it exists (the root's listing hides it too).
-  if (parent == kRootInode && !n->access.empty()) {
+  // The same for by-name: which of a user's links lead to another's
+  // private checkpoints, and what they hold, is not theirs to learn.
+  if ((parent == kRootInode || !n->immutable) && !n->access.empty()) {
     Caller caller = CallerOf(req);
     if (!MayAccess(n->access, caller, 0)) {
       fuse_reply_err(req, ENOENT);
@@ -231,9 +233,11 @@ std::shared_ptr<DirHandle> ListDir(fuse_req_t req, fuse_ino_t ino) {
   h->parent = ctx.view->Get(n->parent);
   if (!h->parent) h->parent = ctx.view->Get(kRootInode);
   if (!h->parent) h->parent = n;
-  // The root lists every digest; show each caller only those it may reach.
-  // Other directories list like their source (reading one is enough).
-  h->filtered = ino == kRootInode;
+  // The root lists every digest and by-name every checkpoint path: show
+  // each caller only those it may reach (a link of theirs to another's
+  // private checkpoint included). A digest directory lists like its source
+  // (reading one copy of it is enough).
+  h->filtered = !n->immutable;
   return h;
 }
 
@@ -296,7 +300,7 @@ void ReadDir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
       const auto k = std::min<uint64_t>(static_cast<uint64_t>(i - 2), children.size());
       std::advance(it, k);
       at = 2 + static_cast<off_t>(k);
-    } else {  // in the root, the places are the caller's own: count them
+    } else {  // in a filtered directory, the places are the caller's own: count them
       for (; it != children.end() && at < i; ++it) {
         if (shown(*it)) ++at;
       }
@@ -306,6 +310,7 @@ void ReadDir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
     h->counted_for = who;
     for (; it != children.end(); ++it) {
       View::NodePtr c = shown(*it);
+      if (withdrawn && h->dir->immutable) break;
       if (c) {
         if (!add(it->first, *c, at)) break;
         h->next_offset = at + 1;

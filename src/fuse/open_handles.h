@@ -42,16 +42,16 @@ struct OpenFile {
 // 15 MB and 20-40 ms of a FUSE thread each time, and one user's loop of
 // opens held every thread and took gigabytes.
 // Offsets: 1 is ".", 2 is "..", 3 + k the k-th child (each entry carries
-// the offset of the one after it). In the mount root, k counts only the
-// digests the caller may reach: gaps would tell them how many others there
-// are, and when they come and go.
+// the offset of the one after it). In the root and by-name, k counts only
+// the entries the caller may reach: gaps would tell them how many others
+// there are, and when they come and go.
 struct DirHandle {
   View::NodePtr dir;
   View::NodePtr parent;   // what ".." names
-  bool filtered = false;  // the mount root: each caller sees only the digests it may reach
+  bool filtered = false;  // the root and by-name: each caller sees only the entries it may reach
   // Where the last ReadDir stopped (just after the last entry it gave, the
   // offset the kernel asks for next), so that a listing read in order costs
-  // each entry once; in the root, for whom it was counted.
+  // each entry once; in a filtered directory, for whom it was counted.
   Mutex mu;
   off_t next_offset GUARDED_BY(mu) = -1;
   std::map<std::string, InodeId>::const_iterator next GUARDED_BY(mu);

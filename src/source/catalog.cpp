@@ -143,14 +143,14 @@ class TreeWalker {
   void set_hint(RewalkHint* hint) { hint_ = hint; }
   uint64_t dirs_reused() const { return dirs_reused_; }
   // The directories this walk read (the others were taken from the
-  // previous tree), by path relative to the root.
-  std::set<std::string> TakeWalked() { return std::move(walked_); }
+  // previous tree), as CatalogScan::walked_dirs.
+  std::unordered_set<uint64_t> TakeWalked() { return std::move(walked_); }
 
   // `previous`: the same directory in the previous tree, if any.
   void Walk(const std::string& abs, DirNode& node, std::set<std::pair<dev_t, ino_t>>& ancestors,
             DirNode* previous = nullptr) {
     if (options_.cancel != nullptr && options_.cancel->load()) return;
-    walked_.insert(node.rel);
+    walked_.insert(std::hash<std::string>{}(node.rel));
     std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(abs.c_str()), ::closedir);
     if (!dir) {
       node.problems.push_back(Plain("cannot read directory " + Quote(abs) + ": " + std::strerror(errno)));
@@ -435,7 +435,7 @@ class TreeWalker {
   std::map<std::pair<dev_t, ino_t>, int> paths_to_;  // directory -> paths it was walked by, this walk
   RewalkHint* hint_ = nullptr;
   uint64_t dirs_reused_ = 0;
-  std::set<std::string> walked_;
+  std::unordered_set<uint64_t> walked_;
 };
 
 // Adds the files of `node`'s subtree to `cp`, stopping at nested checkpoints,

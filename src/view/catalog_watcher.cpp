@@ -432,7 +432,7 @@ void CatalogWatcher::UpdateWatches(const CatalogScan& scan) {
     // renamed into its place, the old one renamed aside): the kernel says
     // which, by the watch it gives. Hidden ones are never read: always ask.
     auto known = watch_of_.find(path);
-    if (known != watch_of_.end() && scan.dirs.count(rel) != 0 && scan.walked_dirs.count(rel) == 0) continue;
+    if (known != watch_of_.end() && scan.dirs.count(rel) != 0 && !scan.Walked(rel)) continue;
     const int wd = ::inotify_add_watch(inotify_.get(), path.c_str(), kWatchMask);
     if (known != watch_of_.end() && known->second == wd) continue;
     if (known != watch_of_.end()) Unlabel(known->second, path);  // it names another directory now, or none

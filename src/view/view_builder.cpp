@@ -139,12 +139,13 @@ AccessPath ViewBuilder::SourceDirAccess(const std::string& by_name_path) const {
 }
 
 // What reaching the source directory of `by_name_path` asks: search on
-// every directory down to it, through the targets of links on the way
-// (`otherwise` if it was not walked).
-AccessPath ViewBuilder::ReachOf(const std::string& by_name_path, const AccessPath& otherwise) const {
+// every directory down to it, through the targets of links on the way.
+AccessPath ViewBuilder::ReachOf(const std::string& by_name_path) const {
+  const Ownership anyone{in_.root_owner.uid, in_.root_owner.gid, 0777};
   const AccessPath* found = FindSourceDir(by_name_path);
-  if (found == nullptr) return otherwise;
-  return {found->dirs, {in_.root_owner.uid, in_.root_owner.gid, 0777}};
+  // Not walked (never so for a checkpoint shown): root only, not open.
+  if (found == nullptr) return {DirChain::Extend(nullptr, Ownership{0, 0, 0}), anyone};
+  return {found->dirs, anyone};
 }
 
 std::shared_ptr<View::Node> ViewBuilder::NewNode(const std::string& key, Kind kind, Ownership owner) {
@@ -343,7 +344,7 @@ InodeId ViewBuilder::BuildByNameDir(const std::string& p, const std::string& dig
       // (a user's link to another's private checkpoint must not tell them
       // its digest).
       dir->children[c] = HasCheckpointBelow(q) ? BuildByNameDir(q, cp->second, "", true)
-                                               : Link(q, Dots(depth) + cp->second, ReachOf(q, inside));
+                                               : Link(q, Dots(depth) + cp->second, ReachOf(q));
     } else if (HasCheckpointBelow(q)) {
       dir->children[c] = BuildByNameDir(q, digest, Join(offset, c), has_digest);
     } else if (auto ref = refs_.find(q); ref != refs_.end()) {

@@ -65,7 +65,7 @@ class ViewBuilder {
   bool HasCheckpointBelow(const std::string& p) const;
   const AccessPath* FindSourceDir(const std::string& by_name_path) const;
   AccessPath SourceDirAccess(const std::string& by_name_path) const;
-  AccessPath ReachOf(const std::string& by_name_path, const AccessPath& otherwise) const;
+  AccessPath ReachOf(const std::string& by_name_path) const;
 
   std::shared_ptr<Node> NewNode(const std::string& key, Kind kind, Ownership owner);
   void Add(const std::shared_ptr<Node>& n, bool is_mutable);

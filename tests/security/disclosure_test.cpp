@@ -73,24 +73,34 @@ TEST_F(DisclosureTest, TheSourcesXattrNamesOnlyCopiesTheCallerCouldFind) {
 
 // A user's link to another's private checkpoint (SRC/other/m ->
 // ../home/owner/secret-model) is a path they cannot follow in SRC: its
-// by-name entry refuses them as that path does (it would tell them the
-// digest the root listing keeps from them), and leads whoever can follow it
-// to the digest.
-TEST_F(DisclosureTest, AByNameLinkThroughAPrivateDirectoryDoesNotTellTheDigest) {
+// by-name entry is no more there for them than one whose link leads
+// nowhere (SRC/other/n), neither listed nor found, so that it tells them
+// neither that the checkpoint exists nor its digest; whoever can follow it
+// finds it and the digest it leads to.
+TEST_F(DisclosureTest, AByNameLinkThroughAPrivateDirectoryIsNoMoreThereThanOneLeadingNowhere) {
   WriteFile(src_ + "/home/owner/secret-model/model.bin", "weights nobody else may know of");
   Own(src_ + "/home", 0, 0, 0755);
   Own(src_ + "/home/owner", 2001, 3001, 0700);
   MakeDirs(src_ + "/other");
   Symlink("../home/owner/secret-model", src_ + "/other/m");
+  Symlink("../home/owner/no-such-model", src_ + "/other/n");
   Own(src_ + "/other", 2003, 2003, 0755);
   ASSERT_EQ(::lchown((src_ + "/other/m").c_str(), 2003, 2003), 0);
+  ASSERT_EQ(::lchown((src_ + "/other/n").c_str(), 2003, 2003), 0);
   auto m = Mount();
   ASSERT_TRUE(WaitFor([&] { return !DigestOf("other/m").empty(); })) << m->Log();
-  const std::string link = mnt_ + "/by-name/other/m";
-  const std::string as_other = RunAs(kOther, "readlink " + ShellQuote(link) + " 2>&1; stat -c ok " + ShellQuote(link) + " 2>&1").out;
-  EXPECT_EQ(as_other.find("sha256-"), std::string::npos) << as_other;
-  EXPECT_NE(as_other.find("Permission denied"), std::string::npos) << as_other;
-  EXPECT_EQ(RunAs(kOwner, "readlink " + ShellQuote(link)).out, "../../" + DigestOf("other/m") + "\n");
+  const std::string dir = mnt_ + "/by-name/other";
+  auto probe = [&](const User& u, const std::string& name) {
+    const std::string path = ShellQuote(dir + "/" + name);
+    return RunAs(u, "readlink " + path + " 2>&1; stat -c ok " + path + " 2>&1 | sed 's/.*: //'").out;
+  };
+  const std::string m_as_other = probe(kOther, "m");
+  EXPECT_EQ(m_as_other.find("sha256-"), std::string::npos) << m_as_other;
+  EXPECT_EQ(m_as_other, probe(kOther, "n"));
+  EXPECT_NE(m_as_other.find("No such file or directory"), std::string::npos) << m_as_other;
+  EXPECT_EQ(RunAs(kOther, "ls -A " + ShellQuote(dir) + " 2>&1").out, "");
+  EXPECT_EQ(RunAs(kOwner, "readlink " + ShellQuote(dir + "/m")).out, "../../" + DigestOf("other/m") + "\n");
+  EXPECT_EQ(RunAs(kOwner, "ls -A " + ShellQuote(dir)).out, "m\n");
 }
 
 // The root numbers its entries, for each caller, among the digests that
