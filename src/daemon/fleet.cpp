@@ -40,13 +40,24 @@ std::string AdaptRescanToFilesystem(const SourceFilesystem& fs, MountOptions& o)
          seconds + " s" + (o.rescan_given ? "" : " (rescan= sets it)");
 }
 
+namespace {
+
+// What finds changes in SRC, for status: with rescan=0 there is no
+// periodic rescan to name.
+std::string ChangesFoundBy(bool inotify, double rescan_s) {
+  if (rescan_s > 0) return inotify ? "inotify and the periodic rescan" : "the periodic rescan";
+  return inotify ? "inotify only (rescan=0)" : "nothing but ckptfsctl rescan or SIGHUP (rescan=0)";
+}
+
+}  // namespace
+
 void AddFleetStatus(nlohmann::json& status, const ManifestStore* store, const SourceFilesystem& fs,
                     const MountOptions& o) {
   using namespace protocol;
   status[kSourceFilesystem] = {
       {kFsType, fs.type},
       {kFsInotify, fs.inotify_complete},
-      {kFsChangesFoundBy, fs.inotify_complete ? "inotify and the periodic rescan" : "the periodic rescan"},
+      {kFsChangesFoundBy, ChangesFoundBy(fs.inotify_complete, o.rescan_s)},
       {kFsRescan, o.rescan_s}};
   if (store == nullptr) return;
   const ManifestStore::Stats s = store->GetStats();

@@ -406,6 +406,8 @@ TEST_F(RevalidationTest, ARevocationAppliesToEveryPathALinkGivesADirectory) {
   EXPECT_EQ(last_scan["watched_directories"], last_scan["directories"]) << last_scan.dump();
   const auto shown = RunCommand(kCtl + " status " + mnt_);
   EXPECT_EQ(shown.out.find("watches "), std::string::npos) << shown.out;
+  // With rescan=0, inotify is all there is, and status says so.
+  EXPECT_NE(shown.out.find("changes found by inotify only (rescan=0)"), std::string::npos) << shown.out;
 
   // The event comes from the directory's one watch, for a file in it.
   ASSERT_EQ(::chmod((src_ + "/run/step-2/model.bin").c_str(), 0600), 0);
