@@ -208,6 +208,9 @@ class FileCache final : public CacheTier {
   static bool InUse(const Entry& e);
   // Bytes of the resident unpinned copies in use.
   uint64_t InUse() const REQUIRES(mu_);
+  // Bytes the budget counts now: resident copies, fills under way, and
+  // evicted copies readers still hold.
+  uint64_t Taken() const REQUIRES(mu_) { return used_ + reserved_ + held_bytes_; }
   bool EvictOldest(bool holding_descriptor, const FileKey& keep, Released& released) REQUIRES(mu_);
   void Drop(std::map<FileKey, Entry>::iterator it, Released& released) REQUIRES(mu_);
   // Makes the reserved fill's copy resident (takes mu_).

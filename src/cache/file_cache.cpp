@@ -167,19 +167,18 @@ uint64_t FileCache::InUse() const {
 bool FileCache::MakeRoom(uint64_t bytes, bool descriptor, const FileKey& keep, Released& released) {
   // Evicting cannot free what is pinned, being filled, held by readers or
   // in use: when that leaves no room, evict nothing.
-  if (used_ + reserved_ + held_bytes_ + bytes > capacity_ &&
-      pinned_ + reserved_ + held_bytes_ + InUse() + bytes > capacity_) {
+  if (Taken() + bytes > capacity_ && pinned_ + reserved_ + held_bytes_ + InUse() + bytes > capacity_) {
     return false;
   }
-  if (used_ + reserved_ + held_bytes_ + bytes > capacity_) {
+  if (Taken() + bytes > capacity_) {
     std::vector<FileKey> oldest_first(lru_.rbegin(), lru_.rend());
     for (const FileKey& k : oldest_first) {
-      if (used_ + reserved_ + held_bytes_ + bytes <= capacity_) break;
+      if (Taken() + bytes <= capacity_) break;
       auto it = entries_.find(k);
       if (k == keep || it->second.pinned || InUse(it->second)) continue;
       Drop(it, released);
     }
-    if (used_ + reserved_ + held_bytes_ + bytes > capacity_) return false;
+    if (Taken() + bytes > capacity_) return false;
   }
   while (descriptor && descriptors_ + 1 > descriptor_budget_) {
     if (!EvictOldest(/*holding_descriptor=*/true, keep, released)) return false;
@@ -192,7 +191,7 @@ Result<FileCache::Claimed> FileCache::Claim(const FileKey& key, uint64_t size, b
   const bool descriptor = SealedCopy::NeedsDescriptor(size);
   Released released;  // declared before the lock: let go of after it
   MutexLock lock(mu_);
-  if (used_ + reserved_ + held_bytes_ + bytes > capacity_ || (descriptor && descriptors_ + 1 > descriptor_budget_)) {
+  if (Taken() + bytes > capacity_ || (descriptor && descriptors_ + 1 > descriptor_budget_)) {
     SweepHeld(released);  // only when room is short
   }
   for (;;) {
@@ -210,14 +209,14 @@ Result<FileCache::Claimed> FileCache::Claim(const FileKey& key, uint64_t size, b
                         std::to_string(capacity_) + " bytes)");
   }
   if (room == Room::kFreeOnly &&
-      (used_ + reserved_ + held_bytes_ + bytes > capacity_ || (descriptor && descriptors_ + 1 > descriptor_budget_))) {
-    return Status::Full("no free room in the host tier: " + std::to_string(used_ + reserved_ + held_bytes_) +
+      (Taken() + bytes > capacity_ || (descriptor && descriptors_ + 1 > descriptor_budget_))) {
+    return Status::Full("no free room in the host tier: " + std::to_string(Taken()) +
                         " of " + std::to_string(capacity_) + " bytes and " + std::to_string(descriptors_) + " of " +
                         std::to_string(descriptor_budget_) + " descriptors are used, being filled or held by readers");
   }
   if (!MakeRoom(bytes, descriptor, key, released)) {
-    if (used_ + reserved_ + held_bytes_ + bytes > capacity_) {
-      return Status::Full("no room in the host tier: " + std::to_string(used_ + reserved_ + held_bytes_) + " of " +
+    if (Taken() + bytes > capacity_) {
+      return Status::Full("no room in the host tier: " + std::to_string(Taken()) + " of " +
                           std::to_string(capacity_) +
                           " bytes are in copies in use or pinned, being filled, or held by readers of evicted "
                           "copies (" + std::to_string(held_bytes_) + " bytes)");

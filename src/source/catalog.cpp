@@ -498,8 +498,8 @@ std::string JoinProblems(const std::vector<Problem>& problems, std::string Probl
   return out;
 }
 
-// The files of a directory under a hub repository's refs/, with their bytes.
-// `rel` (a directory relative to the root) and every directory above it.
+// Marks `rel` (a directory relative to the root) and every directory above
+// it as serving (CatalogScan::serving_dirs).
 void MarkServing(std::string_view rel, CatalogScan& scan) {
   for (;;) {
     if (!scan.serving_dirs.emplace(rel).second) return;  // marked before, with all above it
@@ -509,6 +509,7 @@ void MarkServing(std::string_view rel, CatalogScan& scan) {
   }
 }
 
+// The files of a directory under a hub repository's refs/, with their bytes.
 // A ref that cannot be read is left out with a warning; it never touches a
 // checkpoint.
 void CollectHubRefs(const DirNode& node, const std::string& hub_repo, CatalogScan& scan) {

@@ -30,16 +30,15 @@ namespace {
 
 constexpr uint32_t kWatchMask = IN_CREATE | IN_DELETE | IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO |
                                 IN_ATTRIB | IN_DELETE_SELF | IN_MOVE_SELF;
+// Directories watched at most when fs.inotify.max_user_watches cannot be
+// read: half the kernel's old default.
+constexpr size_t kDefaultWatchBudget = 4096;
 // Events arrive in bursts (a copy writes many files); wait this long after
 // one before rescanning, so a burst costs one walk. A directory renamed into
 // the tree is no burst (a trainer's finished .tmp-step-N/ renamed to
 // step-N/): it is walked at once, since the arrival's time to loaded is
 // what such a writer waits on (still no more often than one walk per
 // kDebounceS).
-// Directories watched at most when fs.inotify.max_user_watches cannot be
-// read: half the kernel's old default.
-constexpr size_t kDefaultWatchBudget = 4096;
-
 constexpr double kDebounceS = 0.3;
 // Indexed checkpoints are shown at most this often (each publish rebuilds
 // the view), and always once the last has been indexed.
