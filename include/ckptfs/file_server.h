@@ -191,6 +191,10 @@ class FileServer {
   void ReportSourceFailure(const View::Node& file, const SourceCopy& copy, const Status& s, bool served_by_another);
   // Every copy of `file` was refused: nothing of it can be read from the source.
   bool AllCopiesRefused(const View::Node& file) const;
+  // The error of a read that found every copy refused: it names the cause
+  // of the first refusal, so that a reader that came second (another chunk
+  // of the same fill, a later preload) learns why, not only that.
+  Status NoCopyLeft(const View::Node& file) const;
   // The copy ReadSourceChunk reads first now, or null when all are refused.
   const SourceCopy* FirstUsableCopy(const View::Node& file) const;
 

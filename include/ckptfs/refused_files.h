@@ -4,6 +4,10 @@
 // the source again: a reader looping over a changed file must not turn each
 // of its reads into 4 MiB of source I/O, a log line and a rescan.
 //
+// Each entry keeps why it was refused, so that a later read's error names
+// the cause (a source changed, a chunk that failed its check) rather than
+// only that no copy is left.
+//
 // Keyed by the expected content, the stamp and the chunk table together: the
 // same path with the same stamp but a new digest (re-indexed after bit rot)
 // is another key, and so is the same digest with a new chunk table (a shared
@@ -16,7 +20,9 @@
 #include <cstddef>
 #include <deque>
 #include <memory>
-#include <set>
+#include <map>
+#include <optional>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -33,8 +39,11 @@ class RefusedFiles {
 
   // True if this is news (the caller reports it once); false if known.
   using ChunkTable = std::shared_ptr<const std::vector<ChunkHash>>;
-  bool Add(const Sha256Digest& sha256, const FileStamp& stamp, const ChunkTable& chunks);
+  bool Add(const Sha256Digest& sha256, const FileStamp& stamp, const ChunkTable& chunks, std::string why);
   bool Contains(const Sha256Digest& sha256, const FileStamp& stamp, const std::vector<ChunkHash>* chunks) const;
+  // Why the key was refused; nullopt if it was not (or no longer is).
+  std::optional<std::string> Why(const Sha256Digest& sha256, const FileStamp& stamp,
+                                 const std::vector<ChunkHash>* chunks) const;
 
  private:
   using Key = std::tuple<Sha256Digest, FileStamp, const std::vector<ChunkHash>*>;
@@ -46,7 +55,7 @@ class RefusedFiles {
   // case) Contains() takes no lock.
   std::atomic<bool> any_{false};
   mutable Mutex mu_;
-  std::set<Key, Less> keys_ GUARDED_BY(mu_);
+  std::map<Key, std::string, Less> keys_ GUARDED_BY(mu_);  // -> why
   // Oldest first, to stay within capacity; holds each key's chunk table.
   std::deque<std::pair<Key, ChunkTable>> order_ GUARDED_BY(mu_);
 };

@@ -310,9 +310,7 @@ void FileServer::ReadAhead(ServedFile& f, uint64_t last_chunk) {
 }
 
 Result<ChunkCache::Ref> FileServer::FetchChunk(const View::NodePtr& file, uint64_t index, bool readahead) {
-  if (AllCopiesRefused(*file)) {
-    return Status::Changed(file->source_path + ": no source copy still holds the bytes indexed for " + file->digest);
-  }
+  if (AllCopiesRefused(*file)) return NoCopyLeft(*file);
   const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunkSize, file->size - index * kChunkSize));
   ChunkKey key{file->sha256, static_cast<uint32_t>(index)};
   auto ref = parts_.cache->Get(

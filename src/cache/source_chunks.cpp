@@ -50,7 +50,7 @@ void FileServer::ReportSourceFailure(const View::Node& file, const SourceCopy& c
     return;
   }
   if (corrupt) parts_.cache->CountVerificationFailure();
-  if (!refused_.Add(file.sha256, copy.stamp, copy.chunks)) return;  // already reported
+  if (!refused_.Add(file.sha256, copy.stamp, copy.chunks, s.message())) return;  // already reported
   const char* after = served_by_another ? "; another copy served the read" : "";
   if (corrupt) {
     spdlog::error("{}: {}; {} will be hashed again{}", file.digest, s.message(), copy.path,
@@ -78,11 +78,23 @@ bool FileServer::AllCopiesRefused(const View::Node& file) const {
   return true;
 }
 
+Status FileServer::NoCopyLeft(const View::Node& file) const {
+  std::string why;
+  std::optional<SourceCopy> own;
+  for (const SourceCopy& c : CopiesOf(file, own)) {
+    if (std::optional<std::string> w = refused_.Why(file.sha256, c.stamp, c.chunks.get())) {
+      why = " (" + *w + ")";
+      break;
+    }
+  }
+  return Status::Changed(file.source_path + ": no source copy still holds the bytes indexed for " + file.digest +
+                         why);
+}
+
 Status FileServer::ReadSourceChunk(const View::Node& file, uint64_t index, uint8_t* dst, size_t len,
                        SourceReader::Io io, const Sha256Digest* chunk_sha256) {
   std::vector<std::pair<const SourceCopy*, Status>> failed;
-  Status result = Status::Changed(file.source_path + ": no source copy still holds the bytes indexed for " +
-                                  file.digest);
+  std::optional<Status> result;
   bool served = false;
   std::optional<SourceCopy> own;
   for (const SourceCopy& c : CopiesOf(file, own)) {
@@ -101,7 +113,7 @@ Status FileServer::ReadSourceChunk(const View::Node& file, uint64_t index, uint8
     result = s;
   }
   for (const auto& [copy, why] : failed) ReportSourceFailure(file, *copy, why, served);
-  return result;
+  return result ? *result : NoCopyLeft(file);
 }
 
 Status FileServer::ReadVerifiedChunk(const View::NodePtr& file, uint64_t index, uint8_t* dst, size_t len,
