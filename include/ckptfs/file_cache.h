@@ -199,7 +199,10 @@ class FileCache final : public CacheTier {
   class PageLock;
   void Abandon(Reservation& fill) EXCLUDES(mu_);
   Status PinRefused() const REQUIRES(mu_);
-  bool MakeRoom(uint64_t bytes, bool descriptor, const FileKey& keep, Released& released) REQUIRES(mu_);
+  Status MakeRoom(uint64_t bytes, bool descriptor, const FileKey& keep, Released& released) REQUIRES(mu_);
+  // The descriptors held by copies that evicting cannot take: pinned, in
+  // use, being filled, held by readers of evicted copies, or `keep`.
+  size_t DescriptorsNoEvictionFrees(const FileKey& keep) const REQUIRES(mu_);
   // Forgets the held copies no reader holds any more (their descriptors go
   // to `released`, closed after the lock).
   void SweepHeld(Released& released) REQUIRES(mu_);

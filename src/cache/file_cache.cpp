@@ -164,11 +164,33 @@ uint64_t FileCache::InUse() const {
   return bytes;
 }
 
-bool FileCache::MakeRoom(uint64_t bytes, bool descriptor, const FileKey& keep, Released& released) {
+size_t FileCache::DescriptorsNoEvictionFrees(const FileKey& keep) const {
+  size_t freed = 0;
+  for (const auto& [key, e] : entries_) {
+    if (e.descriptor && key != keep && !e.pinned && !InUse(e)) ++freed;
+  }
+  return descriptors_ - freed;
+}
+
+Status FileCache::MakeRoom(uint64_t bytes, bool descriptor, const FileKey& keep, Released& released) {
+  auto no_bytes = [&] {
+    return Status::Full("no room in the host tier: " + std::to_string(Taken()) + " of " + std::to_string(capacity_) +
+                        " bytes are in copies in use or pinned, being filled, or held by readers of evicted "
+                        "copies (" + std::to_string(held_bytes_) + " bytes)");
+  };
+  auto no_descriptor = [&] {
+    return Status::Full("no descriptor for another copy in the host tier: " + std::to_string(descriptors_) + " of " +
+                        std::to_string(descriptor_budget_) + " are held by pinned copies, fills or readers");
+  };
   // Evicting cannot free what is pinned, being filled, held by readers or
-  // in use: when that leaves no room, evict nothing.
+  // in use: when that leaves no room, in bytes or in descriptors, evict
+  // nothing (not copies for bytes, then refuse for want of a descriptor).
   if (Taken() + bytes > capacity_ && pinned_ + reserved_ + held_bytes_ + InUse() + bytes > capacity_) {
-    return false;
+    return no_bytes();
+  }
+  if (descriptor && descriptors_ + 1 > descriptor_budget_ &&
+      DescriptorsNoEvictionFrees(keep) + 1 > descriptor_budget_) {
+    return no_descriptor();
   }
   if (Taken() + bytes > capacity_) {
     std::vector<FileKey> oldest_first(lru_.rbegin(), lru_.rend());
@@ -178,12 +200,12 @@ bool FileCache::MakeRoom(uint64_t bytes, bool descriptor, const FileKey& keep, R
       if (k == keep || it->second.pinned || InUse(it->second)) continue;
       Drop(it, released);
     }
-    if (Taken() + bytes > capacity_) return false;
+    if (Taken() + bytes > capacity_) return no_bytes();
   }
   while (descriptor && descriptors_ + 1 > descriptor_budget_) {
-    if (!EvictOldest(/*holding_descriptor=*/true, keep, released)) return false;
+    if (!EvictOldest(/*holding_descriptor=*/true, keep, released)) return no_descriptor();
   }
-  return true;
+  return Status::Ok();
 }
 
 Result<FileCache::Claimed> FileCache::Claim(const FileKey& key, uint64_t size, bool pin, bool wait, Room room) {
@@ -214,16 +236,7 @@ Result<FileCache::Claimed> FileCache::Claim(const FileKey& key, uint64_t size, b
                         " of " + std::to_string(capacity_) + " bytes and " + std::to_string(descriptors_) + " of " +
                         std::to_string(descriptor_budget_) + " descriptors are used, being filled or held by readers");
   }
-  if (!MakeRoom(bytes, descriptor, key, released)) {
-    if (Taken() + bytes > capacity_) {
-      return Status::Full("no room in the host tier: " + std::to_string(Taken()) + " of " +
-                          std::to_string(capacity_) +
-                          " bytes are in copies in use or pinned, being filled, or held by readers of evicted "
-                          "copies (" + std::to_string(held_bytes_) + " bytes)");
-    }
-    return Status::Full("no descriptor for another copy in the host tier: " + std::to_string(descriptors_) + " of " +
-                        std::to_string(descriptor_budget_) + " are held by pinned copies, fills or readers");
-  }
+  if (Status room_made = MakeRoom(bytes, descriptor, key, released); !room_made.ok()) return room_made;
   reserved_ += bytes;
   if (descriptor) ++descriptors_;
   filling_.insert(key);

@@ -359,6 +359,24 @@ TEST(FileCacheTest, DescriptorsAreBudgetedLikeBytes) {
   EXPECT_EQ(cache.GetStats().descriptors, 1u);
 }
 
+// A fill that needs a descriptor when only pinned copies hold them is
+// refused before anything is evicted for its bytes: evicting copies that
+// could not make room would lose them for nothing.
+TEST(FileCacheTest, AFillRefusedForADescriptorEvictsNothingForItsBytes) {
+  FileCache cache(2 * kMiB, nullptr, /*descriptor_budget=*/2);
+  constexpr uint64_t kLarge = SealedCopy::kMemoryCopyMax + 1;  // held in a memfd
+  ASSERT_TRUE(SealedCopy::NeedsDescriptor(kLarge));
+  ASSERT_TRUE(Fill(cache, Key(1), kLarge, /*pin=*/true));
+  ASSERT_TRUE(Fill(cache, Key(2), kLarge, /*pin=*/true));
+  for (int i = 10; i < 15; ++i) ASSERT_TRUE(Fill(cache, Key(i), SealedCopy::kMemoryCopyMax));  // no descriptor
+  ASSERT_GT(cache.GetStats().used + kLarge, 2 * kMiB);  // the next fill needs bytes too
+  auto refused = cache.Claim(Key(3), kLarge, false, true);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("descriptor"), std::string::npos) << refused.status().message();
+  for (int i = 10; i < 15; ++i) EXPECT_TRUE(cache.Find(Key(i))) << i;
+  EXPECT_EQ(cache.GetStats().evictions, 0u);
+}
+
 // A reader the daemon is not told of: the kernel's file of a passthrough
 // open, and a mapping of it, which outlives the file's close. Here a file
 // opened read-only on the copy (as the kernel opens one for a passthrough
@@ -424,8 +442,8 @@ TEST(FileCacheTest, ManyHeldCopiesAreAskedAboutAtMostEvery100Ms) {
   }
   for (int i = 0; i < kCopies; ++i) cache.Evict(Key(i).sha256);
   const uint64_t held = kCopies * PageBytes(kSize);
+  const auto swept = std::chrono::steady_clock::now();  // before the sweep starts: the tier times it from there
   EXPECT_EQ(cache.GetStats().held_by_readers, held);
-  const auto swept = std::chrono::steady_clock::now();
   for (void* map : maps) ::munmap(map, kSize);
   const uint64_t right_after = cache.GetStats().held_by_readers;
   if (std::chrono::steady_clock::now() - swept < std::chrono::milliseconds(80)) {
