@@ -77,10 +77,14 @@ def main():
             daemon = subprocess.Popen([ckptfs, src, mnt, "-f", "-o", "state=%s,settle=0,rescan=0" % state],
                                       stdout=log, stderr=log)
         try:
-            ref = os.path.join(mnt, "by-name", "hub", "models--org--tiny-model", "refs", "v1")
-            if not wait_for(lambda: is_mounted(mnt) and os.path.exists(ref)):
+            # Every ref appears with the first snapshot indexed; each snapshot
+            # appears as its own hashing ends: wait for both.
+            hub_repo = os.path.join(mnt, "by-name", "hub", "models--org--tiny-model")
+            wanted = [os.path.join(hub_repo, "refs", "v1")] + \
+                [os.path.join(hub_repo, "snapshots", c) for c in (COMMIT_MAIN, COMMIT_V1)]
+            if not wait_for(lambda: is_mounted(mnt) and all(os.path.exists(p) for p in wanted)):
                 raise SystemExit("the mount did not show %s; daemon log:\n%s" %
-                                 (ref, open(os.path.join(tmp, "daemon.log")).read()))
+                                 (wanted, open(os.path.join(tmp, "daemon.log")).read()))
             os.environ["HF_HUB_CACHE"] = os.path.join(mnt, "by-name", "hub")
             os.environ["HF_HUB_OFFLINE"] = "1"
             check_offline_client(mnt, snapshot, tensors)

@@ -16,6 +16,7 @@
 #include <set>
 #include <thread>
 
+#include "kernel_caches_lock.h"
 #include "mount_fixture.h"
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
@@ -94,6 +95,7 @@ class MountTest : public MountFixture {
 TEST_F(MountTest, ViewOfTheDemoTree) {
   ASSERT_EQ(RunCommand(std::string(MAKE_DEMO_TREE_PATH) + " " + src_).exit_code, 0);
   auto m = Mount();
+  ASSERT_TRUE(WaitUntilIndexed()) << m->Log();
   ASSERT_TRUE(WaitForDigests(5)) << m->Log();  // base and base-copy share one
 
   const std::string base = CoreutilsDigest(src_ + "/base");
@@ -644,6 +646,7 @@ TEST(MountHelperTest, FlagsAndUsage) {
 // nothing is held once the kernel has forgotten every entry. Counted after
 // the reply, each such entry stayed held for as long as the mount lived.
 TEST_F(MountTest, AnEntryForgottenWhileItsLookupEndsIsNotHeldForEver) {
+  KernelCachesLock no_other_drops;  // another test's drop would forget the entries counted below
   WriteModel(src_ + "/m", ModelSpec{});
   ::setenv("CKPTFS_TEST_ENTRY_REPLY_DELAY_MS", "400", 1);
   auto m = Mount();
@@ -652,7 +655,7 @@ TEST_F(MountTest, AnEntryForgottenWhileItsLookupEndsIsNotHeldForEver) {
   ASSERT_TRUE(WaitForDigests(1)) << m->Log();
   const std::string dir = mnt_ + "/" + *DigestDirs(mnt_).begin();
   auto held = [&] { return QueryMount(kCtl, "stats", mnt_).value("kernel_held_nodes", uint64_t{1} << 60); };
-  auto forget_all = [] { RunCommand("sync; echo 2 > /proc/sys/vm/drop_caches"); };
+  auto forget_all = [] { KernelCachesLock::DropDentriesAndInodes(); };
   forget_all();
   ASSERT_TRUE(WaitFor([&] { forget_all(); return held() == 0; })) << m->Log();
   for (const char* name : {"config.json", "tokenizer.json", "config.json", "tokenizer.json"}) {

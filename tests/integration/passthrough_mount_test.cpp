@@ -24,6 +24,7 @@
 #include <random>
 #include <thread>
 
+#include "ckptfs/unique_fd.h"
 #include "file_reads.h"
 #include "mount_fixture.h"
 #include "mounted_ckptfs.h"
@@ -217,6 +218,9 @@ TEST_F(PassthroughMountTest, TheFirstOpenIsServedAtOnceAndFillsTheCopyForTheNext
   EXPECT_TRUE(ReadBuffered(path) == data);
   EXPECT_EQ(Opens(Stats(mnt_), "chunk path: not resident"), 1u);
   ASSERT_TRUE(WaitFor([&] { return Stats(mnt_)["tiers"]["host"]["files"] == 1; })) << m->Log();
+  // The first open's release comes after its close: an open before it
+  // would join the chunk path the inode is open through.
+  ASSERT_TRUE(WaitFor([&] { return Stats(mnt_)["open_inodes"] == 0; }));
   const auto before = Stats(mnt_);
   EXPECT_TRUE(ReadMapped(path) == data);
   const auto after = Stats(mnt_);
@@ -300,6 +304,7 @@ TEST_F(PassthroughMountTest, WithFillWaitAnODirectOpenIsServedFromTheCopyWhileIt
   EXPECT_EQ(Opens(s, "chunk path: not resident"), 1u) << s["opens"].dump();
   EXPECT_EQ(Opens(s, "passthrough"), 0u) << s["opens"].dump();
   ASSERT_TRUE(WaitFor([&] { return Stats(mnt_)["tiers"]["host"]["files"] == 1; })) << m->Log();
+  ASSERT_TRUE(WaitFor([&] { return Stats(mnt_)["open_inodes"] == 0; }));  // the release after the close
   EXPECT_TRUE(ReadDirect(path) == data);
   s = Stats(mnt_);
   EXPECT_EQ(Opens(s, "passthrough"), 1u) << s["opens"].dump();
@@ -373,6 +378,9 @@ TEST_F(PassthroughMountTest, ByDefaultACachedSourceIsCopiedFromThePageCache) {
   auto m = MountWithPassthrough("cache_size=256M");
   SKIP_WITHOUT_PASSTHROUGH();
   ReadFile(src_ + "/m/model.safetensors");  // in the page cache now
+  // Held open, so that no other test's drop of unused inodes takes its pages.
+  const UniqueFd source(::open((src_ + "/m/model.safetensors").c_str(), O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(source.valid());
   ASSERT_EQ(RunCommand(kCtl + " preload " + mnt_ + "/by-name/m").exit_code, 0);
   const auto s = Stats(mnt_);
   EXPECT_EQ(s["fills"]["cached_bytes"], data.size());
@@ -786,6 +794,7 @@ TEST_F(FaultySourceTest, AReadFailureDuringAFillAbandonsIt) {
   EXPECT_EQ(ReadDirect(Through(), 8 * kMiB, kMiB), "<read: Input/output error>");
   ::unlink(trigger_.c_str());
   ASSERT_EQ(RunCommand(kCtl + " preload " + mnt_ + "/by-name/m").exit_code, 0);
+  ASSERT_TRUE(WaitFor([&] { return Stats(mnt_)["open_inodes"] == 0; }));  // the chunk path's opens released
   const uint64_t reads = Stats(mnt_)["read_requests"];
   EXPECT_TRUE(ReadBuffered(Through()) == data_);
   EXPECT_EQ(Stats(mnt_)["read_requests"], reads);  // passthrough now
@@ -883,7 +892,10 @@ TEST_F(FaultySourceTest, ASourceChangedUnderAFillAbandonsItAndIsIndexedAgain) {
   EXPECT_NE(pre.exit_code, 0);
   EXPECT_NE(pre.out.find("source changed"), std::string::npos) << pre.out;
   EXPECT_EQ(Stats(mnt_)["tiers"]["host"]["files"], 0);
-  EXPECT_TRUE(HostTierMemfds(mount_->ServingPid()).empty());
+  // Its pages go once the fill's other chunk reads are done with it.
+  EXPECT_TRUE(WaitFor([&] {
+    return HostTierMemfds(mount_->ServingPid()).empty() && Stats(mnt_)["tiers"]["host"]["filling"] == 0;
+  }));
   // The fill asked for a rescan: the file is hashed again under its new
   // stamp, and its (unchanged) content is served again.
   ASSERT_TRUE(WaitFor([&] { return ReadDirect(Through(), 0, kMiB) == data_.substr(0, kMiB); })) << mount_->Log();

@@ -203,9 +203,9 @@ TEST_F(RestartTest, ListingsAndXattrsAreTheSameAcrossAKill) {
   WriteModel(src_ + "/run7", {.seed = 3});
   WriteModel(src_ + "/run7/checkpoint-500", {.seed = 4});
   auto m = Mount("");
-  ASSERT_TRUE(WaitForLink("org/a") && WaitForLink("org/b") && WaitFor([&] {
-    return fs::is_symlink(mnt_ + "/by-name/run7/checkpoint-500");
-  })) << m->Log();
+  ASSERT_TRUE(WaitUntilIndexed()) << m->Log();  // run7 too: the listing must not change under the kills
+  ASSERT_TRUE(WaitForLink("org/a") && WaitForLink("org/b") && fs::is_directory(mnt_ + "/by-name/run7") &&
+              fs::is_symlink(mnt_ + "/by-name/run7/checkpoint-500")) << m->Log();
   const std::string before = Listing(mnt_);
   ASSERT_NE(before.find("sha256-"), std::string::npos) << before;
   ASSERT_NE(before.find("user.ckptfs.digest"), std::string::npos) << before;
@@ -563,7 +563,9 @@ TEST_F(RestartTest, ACrashLoopBacksOffAnswersEioAndEndsWhenADaemonStarts) {
                       std::chrono::seconds(30)))
       << m->Log();
   EXPECT_EQ(StatErrnoInChild(mnt_ + "/by-name/m"), 0);
-  EXPECT_NE(m->Log().find("the crash loop is over"), std::string::npos) << m->Log();
+  // Logged when the supervisor reads the new daemon's "ready", which may
+  // come after that daemon answered the stats above.
+  EXPECT_TRUE(WaitFor([&] { return m->Log().find("the crash loop is over") != std::string::npos; })) << m->Log();
   EXPECT_TRUE(IsMounted(mnt_));
 }
 

@@ -69,11 +69,12 @@ class StampMountTest : public MountFixture {
   void SetUp() override {
     ASSERT_EQ(RunCommand(std::string(MAKE_DEMO_TREE_PATH) + " " + src_).exit_code, 0);
   }
-  // At `mnt`, and waits for the run's nested checkpoint. Periodic rescans
-  // stay on here (the default).
+  // At `mnt`, and waits until every checkpoint of the tree is indexed.
+  // Periodic rescans stay on here (the default).
   std::unique_ptr<MountedCkptfs> Mount(const std::string& mnt, const std::string& extra) {
     auto m = MountWith(src_, mnt, "state=" + state_ + ",settle=0" + extra);
-    EXPECT_TRUE(WaitFor([&] { return fs::is_symlink(mnt + "/by-name/run7/checkpoint-500"); })) << m->Log();
+    EXPECT_TRUE(WaitUntilIndexed(mnt)) << m->Log();
+    EXPECT_TRUE(fs::is_symlink(mnt + "/by-name/run7/checkpoint-500")) << m->Log();
     return m;
   }
 };

@@ -22,6 +22,7 @@
 
 #include "ckptfs/file_stamp.h"
 #include "ckptfs/index.h"
+#include "kernel_caches_lock.h"
 #include "mount_fixture.h"
 #include "mounted_ckptfs.h"
 #include "test_tree.h"
@@ -342,8 +343,9 @@ TEST_F(RobustnessTest, MemoryStaysFlatAcrossManyVersionsOfACheckpoint) {
   }
   // The kernel forgets unused dentries and inodes, and the daemon the nodes
   // it held for them (their FORGETs come asynchronously).
+  KernelCachesLock one_dropper_at_a_time;
   ASSERT_TRUE(WaitFor([&] {
-    RunCommand("sync; echo 2 > /proc/sys/vm/drop_caches");
+    KernelCachesLock::DropDentriesAndInodes();
     return Ctl("stats").value("kernel_held_nodes", uint64_t{1} << 60) == 0;
   })) << Ctl("stats").dump();
   const uint64_t after_50 = rss_kib();

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "mounted_ckptfs.h"
@@ -45,6 +46,19 @@ class MountFixture : public ::testing::Test {
     EXPECT_TRUE(m->ok()) << m->Log();
     return m;
   }
+
+  // Waits until the mount at `mnt` has walked SRC and has nothing left to
+  // index. A first mount (an empty index) shows each checkpoint as its own
+  // hashing ends: a test that waited for one of them may not see the others
+  // yet. False when that state never came.
+  bool WaitUntilIndexed(const std::string& mnt) const {
+    return WaitFor([&] {
+      auto s = nlohmann::json::parse(RunCommand(kCtl + " status --json " + ShellQuote(mnt)).out, nullptr, false);
+      if (s.is_discarded() || !s.contains("counts") || s.value("scans", uint64_t{0}) == 0) return false;
+      return s["counts"]["indexing"] == 0 && s["counts"]["pending"] == 0;
+    });
+  }
+  bool WaitUntilIndexed() const { return WaitUntilIndexed(mnt_); }
 
   TempDir tmp_;
   std::string src_ = tmp_ / "src";

@@ -18,6 +18,7 @@
 
 #include "ckptfs/file_cache.h"
 #include "ckptfs/host_tier_fill.h"
+#include "ckptfs/unique_fd.h"
 #include "test_tree.h"
 
 namespace ckptfs::testing {
@@ -360,6 +361,10 @@ TEST_F(FileHasherTest, AColdFileIsReadAroundThePageCacheAndAWarmOneFromIt) {
   FileCache cache(64 * kMiB);
   HostTierFill fills(&cache, HostTierFill::Policy::kFree, false);
   const FileHasher hasher(&pool_);
+  // Held open throughout: another test's drop of unused inodes (ctest runs
+  // two at once) would take the warm file's pages with its inode.
+  UniqueFd held(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(held.valid());
   for (const bool cold : {true, false}) {
     if (cold) {
       DropFromPageCache(path);
@@ -393,6 +398,7 @@ TEST_F(FileHasherTest, AColdFileIsReadAroundThePageCacheAndAWarmOneFromIt) {
       EXPECT_EQ(direct, 0u);
     }
   }
+  held.reset();
   // And without a copy (ckptfsctl digest), into the hasher's own buffers.
   DropFromPageCache(path);
   const uint64_t direct_before = FileHasher::direct_bytes_read();

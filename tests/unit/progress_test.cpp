@@ -47,7 +47,13 @@ TEST(ProgressTest, DrawsOnlyWhenEnabled) {
       ProgressBar bar("hashing", enabled);
       bar.SetTotal(100);
       bar.Add(40);
-      std::this_thread::sleep_for(std::chrono::milliseconds(900));
+      // The first draw comes 500 ms after the bar starts; wait for it (up to
+      // 10 s on a loaded machine) where it is on, and as long where it is off.
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(enabled ? 10000 : 900);
+      auto drawn = [&] { return ReadFile(path).find("40 B") != std::string::npos; };
+      while (std::chrono::steady_clock::now() < deadline && (!enabled || !drawn())) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
     }
     std::fflush(stderr);
     ::dup2(saved, STDERR_FILENO);
