@@ -199,6 +199,8 @@ class FileCache final : public CacheTier {
   class PageLock;
   void Abandon(Reservation& fill) EXCLUDES(mu_);
   Status PinRefused() const REQUIRES(mu_);
+  Status NoRoomForBytes() const REQUIRES(mu_);
+  Status NoRoomForDescriptor() const REQUIRES(mu_);
   Status MakeRoom(uint64_t bytes, bool descriptor, const FileKey& keep, Released& released) REQUIRES(mu_);
   // The descriptors held by copies that evicting cannot take: pinned, in
   // use, being filled, held by readers of evicted copies, or `keep`.

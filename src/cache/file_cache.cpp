@@ -172,25 +172,27 @@ size_t FileCache::DescriptorsNoEvictionFrees(const FileKey& keep) const {
   return descriptors_ - freed;
 }
 
+Status FileCache::NoRoomForBytes() const {
+  return Status::Full("no room in the host tier: " + std::to_string(Taken()) + " of " + std::to_string(capacity_) +
+                      " bytes are in copies in use or pinned, being filled, or held by readers of evicted copies (" +
+                      std::to_string(held_bytes_) + " bytes)");
+}
+
+Status FileCache::NoRoomForDescriptor() const {
+  return Status::Full("no descriptor for another copy in the host tier: " + std::to_string(descriptors_) + " of " +
+                      std::to_string(descriptor_budget_) + " are held by pinned copies, fills or readers");
+}
+
 Status FileCache::MakeRoom(uint64_t bytes, bool descriptor, const FileKey& keep, Released& released) {
-  auto no_bytes = [&] {
-    return Status::Full("no room in the host tier: " + std::to_string(Taken()) + " of " + std::to_string(capacity_) +
-                        " bytes are in copies in use or pinned, being filled, or held by readers of evicted "
-                        "copies (" + std::to_string(held_bytes_) + " bytes)");
-  };
-  auto no_descriptor = [&] {
-    return Status::Full("no descriptor for another copy in the host tier: " + std::to_string(descriptors_) + " of " +
-                        std::to_string(descriptor_budget_) + " are held by pinned copies, fills or readers");
-  };
   // Evicting cannot free what is pinned, being filled, held by readers or
   // in use: when that leaves no room, in bytes or in descriptors, evict
   // nothing (not copies for bytes, then refuse for want of a descriptor).
   if (Taken() + bytes > capacity_ && pinned_ + reserved_ + held_bytes_ + InUse() + bytes > capacity_) {
-    return no_bytes();
+    return NoRoomForBytes();
   }
   if (descriptor && descriptors_ + 1 > descriptor_budget_ &&
       DescriptorsNoEvictionFrees(keep) + 1 > descriptor_budget_) {
-    return no_descriptor();
+    return NoRoomForDescriptor();
   }
   if (Taken() + bytes > capacity_) {
     std::vector<FileKey> oldest_first(lru_.rbegin(), lru_.rend());
@@ -200,10 +202,10 @@ Status FileCache::MakeRoom(uint64_t bytes, bool descriptor, const FileKey& keep,
       if (k == keep || it->second.pinned || InUse(it->second)) continue;
       Drop(it, released);
     }
-    if (Taken() + bytes > capacity_) return no_bytes();
+    if (Taken() + bytes > capacity_) return NoRoomForBytes();
   }
   while (descriptor && descriptors_ + 1 > descriptor_budget_) {
-    if (!EvictOldest(/*holding_descriptor=*/true, keep, released)) return no_descriptor();
+    if (!EvictOldest(/*holding_descriptor=*/true, keep, released)) return NoRoomForDescriptor();
   }
   return Status::Ok();
 }
