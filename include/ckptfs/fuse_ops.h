@@ -77,6 +77,9 @@ struct FsContext {
   // status; each cause logged once (a bit each, request_caller.cpp).
   std::atomic<uint64_t> callers_without_groups{0};
   std::atomic<unsigned> groups_causes_logged{0};
+  // Lookups in the root and by-name answered ENOENT (a name unknown, or
+  // hidden from the caller): the kernel caches none of them. For stats.
+  std::atomic<uint64_t> lookups_not_found{0};
 };
 
 // How the session talks to /dev/fuse (ConnectionIo, src/fuse/connection_io.h).

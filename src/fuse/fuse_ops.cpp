@@ -151,13 +151,14 @@ void Init(void* userdata, fuse_conn_info* conn) {
 }
 
 void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
-  auto n = Ctx(req).view->Lookup(parent, name);
-  if (!n) {
-    // A negative entry cached briefly: names do appear as checkpoints are indexed.
+  auto& ctx = Ctx(req);
+  auto n = ctx.view->Lookup(parent, name);
+  auto p = n ? nullptr : ctx.view->Get(parent);
+  if (!n && p && p->immutable) {
+    // A digest directory's names never change: a negative entry cached as
+    // long as the directory's own.
     fuse_entry_param e{};
-    e.entry_timeout = Ctx(req).mutable_timeout_s;
-    auto p = Ctx(req).view->Get(parent);
-    if (p && p->immutable) e.entry_timeout = Ctx(req).immutable_timeout_s;
+    e.entry_timeout = ctx.immutable_timeout_s;
     fuse_reply_entry(req, &e);
     return;
   }
@@ -166,12 +167,19 @@ void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   // one that a private copy of it exists (the root's listing hides it too).
   // The same for by-name: which of a user's links lead to another's
   // private checkpoints, and what they hold, is not theirs to learn.
-  if ((parent == kRootInode || !n->immutable) && !n->access.empty()) {
+  // An unknown name in the root or by-name gets the same reply, one the
+  // kernel does not cache: a cached negative entry for unknown names only
+  // would answer them faster than hidden ones, and that difference in time
+  // would tell which guesses exist. (The kernel's cache is shared by all
+  // users, so hidden names cannot be the ones cached instead.)
+  auto hidden = [&] {
     Caller caller = CallerOf(req);
-    if (!MayAccess(n->access, caller, 0)) {
-      fuse_reply_err(req, ENOENT);
-      return;
-    }
+    return (parent == kRootInode || !n->immutable) && !n->access.empty() && !MayAccess(n->access, caller, 0);
+  };
+  if (!n || hidden()) {
+    ctx.lookups_not_found.fetch_add(1, std::memory_order_relaxed);
+    fuse_reply_err(req, ENOENT);
+    return;
   }
   if (!Allowed(req, *n, 0)) return;
   ReplyEntry(req, n);
