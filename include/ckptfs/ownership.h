@@ -159,11 +159,14 @@ bool MayReach(const AccessPath& path, Caller& caller);
 // Some copy lets the caller reach the entry and do `want` on it (`want` 0:
 // reach it only). An empty list means the entry is open to everyone.
 bool MayAccess(const std::vector<AccessPath>& copies, Caller& caller, int want);
-// The caller could learn that this entry exists at its path in the source:
-// they reach its parent and may list it, or may search the entry itself (a
-// directory; as ls and stat would tell them). A path inside a directory the
-// caller can neither list nor enter is not theirs to learn.
+// The caller could learn this entry's path in the source by listing: they
+// may list and search every directory from SRC down to its parent. A name
+// in a directory they can only search (0711: enter, not list) is not
+// theirs to learn, though they could reach the entry if they knew it.
 bool MayLearnPath(const AccessPath& path, Caller& caller);
+// The same for every user, whatever their uid and groups (what a record in
+// a shared manifest store, which names the path, may be written for).
+bool EveryoneMayLearnPath(const AccessPath& path);
 // True when every user, whatever their uid and groups, passes MayAccess with
 // `want` (so the kernel may cache the answer for as long as it likes).
 bool OpenToEveryone(const std::vector<AccessPath>& copies, int want);

@@ -155,10 +155,8 @@ bool MayReach(const AccessPath& path, Caller& caller) {
 }
 
 bool MayLearnPath(const AccessPath& path, Caller& caller) {
-  if (!MayReach(path, caller)) return false;
-  const bool has_parent = path.dirs && path.dirs->size() > 0;
-  if (has_parent && Permits(path.dirs->back(), caller, kWantRead)) return true;
-  return Permits(path.self, caller, kWantSearch);
+  if (!path.dirs) return true;
+  return path.dirs->AllOf([&](const Ownership& dir) { return Permits(dir, caller, kWantRead | kWantSearch); });
 }
 
 bool MayAccess(const std::vector<AccessPath>& copies, Caller& caller, int want) {
@@ -169,22 +167,34 @@ bool MayAccess(const std::vector<AccessPath>& copies, Caller& caller, int want) 
   return false;
 }
 
+namespace {
+
+// Every user, whatever their uid and groups, may do `need` (rwx as 4, 2, 1)
+// on `o`.
+bool EveryonePermits(const Ownership& o, unsigned need) {
+  const unsigned bits = need * 0111u;  // the same bits for owner, group and others
+  if ((o.mode & bits) != bits) return false;
+  if (!o.acl) return true;
+  // Every entry of the group class, through the mask, must grant it too
+  // (the mask itself is the mode's group bits, checked above).
+  if ((o.acl->group_obj & need) != need) return false;
+  return std::all_of(o.acl->named.begin(), o.acl->named.end(),
+                     [&](const ExtendedAcl::Entry& e) { return (e.perm & need) == need; });
+}
+
+}  // namespace
+
+bool EveryoneMayLearnPath(const AccessPath& path) {
+  if (!path.dirs) return true;
+  return path.dirs->AllOf([](const Ownership& dir) { return EveryonePermits(dir, kWantRead | kWantSearch); });
+}
+
 bool OpenToEveryone(const std::vector<AccessPath>& copies, int want) {
   if (copies.empty()) return true;
-  auto all = [](const Ownership& o, unsigned need) {
-    const unsigned bits = need * 0111u;  // the same bits for owner, group and others
-    if ((o.mode & bits) != bits) return false;
-    if (!o.acl) return true;
-    // Every entry of the group class, through the mask, must grant it too
-    // (the mask itself is the mode's group bits, checked above).
-    if ((o.acl->group_obj & need) != need) return false;
-    return std::all_of(o.acl->named.begin(), o.acl->named.end(),
-                       [&](const ExtendedAcl::Entry& e) { return (e.perm & need) == need; });
-  };
   for (const AccessPath& copy : copies) {
-    bool ok = all(copy.self, static_cast<unsigned>(want) & 7u);
+    bool ok = EveryonePermits(copy.self, static_cast<unsigned>(want) & 7u);
     if (ok && copy.dirs) {
-      ok = copy.dirs->AllOf([&](const Ownership& d) { return all(d, 1); });
+      ok = copy.dirs->AllOf([](const Ownership& d) { return EveryonePermits(d, kWantSearch); });
     }
     if (ok) return true;
   }

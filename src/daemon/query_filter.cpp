@@ -7,7 +7,9 @@ namespace ckptfs::daemon {
 bool VisibleTo(const CheckpointState& state, const ControlServer::Request& r) {
   if (r.privileged) return true;
   Caller caller(r.peer_uid, r.peer_gid, [groups = r.peer_groups] { return groups; });
-  return MayLearnPath(state.access, caller);
+  // Its digest, size and file count are drawn from the bytes inside: only
+  // for whoever could enter it too.
+  return MayLearnPath(state.access, caller) && Permits(state.access.self, caller, kWantSearch);
 }
 
 // The names of the files being hashed, as far as the caller could list them

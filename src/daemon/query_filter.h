@@ -14,9 +14,10 @@
 
 namespace ckptfs::daemon {
 
-// A checkpoint is visible to a caller who can search every directory from
-// SRC down to its parent and then either list that parent or enter the
-// checkpoint itself; root and the mount's owner see everything.
+// A checkpoint is visible to a caller who can list and search every
+// directory from SRC down to its parent (so could learn its path) and enter
+// the checkpoint itself (so could hash what it holds); root and the mount's
+// owner see everything.
 bool VisibleTo(const CheckpointState& state, const ControlServer::Request& r);
 
 // The states the caller may see, with reasons redacted for unprivileged

@@ -85,6 +85,17 @@ bool Allowed(fuse_req_t req, const View::Node& n, int want) {
   return false;
 }
 
+// What a caller must be able to do to some source copy for an entry of the
+// root or by-name to be there for them at all. A digest directory's name is
+// drawn from every byte below it: it is shown only to whoever could enter a
+// copy (search on the checkpoint directory itself), not to whoever could
+// merely stat one, as a 0700 checkpoint directory in a 0755 parent lets
+// everyone do. (A by-name link asks the same through its access path:
+// ViewBuilder::ReachOf.)
+int WantToSee(fuse_ino_t parent, const View::Node& n) {
+  return parent == kRootInode && n.kind == View::Kind::kDir ? kWantSearch : 0;
+}
+
 constexpr std::string_view kSourcesXattr = "user.ckptfs.sources";
 
 // user.ckptfs.sources as this caller may read it: only the copies whose
@@ -174,7 +185,8 @@ void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   // users, so hidden names cannot be the ones cached instead.)
   auto hidden = [&] {
     Caller caller = CallerOf(req);
-    return (parent == kRootInode || !n->immutable) && !n->access.empty() && !MayAccess(n->access, caller, 0);
+    return (parent == kRootInode || !n->immutable) && !n->access.empty() &&
+           !MayAccess(n->access, caller, WantToSee(parent, *n));
   };
   if (!n || hidden()) {
     ctx.lookups_not_found.fetch_add(1, std::memory_order_relaxed);
@@ -294,7 +306,7 @@ void ReadDir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
       View::NodePtr c = ctx.view->Get(child.second);
       if (!c) c = ctx.view->Lookup(h->dir->ino, child.first);
       if (!c) withdrawn = true;
-      if (!c || (caller && !MayAccess(c->access, *caller, 0))) return nullptr;
+      if (!c || (caller && !MayAccess(c->access, *caller, WantToSee(h->dir->ino, *c)))) return nullptr;
       return c;
     };
     const auto& children = h->dir->children;

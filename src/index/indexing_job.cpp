@@ -182,7 +182,11 @@ std::vector<FileJob*> IndexingJob::Prepare(unsigned threads) {
         it->second.owner = m.owner;
       }
       if (IsSafetensorsName(m.rel_path)) it->second.safetensors = true;
-      if (!it->second.open_to_everyone && OpenToEveryone({m.access}, kWantRead)) it->second.open_to_everyone = true;
+      // A record names the file's path: written only where every user could
+      // read the file and list every directory down to it.
+      if (!it->second.open_to_everyone && OpenToEveryone({m.access}, kWantRead) && EveryoneMayLearnPath(m.access)) {
+        it->second.open_to_everyone = true;
+      }
     }
   }
   const IndexerOptions& o = ctx_->options;

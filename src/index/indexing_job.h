@@ -70,8 +70,9 @@ struct SharedFile {
   FileStamp stamp;
   Ownership owner;
   bool safetensors = false;
-  // Some job's copy of it every user may read: only then is its record
-  // shared through the manifest store (FileWork::Record). Set by the
+  // Some job's copy of it every user may read, at a path every user may
+  // learn: only then is its record (which names the path) shared through
+  // the manifest store (FileWork::Record). Set by the
   // scheduler as jobs come, read by the worker that records it.
   std::atomic<bool> open_to_everyone{false};
   enum class State { kQueued, kRunning, kPaused, kDone } state = State::kQueued;
@@ -118,7 +119,7 @@ struct FileJob {
   bool unsettled = false;
   bool unindexed = false;
   bool safetensors = false;  // some member names it *.safetensors
-  bool open_to_everyone = false;  // some member every user may read (OpenToEveryone)
+  bool open_to_everyone = false;  // some member every user may read and find (see SharedFile)
   std::optional<uint64_t> stamped_size;
   std::shared_ptr<SharedFile> shared;  // a miss, hashed by whoever runs it
 };

@@ -138,14 +138,16 @@ AccessPath ViewBuilder::SourceDirAccess(const std::string& by_name_path) const {
   return found != nullptr ? *found : AccessPath{nullptr, in_.root_owner};
 }
 
-// What reaching the source directory of `by_name_path` asks: search on
-// every directory down to it, through the targets of links on the way.
+// What entering the source directory of `by_name_path` asks: search on
+// every directory down to it, through the targets of links on the way, and
+// on the directory itself (the digest a link names is drawn from the bytes
+// inside: see WantToSee in fuse_ops.cpp).
 AccessPath ViewBuilder::ReachOf(const std::string& by_name_path) const {
   const Ownership anyone{in_.root_owner.uid, in_.root_owner.gid, 0777};
   const AccessPath* found = FindSourceDir(by_name_path);
   // Not walked (never so for a checkpoint shown): root only, not open.
   if (found == nullptr) return {DirChain::Extend(nullptr, Ownership{0, 0, 0}), anyone};
-  return {found->dirs, anyone};
+  return {DirChain::Extend(found->dirs, found->self), anyone};
 }
 
 std::shared_ptr<View::Node> ViewBuilder::NewNode(const std::string& key, Kind kind, Ownership owner) {

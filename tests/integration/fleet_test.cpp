@@ -148,9 +148,14 @@ TEST_F(FleetTest, FilesNotEveryUserMayReadArePublishedToNoRecord) {
   WriteFile(src_ + "/home/alice/ft/model.safetensors", RandomBytes(kMiB, 6));
   WriteFile(src_ + "/home/alice/ft/config.json", "{\"secret\": 1}");
   ASSERT_EQ(::chmod((src_ + "/home/alice").c_str(), 0700), 0);
+  // Readable by everyone, but in a directory others may enter and not list
+  // (0711): a record would tell everyone a name that ls would not.
+  WriteFile(src_ + "/home/bob/secret-project-name/model.safetensors", RandomBytes(kMiB, 7));
+  ASSERT_EQ(::chmod((src_ + "/home/bob").c_str(), 0711), 0);
   auto first = Node(1, "manifest_sign=" + key_);
-  // Both shown: every file of both was hashed, and recorded or not, by then.
-  ASSERT_TRUE(WaitFor([&] { return AllLinked(*first, {"pub", "home/alice/ft"}); })) << first->Log();
+  // All shown: every file of each was hashed, and recorded or not, by then.
+  ASSERT_TRUE(WaitFor([&] { return AllLinked(*first, {"pub", "home/alice/ft", "home/bob/secret-project-name"}); }))
+      << first->Log();
   EXPECT_EQ(QueryMount(kCtl, "status", first->mountpoint())["manifests"]["records_published"], 1);
   const auto records = StoreFiles().first;
   EXPECT_EQ(records.size(), 1u);
@@ -158,6 +163,7 @@ TEST_F(FleetTest, FilesNotEveryUserMayReadArePublishedToNoRecord) {
     const std::string text = ReadFile(r);
     EXPECT_NE(text.find("pub/model.safetensors"), std::string::npos) << text;
     EXPECT_EQ(text.find("alice"), std::string::npos) << text;
+    EXPECT_EQ(text.find("secret-project-name"), std::string::npos) << text;
   }
 }
 

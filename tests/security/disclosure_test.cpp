@@ -130,6 +130,56 @@ TEST_F(DisclosureTest, AByNameLinkThroughAPrivateDirectoryIsNoMoreThereThanOneLe
   EXPECT_EQ(RunAs(kOwner, "ls -A " + ShellQuote(dir)).out, "m\n");
 }
 
+// A checkpoint directory others may not enter (0700 in a 0755 parent):
+// they can stat it in SRC, and learn its name, but nothing drawn from what
+// it holds. Its digest (a fingerprint of its bytes: enough to confirm a
+// guess of them), its size and its file count are no more there for them
+// than those of a checkpoint nobody holds; its owner sees it all.
+TEST_F(DisclosureTest, ACheckpointOthersMayNotEnterShowsThemNothingDrawnFromItsBytes) {
+  WriteFile(src_ + "/shared/alice-ft/model.bin", "a fine-tune its owner keeps to herself");
+  Own(src_ + "/shared", 0, 0, 0755);
+  Own(src_ + "/shared/alice-ft", 2001, 3001, 0700);
+  Own(src_ + "/shared/alice-ft/model.bin", 2001, 3001, 0600);
+  auto m = Mount();
+  ASSERT_TRUE(WaitFor([&] { return !DigestOf("shared/alice-ft").empty(); })) << m->Log();
+  const std::string digest = DigestOf("shared/alice-ft");
+  EXPECT_EQ(RunAs(kOther, "stat -c ok " + ShellQuote(src_ + "/shared/alice-ft")).out, "ok\n");  // SRC tells that much
+  auto what_other_learns = [&](const User& u) {
+    return RunAs(u, "ls " + ShellQuote(mnt_) + "; readlink " + ShellQuote(mnt_ + "/by-name/shared/alice-ft") + "; " +
+                        Ctl() + " ls " + ShellQuote(mnt_) + "; " + Ctl() + " status " + ShellQuote(mnt_) + " 2>&1")
+        .out;
+  };
+  const std::string other = what_other_learns(kOther);
+  EXPECT_EQ(other.find(digest.substr(7, 16)), std::string::npos) << other;
+  EXPECT_EQ(other.find("alice-ft"), std::string::npos) << other;
+  const std::string stat_as_other = StatAs(kOther, mnt_ + "/" + digest);
+  EXPECT_NE(stat_as_other.find("No such file or directory"), std::string::npos) << stat_as_other;
+  const std::string owner = what_other_learns(kOwner);
+  EXPECT_NE(owner.find(digest), std::string::npos) << owner;
+  EXPECT_NE(owner.find("alice-ft"), std::string::npos) << owner;
+}
+
+// A name in a directory others may enter but not list (0711) is not
+// theirs to learn: neither the sources xattr nor ckptfsctl tells it them,
+// though they may use the checkpoint (they could reach it, knowing the
+// name). Found attacking the daemon: both printed it.
+TEST_F(DisclosureTest, ANameInADirectoryOthersMayOnlyEnterIsNotToldThem) {
+  WriteFile(src_ + "/home/owner/secret-model-name/model.bin", "weights under a name others may not list");
+  Own(src_ + "/home", 0, 0, 0755);
+  Own(src_ + "/home/owner", 2001, 3001, 0711);
+  auto m = Mount();
+  ASSERT_TRUE(WaitFor([&] { return !DigestOf("home/owner/secret-model-name").empty(); })) << m->Log();
+  const std::string digest = mnt_ + "/" + DigestOf("home/owner/secret-model-name");
+  EXPECT_NE(RunAs(kOther, "ls " + ShellQuote(src_ + "/home/owner") + " 2>&1").out.find("Permission denied"),
+            std::string::npos);
+  EXPECT_EQ(StatAs(kOther, digest), "ok");  // reachable: its bytes are theirs to read
+  EXPECT_EQ(SourcesAs(kOther, digest), "");
+  const std::string ls = RunAs(kOther, Ctl() + " ls " + ShellQuote(mnt_) + "; " + Ctl() + " status " +
+                                           ShellQuote(mnt_) + " 2>&1").out;
+  EXPECT_EQ(ls.find("secret-model-name"), std::string::npos) << ls;
+  EXPECT_EQ(SourcesAs(kOwner, digest), src_ + "/home/owner/secret-model-name\n");
+}
+
 // The root numbers its entries, for each caller, among the digests that
 // caller may reach: offsets with gaps would tell another user how many
 // private digests sort between two of theirs, and when they come and go.
