@@ -20,6 +20,10 @@ namespace ckptfs {
 // A ref is a commit hash (40 hex) or, in newer caches, a short text; anything
 // longer is not a ref, and the view keeps refs in memory.
 inline constexpr size_t kMaxHubRefBytes = 4096;
+// A repository's cache holds a ref per branch, tag or pull request it was
+// asked for: a few, rarely hundreds. More are left out with a warning, so
+// that a SRC writer's directory of refs costs the daemon a bounded view.
+inline constexpr size_t kMaxHubRefsPerRepository = 1024;
 
 // One refs/ file of a hub repository directory, with its bytes.
 struct HubRef {

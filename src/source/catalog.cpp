@@ -513,13 +513,23 @@ void MarkServing(std::string_view rel, CatalogScan& scan) {
 // A ref that cannot be read is left out with a warning; it never touches a
 // checkpoint.
 void CollectHubRefs(const DirNode& node, const std::string& hub_repo, CatalogScan& scan) {
+  // The repository's refs so far: they come together, in walk order.
+  size_t taken = 0;
+  for (auto it = scan.hub_refs.rbegin(); it != scan.hub_refs.rend() && it->repo_rel_path == hub_repo; ++it) ++taken;
   for (const auto& f : node.files) {
+    if (taken == kMaxHubRefsPerRepository) {
+      scan.warnings.push_back("hub repository " + Quote(scan.real_root + "/" + hub_repo) + " has more than " +
+                              std::to_string(kMaxHubRefsPerRepository) + " refs; the rest are not mirrored");
+      ++taken;
+    }
+    if (taken > kMaxHubRefsPerRepository) continue;
     auto content = ReadHubRef(scan.real_root, f.open_path);
     if (!content.ok()) {
       scan.warnings.push_back(content.status().message());
       continue;
     }
     scan.hub_refs.push_back({f.rel, hub_repo, std::move(*content), f.stamp, f.owner, f.access});
+    ++taken;
   }
 }
 

@@ -76,6 +76,7 @@ Ownership ReadOwnership(const std::string& path, const struct stat& st) {
   }
   // A minimal ACL says nothing the mode does not.
   if (ext.named.empty() && ext.group_obj == ((o.mode >> 3) & 7u)) return o;
+  ext.named.shrink_to_fit();  // kept for as long as the view shows the file: not the growth's slack
   o.acl = std::make_shared<const ExtendedAcl>(std::move(ext));
   return o;
 }

@@ -179,9 +179,27 @@ TEST_F(CatalogTest, HubRefsAreReadAndAreNotMembers) {
   EXPECT_EQ(scan.hub_refs[0].content, "c0ffee");
   EXPECT_EQ(scan.hub_refs[1].rel_path, "hub/models--org--name/refs/pr/1");
   EXPECT_EQ(scan.hub_refs[1].content, "beef");
+  EXPECT_LT(scan.hub_refs[0].content.capacity(), 64u);  // held at its size, not the read's buffer
   bool warned = false;
   for (const auto& w : scan.warnings) warned = warned || w.find("datasets--org--big/refs/main") != std::string::npos;
   EXPECT_TRUE(warned) << "an oversized ref is left out with a warning";
+}
+
+// A SRC writer's repository of refs costs a bounded view: the first
+// kMaxHubRefsPerRepository are mirrored, the rest left out with a warning;
+// another repository keeps its own.
+TEST_F(CatalogTest, ARepositoryMirrorsAtMostItsBoundOfRefs) {
+  const std::string repo = src_ / "hub/models--org--many";
+  for (size_t i = 0; i < kMaxHubRefsPerRepository + 10; ++i) WriteFile(repo + "/refs/r" + std::to_string(i), "c0ffee");
+  WriteFile(src_ / "hub/models--org--other/refs/main", "beef");
+  auto scan = ScanOk(src_.path());
+  size_t many = 0, other = 0;
+  for (const auto& r : scan.hub_refs) (r.repo_rel_path == "hub/models--org--many" ? many : other) += 1;
+  EXPECT_EQ(many, kMaxHubRefsPerRepository);
+  EXPECT_EQ(other, 1u);
+  size_t warned = 0;
+  for (const auto& w : scan.warnings) warned += w.find("models--org--many' has more than") != std::string::npos;
+  EXPECT_EQ(warned, 1u);
 }
 
 // A repository directory inside a checkpoint: its refs are members there
