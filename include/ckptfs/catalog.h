@@ -66,6 +66,14 @@ struct MemberFile {
   AccessPath access;      // how this copy is reached in the source
 };
 
+// One problem of an invalid checkpoint as unprivileged callers may be told
+// it: `text` names an entry of the directory `listing` leads to.
+struct ShownProblem {
+  std::string text;
+  AccessPath listing;
+};
+inline constexpr size_t kShownProblems = 8;
+
 struct CheckpointSource {
   std::string rel_path;  // relative to the root; "" when the root is the checkpoint
   std::string abs_path;  // root + "/" + rel_path, as the user named them
@@ -78,10 +86,14 @@ struct CheckpointSource {
   std::map<std::string, AccessPath> subdirs;
   // Set when the checkpoint must not be exposed; says which path and why.
   std::optional<std::string> invalid_reason;
-  // The same reason with what symlinks resolve to left out: resolving runs
-  // as the daemon, so "dangling" or "outside" would tell any user whether a
-  // path they cannot reach exists. Shown to unprivileged callers.
-  std::optional<std::string> invalid_reason_shown;
+  // The same problems as told to unprivileged callers: what symlinks
+  // resolve to is left out (resolving runs as the daemon, so "dangling" or
+  // "outside" would tell any user whether a path they cannot reach exists),
+  // and each is told only to callers who may list the directory it was
+  // found in (it names an entry there; a link into another user's private
+  // directory must not list it to its writer). Distinct, at most
+  // kShownProblems of them.
+  std::vector<ShownProblem> invalid_problems_shown;
 
   uint64_t TotalSize() const;
   bool valid() const { return !invalid_reason.has_value(); }

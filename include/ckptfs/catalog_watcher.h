@@ -55,9 +55,9 @@ struct CheckpointState {
   // indexing): `name` is the digest it still serves meanwhile.
   bool revalidating = false;
   std::string reason;  // when invalid or pending
-  // The reason as told to users who are not root nor the mount's owner: what
-  // a symlink resolves to is left out (see CheckpointSource).
-  std::string reason_shown;
+  // Its problems as told to users who are not root nor the mount's owner,
+  // each to those who may list where it was found (see CheckpointSource).
+  std::vector<ShownProblem> problems_shown;
   // How the checkpoint directory is reached in SRC; control queries answer a
   // caller only about checkpoints that caller could see there.
   AccessPath access;

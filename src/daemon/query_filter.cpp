@@ -23,11 +23,31 @@ void HideUnlistableNames(CheckpointState& state, const ControlServer::Request& r
   }
 }
 
+// An invalid checkpoint's reason as this caller may be told it: each
+// problem whose directory they may list; the others only counted.
+std::string ReasonFor(const CheckpointState& state, const ControlServer::Request& r) {
+  Caller caller(r.peer_uid, r.peer_gid, [groups = r.peer_groups] { return groups; });
+  std::string out;
+  size_t unlisted = 0;
+  for (const ShownProblem& p : state.problems_shown) {
+    if (MayLearnPath(p.listing, caller) && Permits(p.listing.self, caller, kWantRead | kWantSearch)) {
+      out += (out.empty() ? "" : "; ") + p.text;
+    } else {
+      ++unlisted;
+    }
+  }
+  if (unlisted > 0) {
+    out += (out.empty() ? "" : "; ") + std::to_string(unlisted) +
+           " problem(s) in directories you may not list (root and the mount's owner are told them)";
+  }
+  return out;
+}
+
 std::vector<CheckpointState> VisibleStates(std::vector<CheckpointState> states, const ControlServer::Request& r) {
   std::vector<CheckpointState> out;
   for (auto& s : states) {
     if (!VisibleTo(s, r)) continue;
-    if (!r.privileged && !s.reason_shown.empty()) s.reason = s.reason_shown;
+    if (!r.privileged && !s.problems_shown.empty()) s.reason = ReasonFor(s, r);
     if (!r.privileged) HideUnlistableNames(s, r);
     out.push_back(std::move(s));
   }

@@ -37,10 +37,13 @@ constexpr size_t kMaxChainLength = 4 * kMaxWalkDepth;
 constexpr size_t kMaxMembersPerCheckpoint = 1'000'000;
 
 // A problem met on the walk: the full text for the log and root, and the
-// text shown to everyone else (see CheckpointSource::invalid_reason_shown).
+// text shown to everyone else (see CheckpointSource::invalid_problems_shown).
 struct Problem {
   std::string full;
   std::string shown;
+  // The directory it was found in (set as a checkpoint gathers it): who may
+  // list it may be told `shown`.
+  AccessPath listing{};
 };
 
 // One directory of the walked tree, before it is cut into checkpoints.
@@ -441,7 +444,10 @@ class TreeWalker {
 // Adds the files of `node`'s subtree to `cp`, stopping at nested checkpoints,
 // and gathers the problems met on the way.
 void CollectMembers(const DirNode& node, size_t prefix_len, CheckpointSource& cp, std::vector<Problem>& problems) {
-  problems.insert(problems.end(), node.problems.begin(), node.problems.end());
+  for (Problem p : node.problems) {
+    p.listing = node.access;
+    problems.push_back(std::move(p));
+  }
   for (const auto& f : node.files) {
     cp.members.push_back({f.rel.substr(prefix_len), f.open_path, f.stamp, f.owner, f.access});
   }
@@ -486,15 +492,26 @@ std::string LastComponent(const std::string& rel) { return rel.substr(rel.rfind(
 // few in full, so that a tree with 100,000 bad links (or one directory
 // reached by too many paths, told by every walk of its parent) still has a
 // reason of a few lines.
-std::string JoinProblems(const std::vector<Problem>& problems, std::string Problem::*text) {
-  constexpr size_t kShown = 8;
+std::string JoinProblems(const std::vector<Problem>& problems) {
   std::set<std::string> seen;
   std::string out;
   for (const auto& p : problems) {
-    if (!seen.insert(p.*text).second || seen.size() > kShown) continue;
-    out += (out.empty() ? "" : "; ") + p.*text;
+    if (!seen.insert(p.full).second || seen.size() > kShownProblems) continue;
+    out += (out.empty() ? "" : "; ") + p.full;
   }
-  if (seen.size() > kShown) out += "; and " + std::to_string(seen.size() - kShown) + " more problems";
+  if (seen.size() > kShownProblems) out += "; and " + std::to_string(seen.size() - kShownProblems) + " more problems";
+  return out;
+}
+
+// The same for unprivileged callers, each distinct text once with where it
+// was found (CheckpointSource::invalid_problems_shown).
+std::vector<ShownProblem> ShownProblems(const std::vector<Problem>& problems) {
+  std::set<std::string> seen;
+  std::vector<ShownProblem> out;
+  for (const auto& p : problems) {
+    if (out.size() == kShownProblems) break;
+    if (seen.insert(p.shown).second) out.push_back({p.shown, p.listing});
+  }
   return out;
 }
 
@@ -555,15 +572,19 @@ void CutIntoCheckpoints(const DirNode& node, const std::string& root, CatalogSca
     CollectMembers(node, prefix_len, cp, problems);
     std::sort(cp.members.begin(), cp.members.end(),
               [](const MemberFile& a, const MemberFile& b) { return a.rel_path < b.rel_path; });
+    const size_t found_in_dirs = problems.size();
     CheckNames(cp, problems);
     if (cp.members.size() > kMaxMembersPerCheckpoint) {
       problems.push_back(Plain("checkpoint " + Quote(cp.abs_path) + " has " + std::to_string(cp.members.size()) +
                                " member files, more than the " + std::to_string(kMaxMembersPerCheckpoint) +
                                " one checkpoint may have"));
     }
+    // The checkpoint's own problems (its members' names, its depth, its
+    // size) are told to whoever may list it.
+    for (size_t i = found_in_dirs; i < problems.size(); ++i) problems[i].listing = cp.dir_access;
     if (!problems.empty()) {
-      cp.invalid_reason = JoinProblems(problems, &Problem::full);
-      cp.invalid_reason_shown = JoinProblems(problems, &Problem::shown);
+      cp.invalid_reason = JoinProblems(problems);
+      cp.invalid_problems_shown = ShownProblems(problems);
     }
     scan.checkpoints.push_back(std::move(cp));
     MarkServing(node.rel, scan);

@@ -766,7 +766,7 @@ void CatalogWatcher::Apply(const CatalogScan& scan, const ScanPlan& plan, std::v
     }
     for (const auto& [cp, announce] : plan.invalid) {
       CheckpointState st = StateOf(*cp, CheckpointState::Phase::kInvalid, *cp->invalid_reason);
-      st.reason_shown = cp->invalid_reason_shown.value_or(st.reason);
+      st.problems_shown = cp->invalid_problems_shown;
       if (announce) spdlog::warn("checkpoint {} is invalid and not shown: {}", cp->abs_path, st.reason);
       states_[cp->abs_path] = std::move(st);
     }

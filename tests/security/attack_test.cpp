@@ -149,6 +149,30 @@ TEST_F(AttackTest, ControlQueriesLeakNoNamesOrLinkTargetsTheCallerCannotSee) {
   EXPECT_NE(RunCommand(Ctl() + " status " + ShellQuote(mnt_)).out.find("id_ed25519"), std::string::npos);
 }
 
+// A writer's link into another user's private directory makes their own
+// checkpoint invalid (a dangling link inside): the reason names that link
+// only to whoever may list the directory it lies in. Found attacking the
+// daemon: status told the link's writer a name from the private home.
+TEST_F(AttackTest, AReasonNamesOnlyEntriesOfDirectoriesTheCallerMayList) {
+  MakeDirs(src_ + "/home/alice");
+  Symlink("../../nowhere", src_ + "/home/alice/secret-project-falcon");
+  Own(src_ + "/home", 0, 0, 0755);
+  Own(src_ + "/home/alice", 2001, 3001, 0700);
+  WriteFile(src_ + "/mallory/m/model.bin", "w");
+  Symlink("../../home/alice", src_ + "/mallory/m/peek");
+  ASSERT_EQ(RunCommand("chown -hR 2003:2003 " + ShellQuote(src_ + "/mallory")).exit_code, 0);
+  auto m = Mount();
+  auto status_as = [&](const User& u) { return RunAs(u, Ctl() + " status " + ShellQuote(mnt_) + " 2>&1").out; };
+  ASSERT_TRUE(WaitFor([&] { return status_as(kRoot).find("secret-project-falcon") != std::string::npos; }))
+      << m->Log();
+  const std::string mallory = status_as(kOther);
+  EXPECT_NE(mallory.find("mallory/m"), std::string::npos) << mallory;  // told it is invalid
+  EXPECT_EQ(mallory.find("secret-project-falcon"), std::string::npos) << mallory;
+  EXPECT_NE(mallory.find("problem(s) in directories you may not list"), std::string::npos) << mallory;
+  const std::string alice = status_as(kOwner);
+  EXPECT_NE(alice.find("secret-project-falcon"), std::string::npos) << alice;  // her own directory
+}
+
 // Item 6: a symlink in SRC that leads into the mount (MNT inside SRC) is
 // refused; the daemon never indexes its own view.
 TEST_F(AttackTest, TheDaemonNeverWalksIntoItsOwnMountThroughASymlink) {
