@@ -158,6 +158,13 @@ class FileServer {
   // The resident copy of `key`, or null; `use` counts as a use (LRU).
   FileCache::CopyPtr Resident(const FileKey& key, bool use = true) const;
 
+  // Under verify=sha256, a read of `f` may wait for a whole file to be
+  // read and hashed: nothing of it is served before its SHA-256 passed (no
+  // copy of it resident, no proven chunk table yet). Such reads are served
+  // off the FUSE threads (FsContext::proving_reads), so that one user's
+  // reads of large files cannot hold every thread.
+  bool MayWaitForAProof(const ServedFile& f) const;
+
   // Bytes [offset, offset + size) of an open file, as served: from its copy,
   // a copy being made, the daemon's own content (a hub ref), or the verified
   // chunk path (with read-ahead for a sequential reader). Fewer at the end

@@ -70,6 +70,12 @@ struct FsContext {
   // Called off the request's thread.
   std::function<void(InodeId ino)> drop_page_cache;
   ThreadPool* background = nullptr;  // where drop_page_cache runs
+  // Where reads that may wait for a whole file's SHA-256 run and reply
+  // (FileServer::MayWaitForAProof), so that they hold no FUSE thread: four
+  // such reads of one user held all four threads of a mount for the 10 s
+  // of a 2 GiB file's proof, and every other user's requests waited. Null
+  // without verify=sha256.
+  ThreadPool* proving_reads = nullptr;
   // Access decisions that needed a caller's supplementary groups and could
   // not read them (the caller is outside the daemon's PID namespace: pid 0
   // there, as for a daemon in a container or a pod without hostPID): those

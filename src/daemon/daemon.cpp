@@ -235,6 +235,11 @@ void Daemon::StartCaches() {
       serving, FileServer::Reports{[this] { watcher_->RequestRescanSoon(); }, CorruptChunkReport()});
   ctx_.server = server_.get();
   ctx_.background = readahead_pool_.get();
+  if (o.verify == Verify::kSha256) {
+    // As many as may wait for copies at open: half the FUSE threads' worth.
+    proving_reads_ = std::make_unique<ThreadPool>(serving.max_waiting_opens);
+    ctx_.proving_reads = proving_reads_.get();
+  }
   // Copies made as files are hashed: into free room only, and none with
   // fill=off (the tier then holds chunks only).
   const auto fill_on_index = o.fill == FillPolicy::kOff ? HostTierFill::Policy::kOff : o.fill_on_index;
@@ -300,6 +305,13 @@ void Daemon::Shutdown() {
   if (control_) spdlog::info("unmounting {}", options_.mountpoint);
   stopping_ = true;
   if (readahead_setter_.joinable()) readahead_setter_.join();
+  // Reads the loop handed to the proving pool are answered first, as the
+  // loop's own handlers were before it returned: a successor would be
+  // sent none of them again, and stopping the fills would fail them.
+  if (proving_reads_) {
+    ctx_.proving_reads = nullptr;
+    proving_reads_.reset();  // finishes what is queued, then joins
+  }
   // Intake first: no new commands, fills or read-ahead. Queued read-ahead is
   // dropped, not run: it would call into the watcher and the index.
   if (handover_) handover_->Stop(ctx_);  // a drained daemon hands its open inodes over

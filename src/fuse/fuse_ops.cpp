@@ -468,6 +468,16 @@ std::shared_ptr<OpenFile> FileOrAdopt(fuse_req_t req, fuse_ino_t ino, uint64_t f
   return f;
 }
 
+void ReplyRead(FsContext& ctx, fuse_req_t req, const OpenFile& f, off_t off, size_t size) {
+  // The bytes stay referenced until the reply has been written.
+  auto bytes = ctx.server->Read(*f.served, static_cast<uint64_t>(off), size);
+  if (!bytes.ok()) {
+    fuse_reply_err(req, ReplyErrno(bytes.status()));
+    return;
+  }
+  fuse_reply_iov(req, bytes->iov.data(), static_cast<int>(bytes->iov.size()));
+}
+
 void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
   auto& ctx = Ctx(req);
   auto f = FileOrAdopt(req, ino, fi->fh);
@@ -476,13 +486,12 @@ void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info
     fuse_reply_buf(req, nullptr, 0);
     return;
   }
-  // The bytes stay referenced until the reply has been written.
-  auto bytes = ctx.server->Read(*f->served, static_cast<uint64_t>(off), size);
-  if (!bytes.ok()) {
-    fuse_reply_err(req, ReplyErrno(bytes.status()));
+  if (ctx.proving_reads != nullptr && ctx.server->MayWaitForAProof(*f->served)) {
+    // Answered from the pool's thread; the handle stays with the task.
+    ctx.proving_reads->Submit([&ctx, req, f, off, size] { ReplyRead(ctx, req, *f, off, size); });
     return;
   }
-  fuse_reply_iov(req, bytes->iov.data(), static_cast<int>(bytes->iov.size()));
+  ReplyRead(ctx, req, *f, off, size);
 }
 
 void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {

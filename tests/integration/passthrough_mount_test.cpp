@@ -883,6 +883,58 @@ TEST_F(FaultySourceTest, OpensWaitingForACopyLeaveThreadsForEveryoneElse) {
   EXPECT_TRUE(ReadBuffered(Through()) == data_);
 }
 
+// Under verify=sha256 nothing of a file is served before its whole SHA-256
+// passed, so a read of a file not yet proven may wait for the whole file to
+// be read. Such reads wait off the FUSE threads: eight processes reading one
+// byte each of a file whose proof cannot finish (its first chunk's source
+// read stuck) leave every other request a thread. Found attacking the
+// daemon: four such readers held all four threads for the 10 s of a 2 GiB
+// file's proof, and another user's listing waited as long.
+TEST_F(FaultySourceTest, ReadsWaitingForAProofLeaveThreadsForEveryoneElse) {
+  mount_ = MountWithPassthrough("cache_size=256M,threads=2,verify=sha256,fill=off,supervise=off");
+  SKIP_WITHOUT_PASSTHROUGH();
+  const std::string file = Through();
+  ASSERT_TRUE(fs::exists(file)) << mount_->Log();
+  WriteFile(trigger_, "stall");  // the first chunk's reads hang
+  std::vector<pid_t> readers;
+  for (int i = 0; i < 8; ++i) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      const int fd = ::open(file.c_str(), O_RDONLY | O_DIRECT);
+      alignas(4096) static char buf[4096];
+      if (fd >= 0) (void)!::pread(fd, buf, sizeof buf, static_cast<off_t>(8 * kMiB));
+      ::_exit(0);
+    }
+    ASSERT_GT(pid, 0);
+    readers.push_back(pid);
+  }
+  auto waiting_or_done = [](pid_t pid) {  // in a FUSE request (an O_DIRECT read waits in fuse_direct_IO)
+    const std::string wchan = ReadFile("/proc/" + std::to_string(pid) + "/wchan");
+    return wchan == "request_wait_answer" || wchan.rfind("fuse_", 0) == 0 || wchan == "0" || wchan.empty();
+  };
+  EXPECT_TRUE(WaitFor([&] { return std::all_of(readers.begin(), readers.end(), waiting_or_done); }))
+      << ReadFile("/proc/" + std::to_string(readers[0]) + "/wchan");
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // Anyone's request meanwhile: a listing (no kernel cache answers it).
+  // Should it wait behind the reads (as before the fix), the stuck read is
+  // let go after 20 s, so that the test ends, and fails.
+  std::atomic<bool> listed{false};
+  std::thread watchdog([&] {
+    for (int i = 0; i < 200 && !listed; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ::unlink(trigger_.c_str());
+  });
+  CommandResult ls = RunCommand("ls " + ShellQuote(mnt_ + "/by-name/m"));
+  const bool let_go = ::access(trigger_.c_str(), F_OK) != 0;
+  listed = true;
+  watchdog.join();
+  EXPECT_FALSE(let_go) << "a listing waited behind the reads until the stuck source read was let go";
+  EXPECT_EQ(ls.exit_code, 0);
+  EXPECT_NE(ls.out.find("model.safetensors"), std::string::npos) << ls.out;
+  ::unlink(trigger_.c_str());  // the proof completes, the waiting reads are answered
+  for (pid_t pid : readers) ::waitpid(pid, nullptr, 0);
+  EXPECT_TRUE(ReadDirect(file, 8 * kMiB, kMiB) == data_.substr(8 * kMiB, kMiB));
+}
+
 TEST_F(FaultySourceTest, ASourceChangedUnderAFillAbandonsItAndIsIndexedAgain) {
   mount_ = MountWithPassthrough("cache_size=256M,fill=preload");
   SKIP_WITHOUT_PASSTHROUGH();
