@@ -143,6 +143,9 @@ struct CatalogScan {
   // (one renamed into its place). A collision only takes a path for read.
   std::unordered_set<uint64_t> walked_dirs;
   bool Walked(const std::string& rel) const { return walked_dirs.count(std::hash<std::string>{}(rel)) != 0; }
+  // Hub repositories whose refs went past kMaxHubRefsPerRepository in this
+  // walk (warned of once each).
+  std::set<std::string> hub_repos_past_bound;
 };
 
 // What a rescan may skip: the previous scan's tree, and the directories

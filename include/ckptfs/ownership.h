@@ -160,10 +160,16 @@ bool MayReach(const AccessPath& path, Caller& caller);
 // reach it only). An empty list means the entry is open to everyone.
 bool MayAccess(const std::vector<AccessPath>& copies, Caller& caller, int want);
 // The caller could learn this entry's path in the source by listing: they
-// may list and search every directory from SRC down to its parent. A name
-// in a directory they can only search (0711: enter, not list) is not
-// theirs to learn, though they could reach the entry if they knew it.
+// may list and search every directory from SRC down to its parent (or they
+// own the entry and may reach it). A name in a directory they can only
+// search (0711: enter, not list) is not theirs to learn, though they could
+// reach the entry if they knew it.
 bool MayLearnPath(const AccessPath& path, Caller& caller);
+// The caller may be told of this copy of a checkpoint (its path in
+// user.ckptfs.sources, its row in ckptfsctl): they may learn its path and
+// enter it; what is drawn from its bytes (that it holds the digest) is for
+// no one who cannot.
+bool MayKnowCopy(const AccessPath& path, Caller& caller);
 // The same for every user, whatever their uid and groups (what a record in
 // a shared manifest store, which names the path, may be written for).
 bool EveryoneMayLearnPath(const AccessPath& path);

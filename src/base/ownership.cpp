@@ -156,7 +156,16 @@ bool MayReach(const AccessPath& path, Caller& caller) {
 
 bool MayLearnPath(const AccessPath& path, Caller& caller) {
   if (!path.dirs) return true;
-  return path.dirs->AllOf([&](const Ownership& dir) { return Permits(dir, caller, kWantRead | kWantSearch); });
+  if (path.dirs->AllOf([&](const Ownership& dir) { return Permits(dir, caller, kWantRead | kWantSearch); })) {
+    return true;
+  }
+  // The entry's owner named it: in a directory they may only search (a
+  // 0711 /srv/models), their own checkpoint is still theirs to be told of.
+  return caller.uid() == path.self.uid && MayReach(path, caller);
+}
+
+bool MayKnowCopy(const AccessPath& path, Caller& caller) {
+  return MayLearnPath(path, caller) && Permits(path.self, caller, kWantSearch);
 }
 
 bool MayAccess(const std::vector<AccessPath>& copies, Caller& caller, int want) {

@@ -201,8 +201,8 @@ ServedBytes FileServer::FromCopy(const FileCache::CopyPtr& copy, uint64_t offset
 
 bool FileServer::MayWaitForAProof(const ServedFile& f) const {
   if (options_.verify != Verify::kSha256 || f.copy || f.node->content) return false;
-  if (Resident(f.key, /*use=*/false)) return false;
-  return parts_.proven == nullptr || parts_.proven->Find(f.node->sha256) == nullptr;
+  if (parts_.proven != nullptr && parts_.proven->Find(f.node->sha256) != nullptr) return false;
+  return Resident(f.key, /*use=*/false) == nullptr;
 }
 
 Result<ServedBytes> FileServer::Read(ServedFile& f, uint64_t offset, size_t size) {

@@ -305,10 +305,12 @@ void Daemon::Shutdown() {
   if (control_) spdlog::info("unmounting {}", options_.mountpoint);
   stopping_ = true;
   if (readahead_setter_.joinable()) readahead_setter_.join();
-  // Reads the loop handed to the proving pool are answered first, as the
-  // loop's own handlers were before it returned: a successor would be
-  // sent none of them again, and stopping the fills would fail them.
-  if (proving_reads_) {
+  // A drained daemon answers the reads the loop handed to the proving pool
+  // first, as the loop's own handlers were before it returned (a kernel
+  // without FUSE_NOTIFY_RESEND would never send them to the successor, and
+  // stopping the fills would fail them). Unmounted, nobody waits for them:
+  // they are dropped below, with the fills they wait for.
+  if (proving_reads_ && handover_ && handover_->drained()) {
     ctx_.proving_reads = nullptr;
     proving_reads_.reset();  // finishes what is queued, then joins
   }
@@ -318,6 +320,7 @@ void Daemon::Shutdown() {
   if (control_) control_->Stop();
   stop_repin_ = true;
   if (server_) server_->StopFills();
+  if (proving_reads_) proving_reads_->Cancel();  // the proofs under way stop with the fills
   if (repin_.joinable()) repin_.join();
   if (readahead_pool_) readahead_pool_->Cancel();
   // The watcher's thread: an in-progress walk or hash stops at its next step.

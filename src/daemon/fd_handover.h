@@ -47,6 +47,9 @@ class FdHandover {
   void Listen(fuse::FsContext& ctx);
   // After the session loop: a drained daemon hands its open inodes over.
   void Stop(fuse::FsContext& ctx);
+  // The supervisor asked this daemon to drain: its connection goes on with
+  // a successor, and the requests it read must still be answered.
+  bool drained() const { return drained_; }
 
   // Control command "restart": asks the supervisor to start `binary` (the
   // same one if not given) and hand the connection over to it.

@@ -9,7 +9,7 @@ bool VisibleTo(const CheckpointState& state, const ControlServer::Request& r) {
   Caller caller(r.peer_uid, r.peer_gid, [groups = r.peer_groups] { return groups; });
   // Its digest, size and file count are drawn from the bytes inside: only
   // for whoever could enter it too.
-  return MayLearnPath(state.access, caller) && Permits(state.access.self, caller, kWantSearch);
+  return MayKnowCopy(state.access, caller);
 }
 
 // The names of the files being hashed, as far as the caller could list them

@@ -17,6 +17,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <exception>
+
 #include "ckptfs/mutex.h"
 #include "ckptfs/unique_fd.h"
 #include "connection_io.h"
@@ -107,7 +109,7 @@ std::string SourcesFor(fuse_req_t req, const View::Node& n, const std::string& s
   while (pos < stored.size()) {
     size_t end = stored.find('\n', pos);
     if (end == std::string::npos) end = stored.size();
-    if (line < n.source_access.size() && MayLearnPath(n.source_access[line], caller)) {
+    if (line < n.source_access.size() && MayKnowCopy(n.source_access[line], caller)) {
       out.append(stored, pos, end - pos).push_back('\n');
     }
     pos = end + 1;
@@ -487,8 +489,16 @@ void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info
     return;
   }
   if (ctx.proving_reads != nullptr && ctx.server->MayWaitForAProof(*f->served)) {
-    // Answered from the pool's thread; the handle stays with the task.
-    ctx.proving_reads->Submit([&ctx, req, f, off, size] { ReplyRead(ctx, req, *f, off, size); });
+    // Answered from the pool's thread; the handle stays with the task. (The
+    // pool would swallow an exception, and the reader would wait for ever.)
+    ctx.proving_reads->Submit([&ctx, req, f, off, size] {
+      try {
+        ReplyRead(ctx, req, *f, off, size);
+      } catch (const std::exception& e) {
+        spdlog::error("a read of {} failed: {}", f->served->node->source_path, e.what());
+        fuse_reply_err(req, EIO);
+      }
+    });
     return;
   }
   ReplyRead(ctx, req, *f, off, size);

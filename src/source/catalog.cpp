@@ -458,19 +458,38 @@ void CollectMembers(const DirNode& node, size_t prefix_len, CheckpointSource& cp
   }
 }
 
-// Problems that make a checkpoint invalid because of its members' names.
+// The problem `text`, told to whoever may list `listing`.
+Problem FoundIn(std::string text, AccessPath listing) {
+  Problem p = Plain(std::move(text));
+  p.listing = std::move(listing);
+  return p;
+}
+
+// Problems that make a checkpoint invalid because of its members' names,
+// each told to whoever may list the directory the member is in (which a
+// link may have led into another user's home).
 void CheckNames(const CheckpointSource& cp, std::vector<Problem>& problems) {
+  // Fails closed: a directory not found is one only root may list.
+  const AccessPath root_only{DirChain::Extend(nullptr, Ownership{0, 0, 0}), Ownership{0, 0, 0}};
+  auto listing_of = [&](const std::string& rel) {
+    const size_t slash = rel.rfind('/');
+    if (slash == std::string::npos) return cp.dir_access;
+    auto it = cp.subdirs.find(rel.substr(0, slash));
+    return it != cp.subdirs.end() ? it->second : root_only;
+  };
   for (const auto& m : cp.members) {
     // sha256sum escapes these names, so the coreutils recomputation of the
     // digest would disagree with ours: refuse them (DESIGN.md section 1).
     if (m.rel_path.find('\n') != std::string::npos) {
-      problems.push_back(Plain("member name contains a newline: " + Quote(cp.abs_path + "/" + m.rel_path)));
+      problems.push_back(FoundIn("member name contains a newline: " + Quote(cp.abs_path + "/" + m.rel_path),
+                                 listing_of(m.rel_path)));
     } else if (m.rel_path.find('\\') != std::string::npos) {
-      problems.push_back(Plain("member name contains a backslash: " + Quote(cp.abs_path + "/" + m.rel_path)));
+      problems.push_back(FoundIn("member name contains a backslash: " + Quote(cp.abs_path + "/" + m.rel_path),
+                                 listing_of(m.rel_path)));
     }
   }
   if (cp.rel_path.find('\n') != std::string::npos) {
-    problems.push_back(Plain("checkpoint path contains a newline: " + Quote(cp.abs_path)));
+    problems.push_back(FoundIn("checkpoint path contains a newline: " + Quote(cp.abs_path), cp.dir_access));
   }
   // Its by-name link climbs "../" once a level (DESIGN.md section 2), and a
   // symlink's target is at most 4,095 bytes: 1,000 levels (3,003 bytes),
@@ -480,9 +499,10 @@ void CheckNames(const CheckpointSource& cp, std::vector<Problem>& problems) {
   constexpr size_t kMaxDepth = 1000;
   const size_t depth = cp.rel_path.empty() ? 0 : std::count(cp.rel_path.begin(), cp.rel_path.end(), '/') + 1;
   if (depth > kMaxDepth) {
-    problems.push_back(Plain("checkpoint " + Quote(cp.abs_path) + " is " + std::to_string(depth) +
-                             " directories below the source root, more than " + std::to_string(kMaxDepth) +
-                             ": its by-name link would be longer than a symlink may be"));
+    problems.push_back(FoundIn("checkpoint " + Quote(cp.abs_path) + " is " + std::to_string(depth) +
+                                   " directories below the source root, more than " + std::to_string(kMaxDepth) +
+                                   ": its by-name link would be longer than a symlink may be",
+                               cp.dir_access));
   }
 }
 
@@ -509,9 +529,10 @@ std::vector<ShownProblem> ShownProblems(const std::vector<Problem>& problems) {
   std::set<std::string> seen;
   std::vector<ShownProblem> out;
   for (const auto& p : problems) {
-    if (out.size() == kShownProblems) break;
-    if (seen.insert(p.shown).second) out.push_back({p.shown, p.listing});
+    if (seen.insert(p.shown).second && out.size() < kShownProblems) out.push_back({p.shown, p.listing});
   }
+  // How many more there are is told to everyone (it names nothing).
+  if (seen.size() > kShownProblems) out.push_back({"and " + std::to_string(seen.size() - kShownProblems) + " more problems", {}});
   return out;
 }
 
@@ -534,12 +555,14 @@ void CollectHubRefs(const DirNode& node, const std::string& hub_repo, CatalogSca
   size_t taken = 0;
   for (auto it = scan.hub_refs.rbegin(); it != scan.hub_refs.rend() && it->repo_rel_path == hub_repo; ++it) ++taken;
   for (const auto& f : node.files) {
-    if (taken == kMaxHubRefsPerRepository) {
-      scan.warnings.push_back("hub repository " + Quote(scan.real_root + "/" + hub_repo) + " has more than " +
-                              std::to_string(kMaxHubRefsPerRepository) + " refs; the rest are not mirrored");
-      ++taken;
+    if (taken >= kMaxHubRefsPerRepository) {
+      // Once a scan, whichever directory of refs/ went past the bound.
+      if (scan.hub_repos_past_bound.insert(hub_repo).second) {
+        scan.warnings.push_back("hub repository " + Quote(scan.real_root + "/" + hub_repo) + " has more than " +
+                                std::to_string(kMaxHubRefsPerRepository) + " refs; the rest are not mirrored");
+      }
+      continue;
     }
-    if (taken > kMaxHubRefsPerRepository) continue;
     auto content = ReadHubRef(scan.real_root, f.open_path);
     if (!content.ok()) {
       scan.warnings.push_back(content.status().message());
@@ -572,16 +595,13 @@ void CutIntoCheckpoints(const DirNode& node, const std::string& root, CatalogSca
     CollectMembers(node, prefix_len, cp, problems);
     std::sort(cp.members.begin(), cp.members.end(),
               [](const MemberFile& a, const MemberFile& b) { return a.rel_path < b.rel_path; });
-    const size_t found_in_dirs = problems.size();
     CheckNames(cp, problems);
     if (cp.members.size() > kMaxMembersPerCheckpoint) {
-      problems.push_back(Plain("checkpoint " + Quote(cp.abs_path) + " has " + std::to_string(cp.members.size()) +
-                               " member files, more than the " + std::to_string(kMaxMembersPerCheckpoint) +
-                               " one checkpoint may have"));
+      problems.push_back(FoundIn("checkpoint " + Quote(cp.abs_path) + " has " + std::to_string(cp.members.size()) +
+                                     " member files, more than the " + std::to_string(kMaxMembersPerCheckpoint) +
+                                     " one checkpoint may have",
+                                 cp.dir_access));
     }
-    // The checkpoint's own problems (its members' names, its depth, its
-    // size) are told to whoever may list it.
-    for (size_t i = found_in_dirs; i < problems.size(); ++i) problems[i].listing = cp.dir_access;
     if (!problems.empty()) {
       cp.invalid_reason = JoinProblems(problems);
       cp.invalid_problems_shown = ShownProblems(problems);

@@ -156,6 +156,7 @@ TEST_F(AttackTest, ControlQueriesLeakNoNamesOrLinkTargetsTheCallerCannotSee) {
 TEST_F(AttackTest, AReasonNamesOnlyEntriesOfDirectoriesTheCallerMayList) {
   MakeDirs(src_ + "/home/alice");
   Symlink("../../nowhere", src_ + "/home/alice/secret-project-falcon");
+  WriteFile(src_ + "/home/alice/notes\\falcon-budget", "a member name the digest rule refuses");
   Own(src_ + "/home", 0, 0, 0755);
   Own(src_ + "/home/alice", 2001, 3001, 0700);
   WriteFile(src_ + "/mallory/m/model.bin", "w");
@@ -168,9 +169,11 @@ TEST_F(AttackTest, AReasonNamesOnlyEntriesOfDirectoriesTheCallerMayList) {
   const std::string mallory = status_as(kOther);
   EXPECT_NE(mallory.find("mallory/m"), std::string::npos) << mallory;  // told it is invalid
   EXPECT_EQ(mallory.find("secret-project-falcon"), std::string::npos) << mallory;
+  EXPECT_EQ(mallory.find("falcon-budget"), std::string::npos) << mallory;
   EXPECT_NE(mallory.find("problem(s) in directories you may not list"), std::string::npos) << mallory;
   const std::string alice = status_as(kOwner);
   EXPECT_NE(alice.find("secret-project-falcon"), std::string::npos) << alice;  // her own directory
+  EXPECT_NE(alice.find("falcon-budget"), std::string::npos) << alice;
 }
 
 // Item 6: a symlink in SRC that leads into the mount (MNT inside SRC) is

@@ -93,6 +93,16 @@ TEST_F(DisclosureTest, TheSourcesXattrNamesOnlyCopiesTheCallerCouldFind) {
   EXPECT_EQ(SourcesAs(kOwner, digest), priv + pub);
   EXPECT_EQ(SourcesAs(kOther, digest), pub) << "a path inside a 0700 home leaked";
   EXPECT_EQ(SourcesAs(kMember, digest), pub);
+  // Nor a copy in a directory others may stat but not enter: that it holds
+  // these bytes is drawn from what they may not read.
+  WriteFile(src_ + "/shared/same-as-pub/model.bin", bytes);
+  Own(src_ + "/shared", 0, 0, 0755);
+  Own(src_ + "/shared/same-as-pub", 2001, 3001, 0700);
+  ASSERT_TRUE(RescanAndSettle()) << m->Log();
+  const std::string entered = src_ + "/shared/same-as-pub\n";
+  ASSERT_EQ(SourcesAs(kRoot, digest), priv + pub + entered);
+  EXPECT_EQ(SourcesAs(kOther, digest), pub) << "a copy in a directory others may not enter was named";
+  EXPECT_EQ(SourcesAs(kOwner, digest), priv + pub + entered);
   // ckptfsctl ls agrees (it filtered already).
   AsResult ls = RunAs(kOther, Ctl() + " ls --json " + ShellQuote(mnt_));
   EXPECT_EQ(ls.out.find("acquisition-target-x"), std::string::npos) << ls.out;

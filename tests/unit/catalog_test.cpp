@@ -191,6 +191,7 @@ TEST_F(CatalogTest, HubRefsAreReadAndAreNotMembers) {
 TEST_F(CatalogTest, ARepositoryMirrorsAtMostItsBoundOfRefs) {
   const std::string repo = src_ / "hub/models--org--many";
   for (size_t i = 0; i < kMaxHubRefsPerRepository + 10; ++i) WriteFile(repo + "/refs/r" + std::to_string(i), "c0ffee");
+  for (int i = 0; i < 3; ++i) WriteFile(repo + "/refs/pr/" + std::to_string(i), "c0ffee");  // another directory past it
   WriteFile(src_ / "hub/models--org--other/refs/main", "beef");
   auto scan = ScanOk(src_.path());
   size_t many = 0, other = 0;
