@@ -202,7 +202,9 @@ void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
 void GetAttr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   auto n = NodeOrReply(req, ino);
   if (!n) return;
-  if (!Allowed(req, *n, 0)) return;
+  // As for its lookup: a descriptor of a digest directory taken before its
+  // checkpoint directory was closed to the caller stats it no more.
+  if (!Allowed(req, *n, WantToSee(n->parent, *n))) return;
   auto attr = AttrOf(Ctx(req), n);
   if (!attr.ok()) {
     fuse_reply_err(req, ReplyErrno(attr.status()));
@@ -565,6 +567,7 @@ void Access(fuse_req_t req, fuse_ino_t ino, int mask) {
   int want = 0;
   if (mask & R_OK) want |= kWantRead;
   if (mask & X_OK) want |= kWantSearch;
+  want |= WantToSee(n->parent, *n);  // as for its lookup
   if (n->kind == View::Kind::kFile && (mask & X_OK) && !(n->owner.mode & 0111)) {
     fuse_reply_err(req, EACCES);
     return;

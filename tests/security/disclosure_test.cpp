@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <thread>
 
 #include "security_fixture.h"
 
@@ -21,6 +22,17 @@ class DisclosureTest : public SecurityTest {
   std::string StatAs(const User& user, const std::string& path) {
     AsResult r = RunAs(user, "stat -c ok " + ShellQuote(path) + " 2>&1");
     return r.exit_code == 0 ? "ok" : r.out;
+  }
+  // SRC/shared/<name>/model.bin, the owner's, in a 0755 directory of
+  // root's; mounted, and once its checkpoint is shown.
+  std::unique_ptr<MountedCkptfs> MountSharedCheckpoint(const std::string& name, mode_t dir_mode, mode_t file_mode) {
+    WriteFile(src_ + "/shared/" + name + "/model.bin", "a fine-tune of " + name);
+    Own(src_ + "/shared", 0, 0, 0755);
+    Own(src_ + "/shared/" + name, 2001, 3001, dir_mode);
+    Own(src_ + "/shared/" + name + "/model.bin", 2001, 3001, file_mode);
+    auto m = Mount();
+    EXPECT_TRUE(WaitFor([&] { return !DigestOf("shared/" + name).empty(); })) << m->Log();
+    return m;
   }
   std::string SourcesAs(const User& user, const std::string& path) {
     return RunAs(user, "getfattr --absolute-names --only-values -n user.ckptfs.sources " + ShellQuote(path) + " 2>&1")
@@ -146,13 +158,9 @@ TEST_F(DisclosureTest, AByNameLinkThroughAPrivateDirectoryIsNoMoreThereThanOneLe
 // guess of them), its size and its file count are no more there for them
 // than those of a checkpoint nobody holds; its owner sees it all.
 TEST_F(DisclosureTest, ACheckpointOthersMayNotEnterShowsThemNothingDrawnFromItsBytes) {
-  WriteFile(src_ + "/shared/alice-ft/model.bin", "a fine-tune its owner keeps to herself");
-  Own(src_ + "/shared", 0, 0, 0755);
-  Own(src_ + "/shared/alice-ft", 2001, 3001, 0700);
-  Own(src_ + "/shared/alice-ft/model.bin", 2001, 3001, 0600);
-  auto m = Mount();
-  ASSERT_TRUE(WaitFor([&] { return !DigestOf("shared/alice-ft").empty(); })) << m->Log();
+  auto m = MountSharedCheckpoint("alice-ft", 0700, 0600);
   const std::string digest = DigestOf("shared/alice-ft");
+  ASSERT_FALSE(digest.empty()) << m->Log();
   EXPECT_EQ(RunAs(kOther, "stat -c ok " + ShellQuote(src_ + "/shared/alice-ft")).out, "ok\n");  // SRC tells that much
   auto what_other_learns = [&](const User& u) {
     return RunAs(u, "ls " + ShellQuote(mnt_) + "; readlink " + ShellQuote(mnt_ + "/by-name/shared/alice-ft") + "; " +
@@ -167,6 +175,40 @@ TEST_F(DisclosureTest, ACheckpointOthersMayNotEnterShowsThemNothingDrawnFromItsB
   const std::string owner = what_other_learns(kOwner);
   EXPECT_NE(owner.find(digest), std::string::npos) << owner;
   EXPECT_NE(owner.find("alice-ft"), std::string::npos) << owner;
+}
+
+// The same once the checkpoint directory is closed to others after they
+// opened its digest directory: a descriptor taken before stats it no more
+// (its lookup would be refused; the kernel asks again on every fstat, as
+// nobody else may cache such an entry).
+TEST_F(DisclosureTest, ADescriptorTakenBeforeACheckpointWasClosedStatsItNoMore) {
+  auto m = MountSharedCheckpoint("ft", 0755, 0644);
+  ASSERT_FALSE(DigestOf("shared/ft").empty()) << m->Log();
+  const std::string flags = tmp_ / "flags";
+  MakeDirs(flags);
+  ASSERT_EQ(::chmod(flags.c_str(), 0777), 0);
+  const std::string script = flags + "/hold.py";
+  WriteFile(script,
+            "import os, sys, time\n"
+            "fd = os.open(sys.argv[1], os.O_PATH)\n"
+            "print(os.fstat(fd).st_mode & 0o777, flush=True)\n"
+            "open(sys.argv[2] + '/ready', 'w').close()\n"
+            "while not os.path.exists(sys.argv[2] + '/go'): time.sleep(0.02)\n"
+            "try:\n  os.fstat(fd); print('stat ok')\nexcept OSError as e: print('stat', e.strerror)\n");
+  ASSERT_EQ(::chmod(script.c_str(), 0644), 0);
+  AsResult held;
+  std::thread holder([&] {
+    held = RunAs(kOther, "/usr/bin/python3 " + ShellQuote(script) + " " +
+                             ShellQuote(mnt_ + "/" + DigestOf("shared/ft")) + " " + ShellQuote(flags) + " 2>&1");
+  });
+  const bool ready = WaitFor([&] { return ::access((flags + "/ready").c_str(), F_OK) == 0; });
+  ASSERT_EQ(::chmod((src_ + "/shared/ft").c_str(), 0700), 0);
+  const bool settled = RescanAndSettle();
+  WriteFile(flags + "/go", "");
+  holder.join();
+  ASSERT_TRUE(ready) << held.out;
+  ASSERT_TRUE(settled) << m->Log();
+  EXPECT_NE(held.out.find("stat Permission denied"), std::string::npos) << held.out;
 }
 
 // A name in a directory others may enter but not list (0711) is not
