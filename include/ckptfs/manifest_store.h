@@ -68,6 +68,12 @@ class ManifestStore {
   // identical trusted record is already there. Fails without a signing key.
   Status Publish(const std::string& rel_path, const FileStamp& stamp, const FileHashes& hashes);
 
+  // A file this signing node hashed and did not publish: not every user may
+  // read it, or find its path by listing (a record names it, and everyone
+  // who can read the store reads the record). Counted, so that an operator
+  // sees why a store stays empty (a 0711 SRC publishes nothing).
+  void Withheld() { ++withheld_; }
+
   // The record found for this version of this file did not match the file's
   // bytes: it is never trusted again by this store for this version, so the
   // indexer hashes the file itself (and its Publish replaces the record).
@@ -79,6 +85,7 @@ class ManifestStore {
     uint64_t published = 0;   // records written
     uint64_t already = 0;     // publishes that found the same record there
     uint64_t distrusted = 0;  // records that did not match their file
+    uint64_t withheld = 0;    // files hashed here and not published (Withheld)
   };
   Stats GetStats() const;
 
@@ -96,7 +103,7 @@ class ManifestStore {
 
   mutable Mutex mu_;
   std::set<std::tuple<std::string, uint64_t, int64_t>> distrusted_ GUARDED_BY(mu_);
-  std::atomic<uint64_t> used_{0}, ignored_{0}, published_{0}, already_{0}, distrusted_count_{0};
+  std::atomic<uint64_t> used_{0}, ignored_{0}, published_{0}, already_{0}, distrusted_count_{0}, withheld_{0};
 };
 
 }  // namespace ckptfs

@@ -47,12 +47,13 @@ void PrintFleetLines(const nlohmann::json& j) {
   if (j.contains(kManifests)) {
     const auto& m = j[kManifests];
     const std::string signer = m.value(kSigningKey, std::string());
-    std::printf("manifests    %s: records used %llu, ignored %llu, published %llu, distrusted %llu; %zu trusted "
-                "key(s)%s%s\n",
+    std::printf("manifests    %s: records used %llu, ignored %llu, published %llu, withheld %llu (not every user "
+                "may read or find them), distrusted %llu; %zu trusted key(s)%s%s\n",
                 m.value(kManifestDir, std::string("?")).c_str(), m.value(kRecordsUsed, 0ull),
                 m.value(kRecordsIgnored, 0ull), m.value(kRecordsPublished, 0ull),
-                m.value(kRecordsDistrusted, 0ull), m.value(kTrustedKeys, nlohmann::json::array()).size(),
-                signer.empty() ? "" : ", signing with ", signer.c_str());
+                m.value("records_withheld", 0ull), m.value(kRecordsDistrusted, 0ull),
+                m.value(kTrustedKeys, nlohmann::json::array()).size(), signer.empty() ? "" : ", signing with ",
+                signer.c_str());
   }
 }
 

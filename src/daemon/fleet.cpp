@@ -68,6 +68,7 @@ void AddFleetStatus(nlohmann::json& status, const ManifestStore* store, const So
                         {kRecordsIgnored, s.ignored},
                         {kRecordsPublished, s.published},
                         {"records_already_there", s.already},
+                        {"records_withheld", s.withheld},
                         {kRecordsDistrusted, s.distrusted}};
 }
 

@@ -158,7 +158,10 @@ void FileWork::Record() {
   // is read by every user who can read it (records are 0644, so that every
   // node's daemon can, through NFS root squash too): a file that not every
   // user may read in SRC is hashed on each node instead.
-  if (!file_.open_to_everyone.load()) return;
+  if (!file_.open_to_everyone.load()) {
+    o.manifests->Withheld();
+    return;
+  }
   auto rel = PathBelow(ctx_->real_root, file_.open_path);
   if (!rel) return;
   Status s = o.manifests->Publish(*rel, file_.stamp, *file_.hashes);

@@ -156,7 +156,9 @@ TEST_F(FleetTest, FilesNotEveryUserMayReadArePublishedToNoRecord) {
   // All shown: every file of each was hashed, and recorded or not, by then.
   ASSERT_TRUE(WaitFor([&] { return AllLinked(*first, {"pub", "home/alice/ft", "home/bob/secret-project-name"}); }))
       << first->Log();
-  EXPECT_EQ(QueryMount(kCtl, "status", first->mountpoint())["manifests"]["records_published"], 1);
+  const auto manifests = QueryMount(kCtl, "status", first->mountpoint())["manifests"];
+  EXPECT_EQ(manifests["records_published"], 1);
+  EXPECT_EQ(manifests["records_withheld"], 3) << manifests.dump();  // alice's two files and bob's one, counted
   const auto records = StoreFiles().first;
   EXPECT_EQ(records.size(), 1u);
   for (const auto& r : records) {
