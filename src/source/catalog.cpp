@@ -532,7 +532,9 @@ std::vector<ShownProblem> ShownProblems(const std::vector<Problem>& problems) {
     if (seen.insert(p.shown).second && out.size() < kShownProblems) out.push_back({p.shown, p.listing});
   }
   // How many more there are is told to everyone (it names nothing).
-  if (seen.size() > kShownProblems) out.push_back({"and " + std::to_string(seen.size() - kShownProblems) + " more problems", {}});
+  if (seen.size() > kShownProblems) {
+    out.push_back({"and " + std::to_string(seen.size() - kShownProblems) + " more problems", {}});
+  }
   return out;
 }
 

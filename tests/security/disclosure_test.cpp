@@ -23,6 +23,16 @@ class DisclosureTest : public SecurityTest {
     AsResult r = RunAs(user, "stat -c ok " + ShellQuote(path) + " 2>&1");
     return r.exit_code == 0 ? "ok" : r.out;
   }
+  // SRC/home/owner/<name>/model.bin, the home of mode `home_mode`
+  // (/home is root's, 0755); mounted, and once its checkpoint is shown.
+  std::unique_ptr<MountedCkptfs> MountHomeCheckpoint(const std::string& name, mode_t home_mode) {
+    WriteFile(src_ + "/home/owner/" + name + "/model.bin", "weights of " + name + " nobody else may know of");
+    Own(src_ + "/home", 0, 0, 0755);
+    Own(src_ + "/home/owner", 2001, 3001, home_mode);
+    auto m = Mount();
+    EXPECT_TRUE(WaitFor([&] { return !DigestOf("home/owner/" + name).empty(); })) << m->Log();
+    return m;
+  }
   // SRC/shared/<name>/model.bin, the owner's, in a 0755 directory of
   // root's; mounted, and once its checkpoint is shown.
   std::unique_ptr<MountedCkptfs> MountSharedCheckpoint(const std::string& name, mode_t dir_mode, mode_t file_mode) {
@@ -41,11 +51,8 @@ class DisclosureTest : public SecurityTest {
 };
 
 TEST_F(DisclosureTest, APrivateDigestIsNoMoreThereThanAnUnknownOne) {
-  WriteFile(src_ + "/home/owner/private-model/model.bin", "weights nobody else may know of");
-  Own(src_ + "/home", 0, 0, 0755);
-  Own(src_ + "/home/owner", 2001, 3001, 0700);
-  auto m = Mount();
-  ASSERT_TRUE(WaitFor([&] { return !DigestOf("home/owner/private-model").empty(); })) << m->Log();
+  auto m = MountHomeCheckpoint("private-model", 0700);
+  ASSERT_FALSE(DigestOf("home/owner/private-model").empty()) << m->Log();
   const std::string digest = mnt_ + "/" + DigestOf("home/owner/private-model");
   const std::string unknown = mnt_ + "/sha256-" + std::string(64, '0');
 
@@ -69,11 +76,8 @@ TEST_F(DisclosureTest, APrivateDigestIsNoMoreThereThanAnUnknownOne) {
 // names are asked twice in a row, and every ask is a lookup the daemon
 // answers.
 TEST_F(DisclosureTest, AnUnknownDigestIsNotAnsweredFromACacheThatAHiddenOneMisses) {
-  WriteFile(src_ + "/home/owner/private-model/model.bin", "weights nobody else may know of");
-  Own(src_ + "/home", 0, 0, 0755);
-  Own(src_ + "/home/owner", 2001, 3001, 0700);
-  auto m = Mount();
-  ASSERT_TRUE(WaitFor([&] { return !DigestOf("home/owner/private-model").empty(); })) << m->Log();
+  auto m = MountHomeCheckpoint("private-model", 0700);
+  ASSERT_FALSE(DigestOf("home/owner/private-model").empty()) << m->Log();
   auto not_found = [&] {
     auto s = nlohmann::json::parse(RunCommand(Ctl() + " stats --json " + mnt_).out, nullptr, false);
     return s.is_discarded() ? uint64_t{0} : s.value("lookups_not_found", uint64_t{0});
@@ -216,11 +220,8 @@ TEST_F(DisclosureTest, ADescriptorTakenBeforeACheckpointWasClosedStatsItNoMore) 
 // though they may use the checkpoint (they could reach it, knowing the
 // name). Found attacking the daemon: both printed it.
 TEST_F(DisclosureTest, ANameInADirectoryOthersMayOnlyEnterIsNotToldThem) {
-  WriteFile(src_ + "/home/owner/secret-model-name/model.bin", "weights under a name others may not list");
-  Own(src_ + "/home", 0, 0, 0755);
-  Own(src_ + "/home/owner", 2001, 3001, 0711);
-  auto m = Mount();
-  ASSERT_TRUE(WaitFor([&] { return !DigestOf("home/owner/secret-model-name").empty(); })) << m->Log();
+  auto m = MountHomeCheckpoint("secret-model-name", 0711);
+  ASSERT_FALSE(DigestOf("home/owner/secret-model-name").empty()) << m->Log();
   const std::string digest = mnt_ + "/" + DigestOf("home/owner/secret-model-name");
   EXPECT_NE(RunAs(kOther, "ls " + ShellQuote(src_ + "/home/owner") + " 2>&1").out.find("Permission denied"),
             std::string::npos);
