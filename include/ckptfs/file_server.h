@@ -71,7 +71,7 @@ struct ServedBytes {
 class FileServer {
  public:
   // What the server reads from; none is owned. `files` may be null (no host
-  // tier of whole files), `proven` is set with verify=sha256 only.
+  // tier of whole files), `proven` is set with verify=sha256 and auto only.
   struct Parts {
     View* view = nullptr;
     ChunkCache* cache = nullptr;
@@ -158,7 +158,7 @@ class FileServer {
   // The resident copy of `key`, or null; `use` counts as a use (LRU).
   FileCache::CopyPtr Resident(const FileKey& key, bool use = true) const;
 
-  // Under verify=sha256, a read of `f` may wait for a whole file to be
+  // When its bytes are proven (Proves), a read of `f` may wait for a whole file to be
   // read and hashed: nothing of it is served before its SHA-256 passed (no
   // copy of it resident, no proven chunk table yet). Such reads are served
   // off the FUSE threads (FsContext::proving_reads), so that one user's
@@ -180,12 +180,15 @@ class FileServer {
   // (SourceReader::ReadChunk), and the chunk's SHA-256 when `chunk_sha256` is
   // given. A copy that fails is reported and the next one tried, so that one
   // changed or damaged copy costs no reader an EIO while another still holds
-  // the bytes. The error is the last copy's.
+  // the bytes. The error is the last copy's. Under verify=auto only trusted
+  // copies (SourceCopy::trusted) are read, unless the bytes are checked
+  // against a SHA-256: `chunk_sha256`, or `whole_file_proven` (the caller
+  // serves nothing of the file before its whole SHA-256 passed).
   Status ReadSourceChunk(const View::Node& file, uint64_t index, uint8_t* dst, size_t len,
                          SourceReader::Io io = SourceReader::Io::kBuffered,
-                         const Sha256Digest* chunk_sha256 = nullptr);
-  // The same, checked as the mount's verify= asks: under verify=sha256 each
-  // chunk against the file's proven chunk table (ProvenChunkTables), proven
+                         const Sha256Digest* chunk_sha256 = nullptr, bool whole_file_proven = false);
+  // The same, checked as the mount's verify= asks: when the file's bytes are
+  // proven (Proves), each chunk against the file's proven chunk table (ProvenChunkTables), proven
   // first by a pass over the whole file when there is none yet, except for
   // `readahead` (which then fails with kNotFound rather than start one).
   Status ReadVerifiedChunk(const View::NodePtr& file, uint64_t index, uint8_t* dst, size_t len,
@@ -202,6 +205,12 @@ class FileServer {
   // of the first refusal, so that a reader that came second (another chunk
   // of the same fill, a later preload) learns why, not only that.
   Status NoCopyLeft(const View::Node& file) const;
+  // Whether what is served of `file` is checked against its SHA-256 (a
+  // copy's whole, a chunk's against a proven table) and not only against
+  // XXH3-128s: always under verify=sha256; under verify=auto when the copy
+  // it would be read from first is not trusted (SourceCopy::trusted), or
+  // none is left.
+  bool Proves(const View::Node& file) const;
   // The copy ReadSourceChunk reads first now, or null when all are refused.
   const SourceCopy* FirstUsableCopy(const View::Node& file) const;
 
@@ -222,6 +231,7 @@ class FileServer {
     uint64_t failed = 0;          // fills a source failure abandoned
     uint64_t skipped = 0;         // background fills that found no room
     uint64_t streamed_reads = 0;  // reads served from a copy while it was made
+    uint64_t proven = 0;          // copies sealed once their whole SHA-256 passed (Proves)
     uint64_t header_scan_opens = 0;  // fill=wait opens that began the copy without waiting (HeaderScans)
     SourceReader::Io io = SourceReader::Io::kBuffered;
   };

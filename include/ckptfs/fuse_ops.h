@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "ckptfs/fair_pool.h"
 #include "ckptfs/file_server.h"
 #include "ckptfs/mutex.h"
 #include "ckptfs/open_modes.h"
@@ -73,9 +74,10 @@ struct FsContext {
   // Where reads that may wait for a whole file's SHA-256 run and reply
   // (FileServer::MayWaitForAProof), so that they hold no FUSE thread: four
   // such reads of one user held all four threads of a mount for the 10 s
-  // of a 2 GiB file's proof, and every other user's requests waited. Null
-  // without verify=sha256.
-  ThreadPool* proving_reads = nullptr;
+  // of a 2 GiB file's proof, and every other user's requests waited. A
+  // share of its threads per uid, so that one user's proofs leave threads
+  // for others' too. Null under verify=xxh3.
+  FairPool* proving_reads = nullptr;
   // Access decisions that needed a caller's supplementary groups and could
   // not read them (the caller is outside the daemon's PID namespace: pid 0
   // there, as for a daemon in a container or a pod without hostPID): those

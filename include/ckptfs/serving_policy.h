@@ -23,7 +23,13 @@ enum class Verify {
   kXxh3,    // each chunk's XXH3-128 from the index: catches corruption, not forgery
   kSha256,  // and the file's SHA-256: a whole copy before it is sealed, and
             // on the chunk path each chunk's SHA-256 from a ProvenChunkTables table
+  kAuto,    // kSha256 for bytes read from a copy that someone other than root
+            // and the mount's owner could have written (SourceCopy::trusted),
+            // kXxh3 for the others: a user who could craft chunks that pass
+            // XXH3-128 cannot serve them under a digest, and trusted trees pay
+            // nothing more
 };
-inline constexpr OptionWord<Verify> kVerifyWords[] = {{Verify::kXxh3, "xxh3"}, {Verify::kSha256, "sha256"}};
+inline constexpr OptionWord<Verify> kVerifyWords[] = {
+    {Verify::kXxh3, "xxh3"}, {Verify::kSha256, "sha256"}, {Verify::kAuto, "auto"}};
 
 }  // namespace ckptfs

@@ -57,6 +57,15 @@ struct SourceCopy {
   std::string path;  // resolved path of the bytes
   FileStamp stamp;
   std::shared_ptr<const std::vector<ChunkHash>> chunks;
+  // Only root and the mount's owner can change what this copy holds: they
+  // own the file and every directory above it, and the file has no group or
+  // other write bit (nor an ACL entry that writes: its mask is the group
+  // bits). Whoever else can write the file can change its bytes behind an
+  // intact stamp (a second write into a dirty shared mapping changes no
+  // time) and could craft chunks that pass their XXH3-128, so under
+  // verify=auto such a copy's bytes are served only once checked against
+  // the file's SHA-256.
+  bool trusted = false;
 };
 
 // A checkpoint ready to be shown: indexed, valid, settled.
@@ -143,7 +152,9 @@ class View {
   };
   using NodePtr = std::shared_ptr<const Node>;
 
-  View(std::string source_root, Ownership root_owner);
+  // `trusted_writers`: users besides root and the daemon's own uid whose
+  // copies are trusted (SourceCopy::trusted; mount option trusted_writers=).
+  View(std::string source_root, Ownership root_owner, std::vector<uid_t> trusted_writers = {});
 
   // What a publish changed, for the kernel's caches: directory entries that
   // appeared, vanished or now lead elsewhere, as (parent, name), and nodes
@@ -248,6 +259,7 @@ class View {
 
   const std::string source_root_;
   const Ownership root_owner_;
+  const std::vector<uid_t> trusted_writers_;  // trusted_writers= (SourceCopy::trusted)
   const struct timespec mount_time_;
   // Serialises publishes (and the root xattrs they copy); readers never take it.
   Mutex publish_mu_;

@@ -60,7 +60,7 @@ class FillJob {
   std::unique_ptr<FileCache::Reservation> reservation;  // given to Publish, or kept until the job goes
   const std::shared_ptr<SealedCopy> copy;
   const uint64_t chunks;
-  const bool prove;  // verify=sha256: the whole copy's SHA-256 is checked before it is sealed
+  const bool prove;  // FileServer::Proves: the whole copy's SHA-256 is checked before it is sealed
 
   // Under jobs_mu_.
   CondVar changed;
@@ -74,7 +74,7 @@ class FillJob {
   FileCache::CopyPtr published;
   std::atomic<uint64_t> done_bytes{0};
 
-  // verify=sha256: each chunk's SHA-256 (written by its reader), the source
+  // When proving: each chunk's SHA-256 (written by its reader), the source
   // header a stamped copy does not hold (written by the readers of the
   // chunks it spans), and the whole file's SHA-256 over the chunks done so
   // far in order, taken by whoever holds hash_mu (see AdvanceHash).
@@ -164,7 +164,7 @@ std::shared_ptr<FillJob> FileFiller::Begin(const View::NodePtr& file, const Serv
     }
   }
   auto job = std::make_shared<FillJob>(file, form, std::move(copy), std::move(claim->fill),
-                                       server_.options().verify == Verify::kSha256);
+                                       server_.Proves(*file));
   if (job->chunks == 0) {
     Finish(job, Status::Ok());
     return job;
@@ -260,7 +260,7 @@ void FileFiller::ReadChunks() {
 // Source chunk `chunk` of the job's file, verified, at its place in the
 // copy: byte o of the source lands at CopyOffset(o); the bytes of a source
 // header being replaced are not copied (only kept aside to be hashed, under
-// verify=sha256). Where the copy is written through a mapping, a chunk that
+// when proving). Where the copy is written through a mapping, a chunk that
 // lands in one piece is read straight into it; otherwise it goes through
 // `buf` (kChunkSize bytes, aligned for O_DIRECT).
 Status FileFiller::CopyChunk(FillJob& job, uint64_t chunk, uint8_t* buf) {
@@ -273,7 +273,7 @@ Status FileFiller::CopyChunk(FillJob& job, uint64_t chunk, uint8_t* buf) {
     const bool aligned_enough = io_ == SourceReader::Io::kBuffered || at % SourceReader::kDirectAlignment == 0;
     if (uint8_t* in_place = job.copy->WritableAt(at, len); in_place != nullptr && aligned_enough) dst = in_place;
   }
-  if (Status s = server_.ReadSourceChunk(*job.file, chunk, dst, len, io_); !s.ok()) return s;
+  if (Status s = server_.ReadSourceChunk(*job.file, chunk, dst, len, io_, nullptr, job.prove); !s.ok()) return s;
   if (job.prove) job.chunk_sha[chunk] = Sha256Of(std::string_view(reinterpret_cast<const char*>(dst), len));
   if (dst != buf) return Status::Ok();
   const size_t skip = static_cast<size_t>(std::min<uint64_t>(len, header - std::min(begin, header)));
@@ -315,7 +315,7 @@ void FileFiller::ChunkDone(const std::shared_ptr<FillJob>& job, uint64_t chunk, 
     if (complete) Finish(job, Status::Ok());
     return;
   }
-  // verify=sha256: hash the chunks done in order as far as they go. One
+  // Proving: hash the chunks done in order as far as they go. One
   // thread at a time; one that finds the lock taken leaves its chunk to the
   // holder, which looks again before it lets go.
   auto next_done = [&] {
@@ -339,7 +339,7 @@ void FileFiller::ChunkDone(const std::shared_ptr<FillJob>& job, uint64_t chunk, 
 }
 
 // Ends a fill once: a copy that passed is sealed and published (under
-// verify=sha256 only if its SHA-256 is the index's, and then its chunk table
+// when proving only if its SHA-256 is the index's, and then its chunk table
 // is kept for the chunk path); any other is dropped with its reservation.
 void FileFiller::Finish(const std::shared_ptr<FillJob>& job, Status s, bool cancelled) {
   {
@@ -358,6 +358,7 @@ void FileFiller::Finish(const std::shared_ptr<FillJob>& job, Status s, bool canc
   if (s.ok()) s = job->copy->Seal();
   FileCache::CopyPtr published;
   if (s.ok()) published = server_.parts().files->Publish(std::move(job->reservation), job->copy);
+  if (s.ok() && job->prove) ++proven_;
   {
     MutexLock lock(jobs_mu_);
     job->end = s.ok() ? FillJob::End::kPublished : FillJob::End::kFailed;
@@ -453,7 +454,10 @@ Result<ProvenChunkTables::Table> FileFiller::ProveByReading(const View::NodePtr&
   for (uint64_t c = 0; c < table->size(); ++c) {
     if (cancel_) return Status::Error(file->source_path + ": proving cancelled (stopping)");
     const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunkSize, file->size - c * kChunkSize));
-    if (Status s = server_.ReadSourceChunk(*file, c, buf.get(), len, io_); !s.ok()) return s;
+    if (Status s = server_.ReadSourceChunk(*file, c, buf.get(), len, io_, nullptr, /*whole_file_proven=*/true);
+        !s.ok()) {
+      return s;
+    }
     (*table)[c] = Sha256Of(std::string_view(reinterpret_cast<const char*>(buf.get()), len));
     whole.Update(buf.get(), len);
   }

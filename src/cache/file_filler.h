@@ -2,7 +2,8 @@
 // read from the source chunk by chunk through FileServer::ReadSourceChunk, so every
 // 4 MiB chunk is checked exactly as on the chunk path (the copy's stamp
 // before and after the read, the chunk's XXH3-128; a copy that fails is
-// left for the next copy of the file), and under verify=sha256 the whole
+// left for the next copy of the file), and for a file whose bytes are proven
+// (FileServer::Proves: verify=sha256, or auto and a copy not trusted) the whole
 // copy's SHA-256 is checked against the index's before it is sealed. With
 // stamp_headers a safetensors file is copied in its stamped form (the
 // stamped header, then the source's bytes after the original header), so a
@@ -17,7 +18,7 @@
 // other) and, first of all, the chunks a reader is waiting for. A reader of
 // a file whose copy is in progress (Stream) is served from the copy, chunk
 // by chunk as each is verified, instead of reading the source a second
-// time; under verify=sha256 only once the whole copy has passed.
+// time; when proving only once the whole copy has passed.
 //
 // Background fills (fill=open, the shards beside an opened one) run one file
 // at a time on a thread of their own; Start begins a fill at once without
@@ -73,7 +74,7 @@ class FileFiller {
   std::optional<Streamed> Stream(const FileKey& key, uint64_t offset, size_t len);
 
   // The per-chunk SHA-256 table of `file`'s source chunks, proven by the
-  // whole file's SHA-256 (verify=sha256, the chunk path): one kept from an
+  // whole file's SHA-256 (FileServer::Proves, the chunk path): one kept from an
   // earlier fill or pass, else made now by reading and checking the whole
   // file once (one pass per file at a time; others wait for it).
   Result<ProvenChunkTables::Table> Prove(const View::NodePtr& file);
@@ -93,6 +94,7 @@ class FileFiller {
   uint64_t fills_skipped() const { return skipped_.load(); }
   uint64_t fills_failed() const { return failed_.load(); }
   uint64_t streamed_reads() const { return streamed_.load(); }
+  uint64_t fills_proven() const { return proven_.load(); }
   unsigned depth() const { return static_cast<unsigned>(readers_.size()); }
   SourceReader::Io io() const { return io_; }
 
@@ -125,7 +127,7 @@ class FileFiller {
   bool readers_stopping_ GUARDED_BY(jobs_mu_) = false;
   std::vector<std::thread> readers_;
 
-  // Proving passes in flight (verify=sha256), by file.
+  // Proving passes in flight, by file.
   Mutex prove_mu_;
   CondVar proved_;
   std::set<Sha256Digest> proving_ GUARDED_BY(prove_mu_);
@@ -139,7 +141,7 @@ class FileFiller {
   std::deque<View::NodePtr> sibling_requests_ GUARDED_BY(mu_);
   bool stopping_ GUARDED_BY(mu_) = false;
   std::atomic<bool> cancel_{false};
-  std::atomic<uint64_t> skipped_{0}, failed_{0}, streamed_{0};
+  std::atomic<uint64_t> skipped_{0}, failed_{0}, streamed_{0}, proven_{0};
   std::thread worker_;
 };
 

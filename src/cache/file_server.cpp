@@ -62,6 +62,7 @@ FileServer::FillStats FileServer::GetFillStats() const {
   s.failed = filler_->fills_failed();
   s.skipped = filler_->fills_skipped();
   s.streamed_reads = filler_->streamed_reads();
+  s.proven = filler_->fills_proven();
   s.header_scan_opens = header_scans_->scan_opens();
   s.io = filler_->io();
   return s;
@@ -92,13 +93,13 @@ Result<uint64_t> FileServer::ServedSize(const View::NodePtr& file) {
 
 // Whether an open's reads may be served from the copy while it is made,
 // rather than wait for all of it: only while chunks are served as they are
-// verified (not under verify=sha256, where a copy is served only once its
-// whole SHA-256 passed), and then for an open with O_DIRECT, which a page
+// verified (not when the file's bytes are proven, where a copy is served
+// only once its whole SHA-256 passed), and then for an open with O_DIRECT, which a page
 // cache could not serve anyway (a buffered or mmap reader runs faster on
 // the passthrough it gets by waiting; README, measured performance), or
 // one of a loader reading every shard's header first (HeaderScans).
 bool FileServer::StreamsWhileFilling(const View::Node& file, int open_flags, pid_t opener) {
-  if (options_.verify != Verify::kXxh3) return false;
+  if (Proves(file)) return false;
   if ((open_flags & O_DIRECT) != 0) return true;
   return file.safetensors && header_scans_->OpenIsScan(opener, file.digest, file.ino, std::chrono::steady_clock::now());
 }
@@ -129,11 +130,11 @@ Result<std::shared_ptr<ServedFile>> FileServer::Open(const View::NodePtr& file, 
     } else if (!TakeWaitingPlace()) {
       // Half the FUSE threads wait for copies already: this open does not,
       // so that requests of every other user still find a thread. Its reads
-      // are served from the copy as it is made (under verify=sha256, where
-      // a copy serves nothing before its whole SHA-256 passed, from the
-      // chunk path).
+      // are served from the copy as it is made (or, for a file whose bytes
+      // are proven, where a copy serves nothing before its whole SHA-256
+      // passed, from the chunk path).
       ++opens_not_waiting_;
-      if (options_.verify == Verify::kXxh3) filler_->Start(file);
+      if (!Proves(*file)) filler_->Start(file);
     } else {
       auto filled = filler_->Fill(file, /*pin=*/false);
       waiting_opens_.fetch_sub(1);
@@ -200,7 +201,7 @@ ServedBytes FileServer::FromCopy(const FileCache::CopyPtr& copy, uint64_t offset
 }
 
 bool FileServer::MayWaitForAProof(const ServedFile& f) const {
-  if (options_.verify != Verify::kSha256 || f.copy || f.node->content) return false;
+  if (f.copy || f.node->content || !Proves(*f.node)) return false;
   if (parts_.proven != nullptr && parts_.proven->Find(f.node->sha256) != nullptr) return false;
   return Resident(f.key, /*use=*/false) == nullptr;
 }

@@ -91,14 +91,31 @@ Status FileServer::NoCopyLeft(const View::Node& file) const {
                          why);
 }
 
+bool FileServer::Proves(const View::Node& file) const {
+  if (options_.verify != Verify::kAuto) return options_.verify == Verify::kSha256;
+  if (file.content) return false;  // the daemon's own bytes (a hub ref)
+  std::optional<SourceCopy> own;
+  for (const SourceCopy& c : CopiesOf(file, own)) {
+    if (!Refused(refused_, file, c)) return !c.trusted;
+  }
+  return true;
+}
+
 Status FileServer::ReadSourceChunk(const View::Node& file, uint64_t index, uint8_t* dst, size_t len,
-                       SourceReader::Io io, const Sha256Digest* chunk_sha256) {
+                       SourceReader::Io io, const Sha256Digest* chunk_sha256, bool whole_file_proven) {
+  // Under verify=auto, bytes nobody checks against a SHA-256 come only from
+  // copies that root or the mount's owner alone can write.
+  const bool trusted_only = options_.verify == Verify::kAuto && chunk_sha256 == nullptr && !whole_file_proven;
   std::vector<std::pair<const SourceCopy*, Status>> failed;
   std::optional<Status> result;
-  bool served = false;
+  bool served = false, passed_over = false;
   std::optional<SourceCopy> own;
   for (const SourceCopy& c : CopiesOf(file, own)) {
     if (Refused(refused_, file, c)) continue;
+    if (trusted_only && !c.trusted) {
+      passed_over = true;
+      continue;
+    }
     Status s = ReadChunkOf(c, index, dst, len, io);
     if (s.ok() && chunk_sha256 != nullptr && Sha256Of(std::string_view(reinterpret_cast<const char*>(dst), len)) != *chunk_sha256) {
       s = Status::Corrupt(c.path + ": chunk " + std::to_string(index) +
@@ -113,12 +130,22 @@ Status FileServer::ReadSourceChunk(const View::Node& file, uint64_t index, uint8
     result = s;
   }
   for (const auto& [copy, why] : failed) ReportSourceFailure(file, *copy, why, served);
+  if (!served && passed_over) {
+    return Status::Changed(file.source_path + ": the copies left of " + file.digest +
+                           " may be written by users other than root and the mount's owner, and this read "
+                           "was not to be checked against the file's SHA-256");
+  }
   return result ? *result : NoCopyLeft(file);
 }
 
 Status FileServer::ReadVerifiedChunk(const View::NodePtr& file, uint64_t index, uint8_t* dst, size_t len,
                          bool readahead) {
-  if (options_.verify != Verify::kSha256) return ReadSourceChunk(*file, index, dst, len);
+  if (!Proves(*file)) {
+    Status s = ReadSourceChunk(*file, index, dst, len);
+    // Its trusted copies failed while others are left: those serve the
+    // read once proven, as any copy serves one that another failed.
+    if (s.ok() || !Proves(*file) || AllCopiesRefused(*file)) return s;
+  }
   ProvenChunkTables::Table proven = parts_.proven != nullptr ? parts_.proven->Find(file->sha256) : nullptr;
   if (!proven && readahead) return Status::NotFound(file->source_path + ": not proven yet (no read-ahead)");
   if (!proven && filler_ != nullptr) {

@@ -21,11 +21,11 @@
 
 #include <spdlog/spdlog.h>
 
+#include "ckptfs/fair_pool.h"
 #include "ckptfs/hashes.h"
 #include "ckptfs/json_path.h"
 #include "ckptfs/mutex.h"
 #include "ckptfs/thread_pool.h"
-#include "fair_pool.h"
 
 namespace ckptfs {
 

@@ -241,6 +241,10 @@ nlohmann::json FillsJson(FileServer& server, const FileCache::Stats& f, const Ho
           {kFillsSkipped, fills.skipped},
           // reads served from a copy while it was being made (its verified chunks)
           {"streamed_reads", fills.streamed_reads},
+          // copies sealed only once their whole SHA-256 passed (verify=sha256;
+          // under auto, copies read from a source not only root's and the
+          // mount owner's)
+          {"proven", fills.proven},
           // fill=wait opens that began their copy without waiting for it,
           // because their opener was reading the shards' headers first
           {"header_scan_opens", fills.header_scan_opens},

@@ -105,7 +105,7 @@ Status Daemon::CheckPaths(struct stat* source_st) {
 // before mounting: a start that cannot work fails here with its cause and a
 // non-zero exit (the parent of a daemonized ckptfs exits only after this).
 Status Daemon::OpenIndexAndView(const struct stat& source_st, const char* argv0) {
-  view_ = std::make_unique<View>(options_.source, Ownership::FromStat(source_st));
+  view_ = std::make_unique<View>(options_.source, Ownership::FromStat(source_st), options_.trusted_writers);
   ctx_.view = view_.get();
   ctx_.readahead = options_.readahead;
   ctx_.entry_reply_delay = EntryReplyDelayForTest();
@@ -216,7 +216,7 @@ void Daemon::StartCaches() {
   // cached attributes; there every read opens its file (close-to-open).
   reader_ = std::make_unique<SourceReader>(o.source, source_fs_.inotify_complete ? SourceReader::kKeptOpen : 0);
   readahead_pool_ = std::make_unique<ThreadPool>(EffectiveThreads(o.threads));
-  if (o.verify == Verify::kSha256) {
+  if (o.verify != Verify::kXxh3) {
     // 32 bytes a 4 MiB chunk: 2^20 chunks (4 TiB of files) in 32 MiB.
     constexpr uint64_t kProvenChunks = uint64_t{1} << 20;
     proven_ = std::make_unique<ProvenChunkTables>(kProvenChunks);
@@ -235,9 +235,12 @@ void Daemon::StartCaches() {
       serving, FileServer::Reports{[this] { watcher_->RequestRescanSoon(); }, CorruptChunkReport()});
   ctx_.server = server_.get();
   ctx_.background = readahead_pool_.get();
-  if (o.verify == Verify::kSha256) {
-    // As many as may wait for copies at open: half the FUSE threads' worth.
-    proving_reads_ = std::make_unique<ThreadPool>(serving.max_waiting_opens);
+  if (o.verify != Verify::kXxh3) {
+    // As many as may wait for copies at open, half the FUSE threads' worth,
+    // and at least two: each uid may hold half of them, so that another
+    // user's proof always finds one.
+    const unsigned proving = std::max(2u, serving.max_waiting_opens);
+    proving_reads_ = std::make_unique<FairPool>(proving, proving / 2);
     ctx_.proving_reads = proving_reads_.get();
   }
   // Copies made as files are hashed: into free room only, and none with

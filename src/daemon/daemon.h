@@ -23,6 +23,7 @@
 #include "ckptfs/command_table.h"
 #include "ckptfs/control.h"
 #include "ckptfs/device_memory.h"
+#include "ckptfs/fair_pool.h"
 #include "ckptfs/file_cache.h"
 #include "ckptfs/file_server.h"
 #include "ckptfs/fuse_ops.h"
@@ -117,8 +118,8 @@ class Daemon {
   std::unique_ptr<ChunkCache> cache_;
   std::unique_ptr<SourceReader> reader_;
   std::unique_ptr<ThreadPool> readahead_pool_;
-  std::unique_ptr<ThreadPool> proving_reads_;  // FsContext::proving_reads (verify=sha256)
-  std::unique_ptr<ProvenChunkTables> proven_;  // verify=sha256
+  std::unique_ptr<FairPool> proving_reads_;     // FsContext::proving_reads (verify=sha256 or auto)
+  std::unique_ptr<ProvenChunkTables> proven_;  // verify=sha256 or auto
   std::unique_ptr<FileServer> server_;         // the files' bytes, from the parts above
   std::unique_ptr<PinList> pins_;  // pinned paths, re-pinned by a daemon that takes the mount over
   std::atomic<bool> stop_repin_{false};

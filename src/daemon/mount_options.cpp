@@ -3,13 +3,17 @@
 #include "ckptfs/hashes.h"
 #include "ckptfs/thread_pool.h"
 
+#include <pwd.h>
+
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <vector>
 
 namespace ckptfs {
 
@@ -127,6 +131,37 @@ Status ApplyGpu(const std::string& value, MountOptions& o) {
 }
 
 // log_file=PATH|stderr|syslog
+// trusted_writers=USER[:USER...], each a name or a uid. A name is looked up
+// once, here: the uid is what a copy's owner is compared with.
+Status ApplyTrustedWriters(const std::string& value, MountOptions& o) {
+  constexpr size_t kMaxTrustedWriters = 64;
+  o.trusted_writers.clear();
+  size_t begin = 0;
+  while (begin <= value.size()) {
+    const size_t end = std::min(value.find(':', begin), value.size());
+    const std::string user = value.substr(begin, end - begin);
+    begin = end + 1;
+    if (user.empty()) return Status::Error("trusted_writers=" + value + ": an empty user name");
+    if (o.trusted_writers.size() == kMaxTrustedWriters) {
+      return Status::Error("trusted_writers=: at most " + std::to_string(kMaxTrustedWriters) + " users");
+    }
+    char* rest = nullptr;
+    errno = 0;
+    const unsigned long uid = std::strtoul(user.c_str(), &rest, 10);
+    if (std::isdigit(static_cast<unsigned char>(user[0])) && *rest == '\0' && errno == 0 && uid < UINT32_MAX) {
+      o.trusted_writers.push_back(static_cast<uid_t>(uid));
+      continue;
+    }
+    passwd pw{}, *found = nullptr;
+    std::vector<char> buf(16384);
+    if (::getpwnam_r(user.c_str(), &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr) {
+      return Status::Error("trusted_writers=: no user named '" + user + "' (give a name this node knows, or a uid)");
+    }
+    o.trusted_writers.push_back(found->pw_uid);
+  }
+  return Status::Ok();
+}
+
 Status ApplyLogFile(const std::string& value, MountOptions& o) {
   if (auto to = ValueOfWord(kLogToWords, value)) {
     o.log_to = *to;
@@ -206,6 +241,9 @@ std::optional<Status> ApplyKeyedOption(const std::string& key, const std::string
   } else if (key == "verify") {
     o.verify_given = true;
     return SetFromWord(key, value, kVerifyWords, o.verify);
+  } else if (key == "trusted_writers") {
+    if (Status s = need_value(); !s.ok()) return s;
+    return ApplyTrustedWriters(value, o);
   } else if (key == "shmem_huge") {
     return SetFromWord(key, value, kShmemHugeWords, o.shmem_huge_advise);
   } else if (key == "supervise") {
@@ -319,7 +357,7 @@ Result<MountOptions> ParseMountOptions(int argc, const char* const* argv) {
   if (o.fsname.empty()) o.fsname = o.source;
   // Storage shared with other nodes (and their writers) is checked against
   // forgery, not only corruption, unless the operator says otherwise.
-  if (!o.verify_given) o.verify = o.manifests.empty() ? Verify::kXxh3 : Verify::kSha256;
+  if (!o.verify_given) o.verify = o.manifests.empty() ? Verify::kAuto : Verify::kSha256;
   if (o.manifests.empty() && (!o.manifest_keys.empty() || !o.manifest_sign.empty())) {
     return Status::Error("options manifest_keys= and manifest_sign= need manifests=DIR");
   }
@@ -424,15 +462,26 @@ ckptfs options (-o):
                        open, as fill= says); off: indexing only hashes
   fill_depth=N         4 MiB source reads in flight for all fills together
                        (default 16)
-  verify=xxh3|sha256   what every byte served is checked against: xxh3:
-                       each 4 MiB chunk's XXH3-128 from the index (catches
-                       corruption, not bytes crafted to pass it); sha256:
-                       also the file's SHA-256, for a whole copy before it
-                       is sealed and, on the chunk path, for each chunk
-                       (against SHA-256s taken in a pass over the whole
-                       file that matched it; one more read of a file the
-                       host tier does not hold). Default: sha256 with
-                       manifests= (shared storage), else xxh3
+  verify=auto|xxh3|sha256  what every byte served is checked against:
+                       xxh3: each 4 MiB chunk's XXH3-128 from the index
+                       (catches corruption, not bytes crafted to pass it);
+                       sha256: also the file's SHA-256, for a whole copy
+                       before it is sealed and, on the chunk path, for each
+                       chunk (against SHA-256s taken in a pass over the
+                       whole file that matched it; one more read of a file
+                       the host tier does not hold); auto: sha256 for bytes
+                       read from a copy that users other than root and the
+                       mount's owner may write (they own it or a directory
+                       above it, or it has a group or other write bit),
+                       xxh3 for the others. Copies made at indexing are
+                       checked against the SHA-256 either way (they are
+                       made from the bytes hashed). Default: sha256 with
+                       manifests= (shared storage), else auto
+  trusted_writers=USER[:USER...]  users (names or uids) whose copies
+                       verify=auto reads on their XXH3-128s alone, as it
+                       does root's and the mount owner's: the accounts
+                       that write SRC (a trainer, a hub downloader) and
+                       that you trust not to forge bytes (default: none)
   fill_io=auto|buffered|direct  how fills read the source: auto
                        (default): a 4 MiB chunk mostly in the source's page
                        cache from there, one mostly not with O_DIRECT, so

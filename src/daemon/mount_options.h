@@ -4,6 +4,8 @@
 // passed on to libfuse; anything else is an error, reported before mounting.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -76,10 +78,13 @@ struct MountOptions {
   // SourceReader::Io): through its page cache, with O_DIRECT, or what is
   // cached from the cache and the rest with O_DIRECT.
   SourceReader::Io fill_io = SourceReader::Io::kAuto;
-  // verify=xxh3|sha256 (see Verify); without verify= set by parsing:
-  // sha256 when manifests= is given, else xxh3.
-  Verify verify = Verify::kXxh3;
+  // verify=auto|xxh3|sha256 (see Verify); without verify= set by parsing:
+  // sha256 when manifests= is given, else auto.
+  Verify verify = Verify::kAuto;
   bool verify_given = false;
+  // trusted_writers=USER[:USER...]: uids whose copies verify=auto trusts as
+  // root's and the mount owner's (SourceCopy::trusted).
+  std::vector<uid_t> trusted_writers;
   // fill_on_index=free|off: whether files hashed at indexing are copied into
   // the host tier's free room from the bytes hashed (see HostTierFill).
   HostTierFill::Policy fill_on_index = HostTierFill::Policy::kFree;

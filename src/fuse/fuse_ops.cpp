@@ -493,7 +493,7 @@ void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info
   if (ctx.proving_reads != nullptr && ctx.server->MayWaitForAProof(*f->served)) {
     // Answered from the pool's thread; the handle stays with the task. (The
     // pool would swallow an exception, and the reader would wait for ever.)
-    ctx.proving_reads->Submit([&ctx, req, f, off, size] {
+    ctx.proving_reads->Submit(fuse_req_ctx(req)->uid, [&ctx, req, f, off, size] {
       try {
         ReplyRead(ctx, req, *f, off, size);
       } catch (const std::exception& e) {

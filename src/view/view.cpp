@@ -4,8 +4,11 @@
 
 namespace ckptfs {
 
-View::View(std::string source_root, Ownership root_owner)
-    : source_root_(std::move(source_root)), root_owner_(root_owner), mount_time_(RealtimeNow()) {
+View::View(std::string source_root, Ownership root_owner, std::vector<uid_t> trusted_writers)
+    : source_root_(std::move(source_root)),
+      root_owner_(root_owner),
+      trusted_writers_(std::move(trusted_writers)),
+      mount_time_(RealtimeNow()) {
   Publish({}, {}, {});
 }
 
@@ -13,7 +16,8 @@ View::SnapshotPtr View::Build(const std::vector<ExposedCheckpoint>& checkpoints,
                               const std::map<std::string, AccessPath>& source_dirs,
                               const std::vector<HubRef>& hub_refs) {
   SnapshotPtr previous = Current();  // publish_mu_ held: nothing replaces it meanwhile
-  const ViewBuilder::Inputs in{source_root_, root_owner_, mount_time_, root_xattrs_, previous.get()};
+  ViewBuilder::Inputs in{source_root_, root_owner_, mount_time_, root_xattrs_, previous.get()};
+  in.trusted_writers = trusted_writers_;
   ViewBuilder builder(in, checkpoints, source_dirs, hub_refs);
   SnapshotPtr next = builder.Build();
   last_reused_ = builder.reused();

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include <sys/stat.h>
+
 #include "ckptfs/fingerprint.h"
 #include "ckptfs/safetensors_name.h"
 
@@ -258,24 +260,33 @@ std::shared_ptr<View::Node> ViewBuilder::DigestSubdir(const std::string& name, c
 // Every copy of file `index` among the digest's copies, most trusted first:
 // by the least trusted owner among the file and the directories from SRC
 // down to it (whoever owns any of them can replace what the path leads
-// to), root before the mount's owner before anyone else; path order within
-// each, as the copies come.
+// to), root before the mount's owner (and the trusted_writers= users)
+// before anyone else, and a file that its group or others may write (a
+// mode bit, or an ACL's mask) as anyone else's; path order within each, as
+// the copies come. Copies of root and those users alone are `trusted` (see
+// SourceCopy).
 std::vector<SourceCopy> ViewBuilder::CopiesByTrust(size_t index,
                                                    const std::vector<const ExposedCheckpoint*>& copies) const {
-  const auto rank = [&](uid_t uid) { return uid == 0 ? 0 : uid == in_.mount_owner ? 1 : 2; };
+  constexpr int kAnyone = 2;
+  const auto rank = [&](uid_t uid) {
+    if (uid == 0) return 0;
+    const bool trusted = uid == in_.mount_owner || std::ranges::find(in_.trusted_writers, uid) != in_.trusted_writers.end();
+    return trusted ? 1 : kAnyone;
+  };
   const std::string& rel = copies.front()->files[index].rel_path;
   std::vector<std::pair<int, SourceCopy>> ranked;
   for (const auto* c : copies) {
     if (index >= c->files.size() || c->files[index].rel_path != rel) continue;
     const auto& f = c->files[index];
     int worst = std::max(rank(f.owner.uid), rank(f.access.self.uid));
+    if (((f.owner.mode | f.access.self.mode) & (S_IWGRP | S_IWOTH)) != 0) worst = kAnyone;
     if (f.access.dirs) {
       f.access.dirs->AllOf([&](const Ownership& d) {
         worst = std::max(worst, rank(d.uid));
         return true;
       });
     }
-    ranked.push_back({worst, SourceCopy{f.source_path, f.stamp, f.chunks}});
+    ranked.push_back({worst, SourceCopy{f.source_path, f.stamp, f.chunks, /*trusted=*/worst < kAnyone}});
   }
   std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<SourceCopy> out;

@@ -46,8 +46,10 @@ class ViewBuilder {
     // same inputs are taken from it as they are (their nodes are immutable).
     const View::Snapshot* previous = nullptr;
     // The mount's owner (the uid the daemon runs as): its copies of a file
-    // are trusted after root's and before everyone else's.
+    // are trusted after root's and before everyone else's, as are those of
+    // the trusted_writers= users.
     uid_t mount_owner = ::geteuid();
+    std::vector<uid_t> trusted_writers = {};
   };
 
   ViewBuilder(const Inputs& in, const std::vector<ExposedCheckpoint>& checkpoints,

@@ -6,6 +6,7 @@
 // over a host tier smaller than the data; fills that meet a changed or
 // failing source.
 #include <fcntl.h>
+#include <grp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -18,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <iostream>
@@ -749,7 +751,7 @@ class FaultySourceTest : public PassthroughMountTest {
     pid_ = ::fork();
     if (pid_ == 0) {
       ::execl(FAULTYFS_PATH, FAULTYFS_PATH, (tmp_ / "backing").c_str(), faulty_.c_str(), trigger_.c_str(),
-              static_cast<char*>(nullptr));
+              faulty_extra_, static_cast<char*>(nullptr));
       ::_exit(127);
     }
     ASSERT_TRUE(WaitFor([&] { return IsMounted(faulty_); }));
@@ -766,9 +768,31 @@ class FaultySourceTest : public PassthroughMountTest {
   }
   std::string Through() { return mnt_ + "/by-name/m/model.safetensors"; }
 
+  // Runs `request` while the source stalls ("stall"). Should it not be
+  // done within 20 s, the stall is let go, so that the test ends: true
+  // when `request` was done before that.
+  bool DoneWhileStalled(const std::function<void()>& request) {
+    std::atomic<bool> done{false};
+    std::thread watchdog([&] {
+      for (int i = 0; i < 200 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      ::unlink(trigger_.c_str());
+    });
+    request();
+    const bool let_go = ::access(trigger_.c_str(), F_OK) != 0;
+    done = true;
+    watchdog.join();
+    return !let_go;
+  }
+  // Process `pid` waits in a FUSE read (an O_DIRECT one waits in fuse_direct_IO).
+  static bool InAFuseRead(pid_t pid) {
+    const std::string wchan = ReadFile("/proc/" + std::to_string(pid) + "/wchan");
+    return wchan == "request_wait_answer" || wchan.rfind("fuse_", 0) == 0;
+  }
+
   std::string data_;
   std::string faulty_ = tmp_ / "faulty";
   std::string trigger_ = tmp_ / "fault";
+  const char* faulty_extra_ = nullptr;  // faultyfs's fourth argument ("two": a second checkpoint, n)
   pid_t pid_ = -1;
   std::unique_ptr<MountedCkptfs> mount_;
 };
@@ -863,18 +887,11 @@ TEST_F(FaultySourceTest, OpensWaitingForACopyLeaveThreadsForEveryoneElse) {
   // Anyone's request meanwhile: a listing (no kernel cache answers it).
   // Should it wait behind the opens (as before the fix), the stuck read is
   // let go after 20 s, so that the test ends, and fails.
-  std::atomic<bool> listed{false};
-  std::thread watchdog([&] {
-    for (int i = 0; i < 200 && !listed; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    ::unlink(trigger_.c_str());
-  });
   const auto before = std::chrono::steady_clock::now();
-  CommandResult ls = RunCommand("ls " + ShellQuote(mnt_ + "/by-name/m"));
-  const bool let_go = ::access(trigger_.c_str(), F_OK) != 0;
-  listed = true;
-  watchdog.join();
-  EXPECT_FALSE(let_go) << "a listing waited behind the opens until the stuck read was let go ("
-                       << std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count() << " s)";
+  CommandResult ls;
+  EXPECT_TRUE(DoneWhileStalled([&] { ls = RunCommand("ls " + ShellQuote(mnt_ + "/by-name/m")); }))
+      << "a listing waited behind the opens until the stuck read was let go ("
+      << std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count() << " s)";
   EXPECT_EQ(ls.exit_code, 0);
   EXPECT_NE(ls.out.find("model.safetensors"), std::string::npos) << ls.out;
   ::unlink(trigger_.c_str());  // the stuck read goes on, the copy completes, the waiting opens return
@@ -909,31 +926,73 @@ TEST_F(FaultySourceTest, ReadsWaitingForAProofLeaveThreadsForEveryoneElse) {
     ASSERT_GT(pid, 0);
     readers.push_back(pid);
   }
-  auto waiting = [](pid_t pid) {  // in a FUSE read (an O_DIRECT one waits in fuse_direct_IO)
-    const std::string wchan = ReadFile("/proc/" + std::to_string(pid) + "/wchan");
-    return wchan == "request_wait_answer" || wchan.rfind("fuse_", 0) == 0;
-  };
-  EXPECT_TRUE(WaitFor([&] { return std::all_of(readers.begin(), readers.end(), waiting); }))
+  EXPECT_TRUE(WaitFor([&] { return std::all_of(readers.begin(), readers.end(), InAFuseRead); }))
       << ReadFile("/proc/" + std::to_string(readers[0]) + "/wchan");
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   // Anyone's request meanwhile: a listing (no kernel cache answers it).
   // Should it wait behind the reads (as before the fix), the stuck read is
   // let go after 20 s, so that the test ends, and fails.
-  std::atomic<bool> listed{false};
-  std::thread watchdog([&] {
-    for (int i = 0; i < 200 && !listed; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    ::unlink(trigger_.c_str());
-  });
-  CommandResult ls = RunCommand("ls " + ShellQuote(mnt_ + "/by-name/m"));
-  const bool let_go = ::access(trigger_.c_str(), F_OK) != 0;
-  listed = true;
-  watchdog.join();
-  EXPECT_FALSE(let_go) << "a listing waited behind the reads until the stuck source read was let go";
+  CommandResult ls;
+  EXPECT_TRUE(DoneWhileStalled([&] { ls = RunCommand("ls " + ShellQuote(mnt_ + "/by-name/m")); }))
+      << "a listing waited behind the reads until the stuck source read was let go";
   EXPECT_EQ(ls.exit_code, 0);
   EXPECT_NE(ls.out.find("model.safetensors"), std::string::npos) << ls.out;
   ::unlink(trigger_.c_str());  // the proof completes, the waiting reads are answered
   for (pid_t pid : readers) ::waitpid(pid, nullptr, 0);
   EXPECT_TRUE(ReadDirect(file, 8 * kMiB, kMiB) == data_.substr(8 * kMiB, kMiB));
+}
+
+// With a second checkpoint, n, that never fails.
+class TwoCheckpointFaultySourceTest : public FaultySourceTest {
+ protected:
+  TwoCheckpointFaultySourceTest() { faulty_extra_ = "two"; }
+};
+
+// Reads that wait for a proof run on a pool in which each uid holds at most
+// half the threads: one user's reads stuck behind a proof that cannot end
+// (a stalled source) leave another user's proof a thread.
+TEST_F(TwoCheckpointFaultySourceTest, OneUsersProofsLeaveAnotherUserAProvingThread) {
+  fs::permissions(tmp_.path(), fs::perms::owner_all | fs::perms::group_exec | fs::perms::others_exec);
+  mount_ = Mount("allow_other,cache_size=256M,threads=2,verify=sha256,fill=off,supervise=off");
+  ASSERT_TRUE(WaitForLink("m") && WaitForLink("n")) << mount_->Log();
+  const std::string stalled = Through(), other = mnt_ + "/by-name/n/model.safetensors";
+  ASSERT_TRUE(fs::exists(stalled) && fs::exists(other)) << mount_->Log();
+  WriteFile(trigger_, "stall");  // m's first chunk hangs; n never does
+  auto as_user = [](uid_t uid, const std::string& path, off_t at, const std::string& out) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {  // system calls only: the test's other threads may hold malloc's locks
+      const int o = out.empty() ? -1 : ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      if (::setgroups(0, nullptr) != 0 || ::setresgid(uid, uid, uid) != 0 || ::setresuid(uid, uid, uid) != 0) {
+        ::_exit(3);
+      }
+      const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
+      alignas(4096) static char buf[kMiB];
+      const ssize_t n = fd >= 0 ? ::pread(fd, buf, sizeof buf, at) : -1;
+      if (o >= 0 && n > 0 && ::write(o, buf, static_cast<size_t>(n)) != n) ::_exit(4);
+      ::_exit(n > 0 ? 0 : 1);
+    }
+    return pid;
+  };
+  std::vector<pid_t> stuck;
+  for (int i = 0; i < 4; ++i) {
+    stuck.push_back(as_user(2101, stalled, static_cast<off_t>(8 * kMiB), ""));
+    ASSERT_GT(stuck.back(), 0);
+  }
+  EXPECT_TRUE(WaitFor([&] { return std::all_of(stuck.begin(), stuck.end(), InAFuseRead); }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // Another user's read of n needs a proof too. Should it wait behind
+  // user 2101's (as before the pool was shared by uid), the stalled read
+  // is let go after 20 s, so that the test ends, and fails.
+  const std::string got = tmp_ / "read-by-2102";
+  int status = -1;
+  EXPECT_TRUE(DoneWhileStalled([&] { ::waitpid(as_user(2102, other, 0, got), &status, 0); }))
+      << "user 2102's read waited until user 2101's stalled proof was let go";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  std::string inverted = data_.substr(0, kMiB);
+  for (char& c : inverted) c = static_cast<char>(~c);
+  EXPECT_TRUE(ReadFile(got) == inverted);
+  ::unlink(trigger_.c_str());
+  for (pid_t pid : stuck) ::waitpid(pid, nullptr, 0);
 }
 
 TEST_F(FaultySourceTest, ASourceChangedUnderAFillAbandonsItAndIsIndexedAgain) {

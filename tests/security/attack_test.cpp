@@ -336,5 +336,79 @@ TEST_F(AttackTest, BytesForgedToPassTheirChunkChecksAreNeverServedUnderVerifySha
   }
 }
 
+// The same forgery under the default, verify=auto, where nobody asked for
+// sha256: bytes forged into a file that a user other than root and the
+// mount's owner may write (they own it, or its group or others may write
+// it) are served only once the whole file's SHA-256 passed, so never; such
+// a user can make them for real (a second write into a dirty shared
+// mapping keeps the stamp, and XXH3-128 is not built against forgery). A
+// file only root may write is read on its XXH3-128s alone, and the forgery
+// passes them there (what auto trusts; the check this test must see
+// fooled), and so is a file of a user the mount trusts (trusted_writers=).
+// The index is told the forged chunk table, as a collision would.
+TEST_F(AttackTest, BytesForgedIntoAFileAUserMayWriteAreNeverServedUnderVerifyAuto) {
+  struct Case {
+    const char* name;
+    uid_t uid;
+    mode_t mode;
+    const char* options;
+    bool trusted;
+  };
+  const Case cases[] = {
+      {"a user's file, chunk path", kOther.uid, 0644, "fill=off", false},
+      {"a user's file, copy at open", kOther.uid, 0644, "fill=wait", false},
+      {"a user's file, O_DIRECT reader streamed from the copy", kOther.uid, 0644, "fill=wait,direct", false},
+      {"root's file that its group may write", 0, 0664, "fill=off", false},
+      {"root's file, 0644", 0, 0644, "fill=off", true},
+      {"a user's file, the user a trusted writer", kOther.uid, 0644, "fill=off,trusted_writers=2003", true},
+  };
+  int seed = 40;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string real = RandomBytes(2 * kChunkSize + 3, ++seed);
+    std::string forged = real;
+    for (size_t i = kChunkSize; i < kChunkSize + 64; ++i) forged[i] = static_cast<char>(~forged[i]);
+    const std::string dir = src_ + "/m" + std::to_string(seed), path = dir + "/model.bin";
+    WriteFile(path, real);
+    Own(path, c.uid, c.uid, c.mode);
+    std::string options = std::string("allow_other,fill_on_index=off,") + c.options;
+    const bool direct = options.ends_with(",direct");
+    if (direct) options.resize(options.size() - 7);
+    std::string digest;
+    {
+      auto m = Mount(options);
+      ASSERT_TRUE(WaitFor([&] { return !DigestOf(dir.substr(src_.size() + 1)).empty(); })) << m->Log();
+      digest = DigestOf(dir.substr(src_.size() + 1));
+    }
+    WriteFile(path, forged);  // the same inode, owner and mode
+    struct stat st;
+    ASSERT_EQ(::stat(path.c_str(), &st), 0);
+    FileHashes vouched{static_cast<uint64_t>(st.st_size), Sha256Of(real), {}};
+    for (uint64_t at = 0; at < forged.size(); at += kChunkSize) {
+      vouched.chunks.push_back(HashChunk(forged.data() + at, std::min<uint64_t>(kChunkSize, forged.size() - at)));
+    }
+    {
+      auto index = Index::Open(state_, nullptr);
+      ASSERT_TRUE(index.ok());
+      ASSERT_TRUE((*index)->PutFile(FileStamp::FromStat(st), path, vouched).ok());
+    }
+    auto m = Mount(options);
+    ASSERT_TRUE(WaitFor([&] { return DigestOf(dir.substr(src_.size() + 1)) == digest; })) << m->Log();
+    auto stats = nlohmann::json::parse(RunCommand(Ctl() + " stats --json " + mnt_).out, nullptr, false);
+    EXPECT_EQ(stats["fills"]["verify"], "auto") << stats.dump();
+    const std::string file = ShellQuote(mnt_ + "/" + digest + "/model.bin");
+    AsResult read = RunAs(kMember, direct ? "dd if=" + file + " iflag=direct bs=4M status=none | sha256sum"
+                                          : "sha256sum < " + file);
+    if (c.trusted) {
+      EXPECT_EQ(read.out.substr(0, 64), ToHex(Sha256Of(forged))) << "the forgery did not pass XXH3: " << read.out;
+    } else {
+      EXPECT_EQ(read.out.find(ToHex(Sha256Of(forged))), std::string::npos) << read.out << m->Log();
+      EXPECT_EQ(read.out.find(ToHex(Sha256Of(real))), std::string::npos) << "the forged file held the real bytes";
+    }
+    m.reset();
+    RemoveTree(dir);
+  }
+}
+
 }  // namespace
 }  // namespace ckptfs::testing

@@ -328,6 +328,53 @@ TEST_F(FileServerTest, ASourceChangedSinceIndexingIsNeverServedAndNotReadAgain) 
   EXPECT_EQ(server->failed_reads(), 2u);
 }
 
+// A copy whose chunks pass their XXH3-128 while the whole file's SHA-256 is
+// not the index's: what a user who may write the file could serve by
+// crafting chunks that collide (a second write into a dirty shared page
+// keeps its stamp). The test tells the index another SHA-256, which is the
+// same to the server. Under verify=auto no such byte is served from a copy
+// that anyone but root and the mount's owner may write, by the chunk path,
+// a copy waited for, or a copy streamed to an O_DIRECT reader; under xxh3
+// it was. A trusted copy pays no proof.
+TEST_F(FileServerTest, VerifyAutoServesNoCraftedBytesFromACopyAUserMayWrite) {
+  const std::string crafted = RandomBytes(3 * kChunkSize + 7, 70);
+  auto file = std::make_shared<View::Node>(*Indexed("m/model.safetensors", crafted));
+  file->ino = 400;
+  file->sha256 = Sha256Of(std::string_view("the bytes the digest names"));
+  auto serve = [&](Verify verify, FillPolicy fill, int open_flags, bool trusted) {
+    file->copies = {SourceCopy{file->source_path, file->stamp, file->chunks, trusted}};
+    // Caches of their own: a copy one case made must not serve the next.
+    FileCache files(16 * kChunkSize);
+    ChunkCache cache(ChunkCache::Options{.capacity = 8 * kChunkSize});
+    ProvenChunkTables proven(1024);
+    FileServer::Options o;
+    o.fill = fill;
+    o.verify = verify;
+    FileServer server(FileServer::Parts{.cache = &cache, .files = &files, .reader = &reader_, .proven = &proven},
+                      o, {});
+    auto opened = server.Open(file, open_flags, /*inode_open=*/false, 5000);
+    if (!opened.ok()) return "open: " + opened.status().message();
+    auto read = server.Read(**opened, kChunkSize, 4096);
+    const std::string got = read.ok() ? Joined(*read) : "read: " + read.status().message();
+    if (server.GetFillStats().proven != 0) return "a proof passed: " + got;
+    return got;
+  };
+  const std::string forged = crafted.substr(kChunkSize, 4096);
+  EXPECT_EQ(serve(Verify::kXxh3, FillPolicy::kOff, O_RDONLY, false), forged) << "the hole verify=auto closes";
+  for (FillPolicy fill : {FillPolicy::kOff, FillPolicy::kWait}) {
+    for (int flags : {O_RDONLY, O_RDONLY | O_DIRECT}) {
+      const std::string got = serve(Verify::kAuto, fill, flags, /*trusted=*/false);
+      EXPECT_NE(got, forged) << "fill=" << WordOf(kFillPolicyWords, fill) << (flags & O_DIRECT ? ", O_DIRECT" : "");
+      EXPECT_NE(got.find("SHA-256 is not the index's"), std::string::npos) << got;
+    }
+  }
+  // Root's or the mount owner's copy is read on its XXH3-128s alone, as
+  // under xxh3: no whole-file pass first.
+  const uint64_t before = reader_.chunks_read();
+  EXPECT_EQ(serve(Verify::kAuto, FillPolicy::kOff, O_RDONLY, /*trusted=*/true), forged);
+  EXPECT_EQ(reader_.chunks_read() - before, 1u);
+}
+
 TEST_F(FileServerTest, StampHeadersServesTheStampedHeaderThenTheTensorBytesShifted) {
   const std::string bytes = MakeSafetensors({{"w", "U8", {4096}, RandomBytes(4096, 11)}}, R"({"format": "pt"})");
   const auto file = Indexed("m/model.safetensors", bytes);

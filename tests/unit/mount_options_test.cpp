@@ -111,7 +111,7 @@ TEST(MountOptionsTest, EveryEnumeratedValueIsParsedOnceAndShownAsItsWord) {
                            &MountOptions::fill_io);
   ExpectWordsRoundTrip<Fill>("fill_on_index", kFillOnIndexWords, {{"free", Fill::kFree}, {"off", Fill::kOff}},
                              &MountOptions::fill_on_index);
-  ExpectWordsRoundTrip<Verify>("verify", kVerifyWords, {{"xxh3", Verify::kXxh3}, {"sha256", Verify::kSha256}},
+  ExpectWordsRoundTrip<Verify>("verify", kVerifyWords, {{"xxh3", Verify::kXxh3}, {"sha256", Verify::kSha256}, {"auto", Verify::kAuto}},
                                &MountOptions::verify);
   ExpectWordsRoundTrip<SymlinkPolicy>("symlinks", kSymlinkPolicyWords,
                                       {{"contained", SymlinkPolicy::kContained}, {"follow", SymlinkPolicy::kFollow}},
@@ -152,15 +152,31 @@ TEST(MountOptionsTest, TheFileServersFillPolicyIsTheOptionsDefault) {
 }
 
 // Storage shared with other nodes (manifests=) is checked against forgery by
-// default; a mount of its own storage is checked against corruption.
+// default; a mount of its own storage against corruption, and against
+// forgery where users other than root and the mount's owner write (auto).
 TEST(MountOptionsTest, VerifyIsSha256WhereStorageIsSharedUnlessSaidOtherwise) {
-  EXPECT_EQ(ParseOk("settle=1").verify, Verify::kXxh3);
+  EXPECT_EQ(ParseOk("settle=1").verify, Verify::kAuto);
+  EXPECT_EQ(ParseOk("verify=xxh3").verify, Verify::kXxh3);
   EXPECT_EQ(ParseOk("verify=sha256").verify, Verify::kSha256);
   EXPECT_EQ(ParseOk("manifests=/srv/m,manifest_keys=/etc/k.pem").verify, Verify::kSha256);
   EXPECT_EQ(ParseOk("manifests=/srv/m,manifest_keys=/etc/k.pem,verify=xxh3").verify, Verify::kXxh3);
   auto bad = Parse({"/srv/src", "/models", "-o", "verify=md5"});
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("verify=md5"), std::string::npos) << bad.status().message();
+}
+
+// trusted_writers= takes names and uids, colon-separated (a comma ends the
+// option), and refuses a name this node does not know rather than trust
+// nobody, or the wrong uid, in silence.
+TEST(MountOptionsTest, TrustedWritersAreNamesOrUids) {
+  EXPECT_TRUE(ParseOk("settle=1").trusted_writers.empty());
+  EXPECT_EQ(ParseOk("trusted_writers=root:1001:65534").trusted_writers, (std::vector<uid_t>{0, 1001, 65534}));
+  for (const char* bad : {"trusted_writers=no-such-user-ckptfs", "trusted_writers=1001::1002", "trusted_writers=",
+                          "trusted_writers=1x"}) {
+    auto r = Parse({"/srv/src", "/models", "-o", bad});
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("trusted_writers="), std::string::npos) << r.status().message();
+  }
 }
 
 TEST(MountOptionsTest, FuseOptionsPassOnAndBookkeepingIsIgnored) {

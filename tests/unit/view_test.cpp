@@ -212,15 +212,19 @@ TEST(ViewTest, LookupsGoOnWhileAPublishBuildsItsSnapshot) {
 // A file node carries every copy of its digest's file, most trusted first:
 // copies whose file and directories root owns, then the mount's owner's,
 // then anyone else's (path order within each), so that reads never try a
-// copy its owner could truncate before one nobody but root can change.
+// copy its owner could truncate before one nobody but root can change. A
+// file its group or others may write counts as anyone's. Only root's and
+// the mount owner's copies are trusted (verify=auto reads the others only
+// against the file's SHA-256).
 TEST(ViewTest, AFileNodeCarriesEveryCopyMostTrustedFirst) {
   const uid_t mount_owner = ::geteuid() == 0 ? 4242 : ::geteuid();  // never root's rank for the test
-  auto owned = [](ExposedCheckpoint cp, uid_t file_uid, uid_t dir_uid) {
+  auto owned = [](ExposedCheckpoint cp, uid_t file_uid, uid_t dir_uid, mode_t mode = 0644) {
     auto dirs = DirChain::Extend(nullptr, {dir_uid, dir_uid, 0755});
     for (auto& f : cp.files) {
       f.owner.uid = file_uid;
+      f.owner.mode = mode;
       f.access = {dirs, f.owner};
-      f.stamp.ino = file_uid * 1000 + dir_uid;  // tells the copies apart
+      f.stamp.ino = file_uid * 1000 + dir_uid + mode;  // tells the copies apart
     }
     return cp;
   };
@@ -229,6 +233,8 @@ TEST(ViewTest, AFileNodeCarriesEveryCopyMostTrustedFirst) {
       owned(MakeCheckpoint("b-root-file-user-dir", Digest('d'), {"model.bin"}), 0, 2003),
       owned(MakeCheckpoint("c-owner", Digest('d'), {"model.bin"}), mount_owner, 0),
       owned(MakeCheckpoint("d-root", Digest('d'), {"model.bin"}), 0, 0),
+      owned(MakeCheckpoint("e-root-group-writable", Digest('d'), {"model.bin"}), 0, 0, 0664),
+      owned(MakeCheckpoint("f-root-others-write", Digest('d'), {"model.bin"}), 0, 0, 0646),
   };
   ViewBuilder::Inputs in{"/src", kOwner, {}, {}, nullptr};
   in.mount_owner = mount_owner;
@@ -241,8 +247,32 @@ TEST(ViewTest, AFileNodeCarriesEveryCopyMostTrustedFirst) {
   std::vector<std::string> order;
   for (const auto& c : file->copies) order.push_back(c.path);
   EXPECT_EQ(order, (std::vector<std::string>{"/src/d-root/model.bin", "/src/c-owner/model.bin",
-                                             "/src/a-user/model.bin", "/src/b-root-file-user-dir/model.bin"}));
+                                             "/src/a-user/model.bin", "/src/b-root-file-user-dir/model.bin",
+                                             "/src/e-root-group-writable/model.bin",
+                                             "/src/f-root-others-write/model.bin"}));
+  std::vector<bool> trusted;
+  for (const auto& c : file->copies) trusted.push_back(c.trusted);
+  EXPECT_EQ(trusted, (std::vector<bool>{true, true, false, false, false, false}));
   EXPECT_EQ(file->source_path, "/src/d-root/model.bin");
+
+  // A trusted_writers= user ranks with the mount's owner, and its copy is
+  // trusted unless others may write it.
+  in.trusted_writers = {2003};
+  snap = ViewBuilder(in, copies, {}, {}).Build();
+  for (const auto& [ino, n] : snap->nodes) {
+    if (n->kind == View::Kind::kFile && n->digest == Digest('d')) file = n;
+  }
+  order.clear();
+  trusted.clear();
+  for (const auto& c : file->copies) {
+    order.push_back(c.path);
+    trusted.push_back(c.trusted);
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{"/src/d-root/model.bin", "/src/a-user/model.bin",
+                                             "/src/b-root-file-user-dir/model.bin", "/src/c-owner/model.bin",
+                                             "/src/e-root-group-writable/model.bin",
+                                             "/src/f-root-others-write/model.bin"}));
+  EXPECT_EQ(trusted, (std::vector<bool>{true, true, true, true, false, false}));
   EXPECT_EQ(file->stamp, file->copies.front().stamp);
 }
 

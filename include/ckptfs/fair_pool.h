@@ -1,8 +1,9 @@
-// FairPool: a ThreadPool shared by the clients of the control socket, in
-// which no one uid may hold more than `per_uid` of the threads at once.
-// What a uid submits beyond that waits in its own queue, in order, and is
-// handed to the pool as one of its tasks finishes; so one uid with many
-// slow requests delays its own, never everybody's (issue 21 item 3).
+// FairPool: a ThreadPool shared by several users (the clients of the
+// control socket; the FUSE reads that wait for a proof), in which no one
+// uid may hold more than `per_uid` of the threads at once. What a uid
+// submits beyond that waits in its own queue, in order, and is handed to
+// the pool as one of its tasks finishes; so one uid with many slow
+// requests delays its own, never everybody's (issue 21 item 3).
 #pragma once
 
 #include <sys/types.h>
@@ -26,6 +27,10 @@ class FairPool {
   FairPool& operator=(const FairPool&) = delete;
 
   void Submit(uid_t uid, std::function<void()> task);
+  // Drops every task not yet started, waiting or queued, waits for those
+  // running, and joins (ThreadPool::Cancel): for a shutdown.
+  void Cancel();
+  unsigned size() const { return pool_.size(); }
 
  private:
   struct Share {

@@ -1,4 +1,4 @@
-#include "fair_pool.h"
+#include "ckptfs/fair_pool.h"
 
 #include <algorithm>
 
@@ -20,6 +20,16 @@ void FairPool::Submit(uid_t uid, std::function<void()> task) {
     ++share.running;
   }
   Start(uid, std::move(task));
+}
+
+void FairPool::Cancel() {
+  {
+    MutexLock lock(mu_);
+    for (auto& [uid, share] : shares_) share.waiting.clear();
+  }
+  // A task that ends now finds no waiting one to start; and after this,
+  // the pool drops whatever it is given.
+  pool_.Cancel();
 }
 
 void FairPool::Start(uid_t uid, std::function<void()> task) {
