@@ -253,6 +253,9 @@ class FileServer {
  private:
   Result<std::shared_ptr<ServedFile>> Served(const View::NodePtr& file);
   bool StreamsWhileFilling(const View::Node& file, int open_flags, pid_t opener);
+  // Under verify=auto, a copy of `file` not refused and not trusted is left
+  // (it may serve a read once proven).
+  bool UntrustedCopyLeft(const View::Node& file) const;
   // One of max_waiting_opens places for an open to wait for its copy; false when all are taken.
   bool TakeWaitingPlace();
   void ReadAhead(ServedFile& f, uint64_t last_chunk);

@@ -57,10 +57,10 @@ struct SourceCopy {
   std::string path;  // resolved path of the bytes
   FileStamp stamp;
   std::shared_ptr<const std::vector<ChunkHash>> chunks;
-  // Only root and the mount's owner can change what this copy holds: they
-  // own the file and every directory above it, and the file has no group or
-  // other write bit (nor an ACL entry that writes: its mask is the group
-  // bits). Whoever else can write the file can change its bytes behind an
+  // Only root, the mount's owner and the trusted_writers= users can change
+  // what this copy holds: they own the file and every directory from SRC
+  // down to it, none of which has a group or other write bit (nor an ACL
+  // entry that writes: its mask is the group bits). Whoever else can write the file can change its bytes behind an
   // intact stamp (a second write into a dirty shared mapping changes no
   // time) and could craft chunks that pass their XXH3-128, so under
   // verify=auto such a copy's bytes are served only once checked against

@@ -34,8 +34,14 @@ void FairPool::Cancel() {
 
 void FairPool::Start(uid_t uid, std::function<void()> task) {
   pool_.Submit([this, uid, task = std::move(task)] {
-    task();  // callers' tasks do not throw (ControlServer::Serve catches everything)
-    Finished(uid);
+    // The uid's place is given back however the task ends: a task that
+    // threw must not leave the uid's share full for ever.
+    struct Release {
+      FairPool* pool;
+      uid_t uid;
+      ~Release() { pool->Finished(uid); }
+    } release{this, uid};
+    task();
   });
 }
 

@@ -259,8 +259,8 @@ void FileFiller::ReadChunks() {
 
 // Source chunk `chunk` of the job's file, verified, at its place in the
 // copy: byte o of the source lands at CopyOffset(o); the bytes of a source
-// header being replaced are not copied (only kept aside to be hashed, under
-// when proving). Where the copy is written through a mapping, a chunk that
+// header being replaced are not copied (only kept aside to be hashed, when
+// the job proves the copy). Where the copy is written through a mapping, a chunk that
 // lands in one piece is read straight into it; otherwise it goes through
 // `buf` (kChunkSize bytes, aligned for O_DIRECT).
 Status FileFiller::CopyChunk(FillJob& job, uint64_t chunk, uint8_t* buf) {
@@ -338,8 +338,8 @@ void FileFiller::ChunkDone(const std::shared_ptr<FillJob>& job, uint64_t chunk, 
   }
 }
 
-// Ends a fill once: a copy that passed is sealed and published (under
-// when proving only if its SHA-256 is the index's, and then its chunk table
+// Ends a fill once: a copy that passed is sealed and published (when the
+// job proves it, only if its SHA-256 is the index's, and then its chunk table
 // is kept for the chunk path); any other is dropped with its reservation.
 void FileFiller::Finish(const std::shared_ptr<FillJob>& job, Status s, bool cancelled) {
   {
@@ -390,9 +390,10 @@ bool FileFiller::StreamReady(const FillJob& job, bool none, uint64_t first, uint
   return true;
 }
 
-std::optional<FileFiller::Streamed> FileFiller::Stream(const FileKey& key, uint64_t offset, size_t len) {
+std::optional<FileFiller::Streamed> FileFiller::Stream(const FileKey& key, uint64_t offset, size_t len,
+                                                      bool wait_for_proof) {
   auto job = InFlight(key);
-  if (!job) return std::nullopt;
+  if (!job || (job->prove && !wait_for_proof)) return std::nullopt;
   const uint64_t end = std::min<uint64_t>(job->form.size, offset + len);
   if (offset >= end) return Streamed{job->copy, {}, nullptr, 0};
   // The source chunks under [offset, end) of the served form.

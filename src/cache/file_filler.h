@@ -63,15 +63,18 @@ class FileFiller {
   // Bytes [offset, offset + len) of `key`'s copy in progress, served form,
   // once verified (this call asks for their chunks first and waits for
   // them), with the copy they lie in. nullopt when no fill of `key` is in
-  // flight, or it failed or ended meanwhile: the caller then reads the way
-  // it would have without it.
+  // flight, or it failed or ended meanwhile, or it is proving the copy
+  // (a whole-file SHA-256 first) for a reader whose bytes need no proof
+  // (`wait_for_proof` false: another digest's copy of the same bytes that
+  // needs one is being made): the caller then reads the way it would have
+  // without it.
   struct Streamed {
     std::shared_ptr<const SealedCopy> copy;
     SealedCopy::MappingHold mapping;  // until the reply has been sent
     const uint8_t* data = nullptr;
     size_t len = 0;
   };
-  std::optional<Streamed> Stream(const FileKey& key, uint64_t offset, size_t len);
+  std::optional<Streamed> Stream(const FileKey& key, uint64_t offset, size_t len, bool wait_for_proof);
 
   // The per-chunk SHA-256 table of `file`'s source chunks, proven by the
   // whole file's SHA-256 (FileServer::Proves, the chunk path): one kept from an

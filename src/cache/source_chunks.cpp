@@ -101,10 +101,19 @@ bool FileServer::Proves(const View::Node& file) const {
   return true;
 }
 
+bool FileServer::UntrustedCopyLeft(const View::Node& file) const {
+  if (options_.verify != Verify::kAuto) return false;
+  std::optional<SourceCopy> own;
+  for (const SourceCopy& c : CopiesOf(file, own)) {
+    if (!c.trusted && !Refused(refused_, file, c)) return true;
+  }
+  return false;
+}
+
 Status FileServer::ReadSourceChunk(const View::Node& file, uint64_t index, uint8_t* dst, size_t len,
                        SourceReader::Io io, const Sha256Digest* chunk_sha256, bool whole_file_proven) {
   // Under verify=auto, bytes nobody checks against a SHA-256 come only from
-  // copies that root or the mount's owner alone can write.
+  // trusted copies (SourceCopy::trusted).
   const bool trusted_only = options_.verify == Verify::kAuto && chunk_sha256 == nullptr && !whole_file_proven;
   std::vector<std::pair<const SourceCopy*, Status>> failed;
   std::optional<Status> result;
@@ -129,13 +138,16 @@ Status FileServer::ReadSourceChunk(const View::Node& file, uint64_t index, uint8
     failed.emplace_back(&c, s);
     result = s;
   }
-  for (const auto& [copy, why] : failed) ReportSourceFailure(file, *copy, why, served);
-  if (!served && passed_over) {
-    return Status::Changed(file.source_path + ": the copies left of " + file.digest +
-                           " may be written by users other than root and the mount's owner, and this read "
-                           "was not to be checked against the file's SHA-256");
+  // A copy passed over may still serve the read, once proven
+  // (ReadVerifiedChunk): the digest stays while it is there.
+  for (const auto& [copy, why] : failed) ReportSourceFailure(file, *copy, why, served || passed_over);
+  if (result) return *result;
+  if (passed_over) {
+    return Status::Error(file.source_path + ": the copies left of " + file.digest +
+                         " may be changed by users the mount does not trust, and this read was not to be "
+                         "checked against the file's SHA-256");
   }
-  return result ? *result : NoCopyLeft(file);
+  return NoCopyLeft(file);
 }
 
 Status FileServer::ReadVerifiedChunk(const View::NodePtr& file, uint64_t index, uint8_t* dst, size_t len,
@@ -144,7 +156,7 @@ Status FileServer::ReadVerifiedChunk(const View::NodePtr& file, uint64_t index, 
     Status s = ReadSourceChunk(*file, index, dst, len);
     // Its trusted copies failed while others are left: those serve the
     // read once proven, as any copy serves one that another failed.
-    if (s.ok() || !Proves(*file) || AllCopiesRefused(*file)) return s;
+    if (s.ok() || !UntrustedCopyLeft(*file)) return s;
   }
   ProvenChunkTables::Table proven = parts_.proven != nullptr ? parts_.proven->Find(file->sha256) : nullptr;
   if (!proven && readahead) return Status::NotFound(file->source_path + ": not proven yet (no read-ahead)");

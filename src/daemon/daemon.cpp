@@ -95,6 +95,12 @@ Status Daemon::CheckPaths(struct stat* source_st) {
   manifests_ = std::move(*manifests);
   source_fs_ = DetectSourceFilesystem(real_source);
   if (std::string note = AdaptRescanToFilesystem(source_fs_, o); !note.empty()) spdlog::info("{}", note);
+  if (o.verify == Verify::kAuto && !source_fs_.inotify_complete) {
+    // auto answers the node's local users; a file server is another party.
+    spdlog::warn("SRC is on {}, whose server can change bytes behind an intact stamp; verify=auto checks root's "
+                 "copies against their XXH3-128s only: mount with verify=sha256 if that server is not trusted",
+                 source_fs_.type);
+  }
   if (o.fsname == o.source) o.fsname = real_source;
   o.source = real_source;
   o.mountpoint = real_mountpoint;

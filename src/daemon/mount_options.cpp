@@ -470,9 +470,10 @@ ckptfs options (-o):
                        chunk (against SHA-256s taken in a pass over the
                        whole file that matched it; one more read of a file
                        the host tier does not hold); auto: sha256 for bytes
-                       read from a copy that users other than root and the
-                       mount's owner may write (they own it or a directory
-                       above it, or it has a group or other write bit),
+                       read from a copy that users other than root, the
+                       mount's owner and trusted_writers= may change (they
+                       own it or a directory from SRC down to it, or it or
+                       such a directory has a group or other write bit),
                        xxh3 for the others. Copies made at indexing are
                        checked against the SHA-256 either way (they are
                        made from the bytes hashed). Default: sha256 with

@@ -499,6 +499,9 @@ void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info
       } catch (const std::exception& e) {
         spdlog::error("a read of {} failed: {}", f->served->node->source_path, e.what());
         fuse_reply_err(req, EIO);
+      } catch (...) {
+        spdlog::error("a read of {} failed", f->served->node->source_path);
+        fuse_reply_err(req, EIO);
       }
     });
     return;

@@ -261,9 +261,9 @@ std::shared_ptr<View::Node> ViewBuilder::DigestSubdir(const std::string& name, c
 // by the least trusted owner among the file and the directories from SRC
 // down to it (whoever owns any of them can replace what the path leads
 // to), root before the mount's owner (and the trusted_writers= users)
-// before anyone else, and a file that its group or others may write (a
-// mode bit, or an ACL's mask) as anyone else's; path order within each, as
-// the copies come. Copies of root and those users alone are `trusted` (see
+// before anyone else, and a file or directory that its group or others may
+// write (a mode bit, or an ACL's mask) as anyone else's; path order within
+// each, as the copies come. Copies of root and those users alone are `trusted` (see
 // SourceCopy).
 std::vector<SourceCopy> ViewBuilder::CopiesByTrust(size_t index,
                                                    const std::vector<const ExposedCheckpoint*>& copies) const {
@@ -283,6 +283,9 @@ std::vector<SourceCopy> ViewBuilder::CopiesByTrust(size_t index,
     if (f.access.dirs) {
       f.access.dirs->AllOf([&](const Ownership& d) {
         worst = std::max(worst, rank(d.uid));
+        // Whoever may add an entry can mount a filesystem of their own
+        // there, which can say that root owns what it serves.
+        if ((d.mode & (S_IWGRP | S_IWOTH)) != 0) worst = kAnyone;
         return true;
       });
     }

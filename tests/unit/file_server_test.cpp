@@ -375,6 +375,42 @@ TEST_F(FileServerTest, VerifyAutoServesNoCraftedBytesFromACopyAUserMayWrite) {
   EXPECT_EQ(reader_.chunks_read() - before, 1u);
 }
 
+// Under verify=auto a read goes first to the trusted copy, on its XXH3-128s
+// alone; when that copy fails (here: a damaged chunk behind an intact
+// stamp), a copy it does not trust still serves the read, once the whole
+// file's SHA-256 passed from it, and the digest is not withdrawn while that
+// copy is there: one bad copy costs no reader an EIO.
+TEST_F(FileServerTest, VerifyAutoServesFromACopyNotTrustedOnceProvenWhenTheTrustedOneFails) {
+  const std::string bytes = RandomBytes(3 * kChunkSize + 11, 71);
+  auto trusted = Indexed("a/model.bin", bytes);
+  auto other = Indexed("b/model.bin", bytes);
+  auto damaged = std::make_shared<std::vector<ChunkHash>>(*trusted->chunks);
+  (*damaged)[1] = HashChunk("not these bytes", 15);
+  auto file = std::make_shared<View::Node>(*trusted);
+  file->copies = {SourceCopy{trusted->source_path, trusted->stamp, damaged, /*trusted=*/true},
+                  SourceCopy{other->source_path, other->stamp, other->chunks, /*trusted=*/false}};
+  ProvenChunkTables proven(1024);
+  std::vector<bool> withdrawn;
+  FileServer::Reports reports;
+  reports.corrupt_chunk = [&](const View::Node&, const SourceCopy&, const Status&, bool withdraw) {
+    withdrawn.push_back(withdraw);
+  };
+  FileServer::Options o;
+  o.fill = FillPolicy::kOff;
+  o.verify = Verify::kAuto;
+  FileServer server(FileServer::Parts{.cache = &cache_, .files = &files_, .reader = &reader_, .proven = &proven}, o,
+                    reports);
+  EXPECT_FALSE(server.Proves(*file));
+  auto opened = server.Open(file, O_RDONLY, /*inode_open=*/false);
+  ASSERT_TRUE(opened.ok());
+  auto read = server.Read(**opened, kChunkSize - 10, 20);
+  ASSERT_TRUE(read.ok()) << read.status().message();
+  EXPECT_EQ(Joined(*read), bytes.substr(kChunkSize - 10, 20));
+  EXPECT_EQ(withdrawn, std::vector<bool>{false}) << "the digest was withdrawn while a copy still held its bytes";
+  EXPECT_TRUE(server.Proves(*file));  // the trusted copy is refused now
+  EXPECT_NE(proven.Find(file->sha256), nullptr);
+}
+
 TEST_F(FileServerTest, StampHeadersServesTheStampedHeaderThenTheTensorBytesShifted) {
   const std::string bytes = MakeSafetensors({{"w", "U8", {4096}, RandomBytes(4096, 11)}}, R"({"format": "pt"})");
   const auto file = Indexed("m/model.safetensors", bytes);
