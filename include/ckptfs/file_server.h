@@ -189,10 +189,12 @@ class FileServer {
                          const Sha256Digest* chunk_sha256 = nullptr, bool whole_file_proven = false);
   // The same, checked as the mount's verify= asks: when the file's bytes are
   // proven (Proves), each chunk against the file's proven chunk table (ProvenChunkTables), proven
-  // first by a pass over the whole file when there is none yet, except for
-  // `readahead` (which then fails with kNotFound rather than start one).
+  // first by a pass over the whole file when there is none yet, except
+  // with `no_proof_here` (read-ahead; a chunk's fill in the chunk tier,
+  // which proves outside the chunk's slot), which then fails with
+  // kNotFound rather than start one.
   Status ReadVerifiedChunk(const View::NodePtr& file, uint64_t index, uint8_t* dst, size_t len,
-                           bool readahead = false);
+                           bool no_proof_here = false);
   // Called with every failed read of `copy` of `file`: the first failure of
   // a copy is logged and reported (a damaged chunk has the copy hashed again
   // and, unless `served_by_another` copy, withdraws the digest; a changed

@@ -60,7 +60,9 @@ struct SourceCopy {
   // Only root, the mount's owner and the trusted_writers= users can change
   // what this copy holds: they own the file and every directory from SRC
   // down to it, none of which has a group or other write bit (nor an ACL
-  // entry that writes: its mask is the group bits). Whoever else can write the file can change its bytes behind an
+  // entry that writes: its mask is the group bits), and the file is on
+  // SRC's own filesystem (a filesystem a user mounted inside SRC says
+  // whatever it likes of owners and modes). Whoever else can write the file can change its bytes behind an
   // intact stamp (a second write into a dirty shared mapping changes no
   // time) and could craft chunks that pass their XXH3-128, so under
   // verify=auto such a copy's bytes are served only once checked against
@@ -153,8 +155,10 @@ class View {
   using NodePtr = std::shared_ptr<const Node>;
 
   // `trusted_writers`: users besides root and the daemon's own uid whose
-  // copies are trusted (SourceCopy::trusted; mount option trusted_writers=).
-  View(std::string source_root, Ownership root_owner, std::vector<uid_t> trusted_writers = {});
+  // copies are trusted (SourceCopy::trusted; mount option trusted_writers=);
+  // `source_dev`: SRC's device, the only one whose copies may be.
+  View(std::string source_root, Ownership root_owner, std::vector<uid_t> trusted_writers = {},
+       uint64_t source_dev = 0);
 
   // What a publish changed, for the kernel's caches: directory entries that
   // appeared, vanished or now lead elsewhere, as (parent, name), and nodes
@@ -260,6 +264,7 @@ class View {
   const std::string source_root_;
   const Ownership root_owner_;
   const std::vector<uid_t> trusted_writers_;  // trusted_writers= (SourceCopy::trusted)
+  const uint64_t source_dev_;
   const struct timespec mount_time_;
   // Serialises publishes (and the root xattrs they copy); readers never take it.
   Mutex publish_mu_;

@@ -320,9 +320,20 @@ Result<ChunkCache::Ref> FileServer::FetchChunk(const View::NodePtr& file, uint64
   if (AllCopiesRefused(*file)) return NoCopyLeft(*file);
   const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunkSize, file->size - index * kChunkSize));
   ChunkKey key{file->sha256, static_cast<uint32_t>(index)};
-  auto ref = parts_.cache->Get(
-      key, len, [&](uint8_t* dst, size_t n) { return ReadVerifiedChunk(file, index, dst, n, readahead); },
-      readahead);
+  // A chunk that needs a proof first is not proven inside the chunk's slot
+  // (with no_proof_here): readers of the same bytes under another digest,
+  // whose copies need none, would wait on that slot for the whole pass.
+  auto get = [&] {
+    return parts_.cache->Get(
+        key, len, [&](uint8_t* dst, size_t n) { return ReadVerifiedChunk(file, index, dst, n, /*no_proof_here=*/true); },
+        readahead);
+  };
+  auto ref = get();
+  if (!readahead && !ref.ok() && ref.status().code() == Status::Code::kNotFound && filler_ != nullptr &&
+      Proves(*file)) {
+    if (auto proven = filler_->Prove(file); !proven.ok()) return proven.status();
+    ref = get();
+  }
   if (!ref.ok() && ref.status().code() == Status::Code::kFull) spdlog::error("{}: {}", file->digest, ref.status().message());
   return ref;
 }

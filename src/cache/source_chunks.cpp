@@ -151,7 +151,7 @@ Status FileServer::ReadSourceChunk(const View::Node& file, uint64_t index, uint8
 }
 
 Status FileServer::ReadVerifiedChunk(const View::NodePtr& file, uint64_t index, uint8_t* dst, size_t len,
-                         bool readahead) {
+                         bool no_proof_here) {
   if (!Proves(*file)) {
     Status s = ReadSourceChunk(*file, index, dst, len);
     // Its trusted copies failed while others are left: those serve the
@@ -159,7 +159,7 @@ Status FileServer::ReadVerifiedChunk(const View::NodePtr& file, uint64_t index, 
     if (s.ok() || !UntrustedCopyLeft(*file)) return s;
   }
   ProvenChunkTables::Table proven = parts_.proven != nullptr ? parts_.proven->Find(file->sha256) : nullptr;
-  if (!proven && readahead) return Status::NotFound(file->source_path + ": not proven yet (no read-ahead)");
+  if (!proven && no_proof_here) return Status::NotFound(file->source_path + ": not proven yet");
   if (!proven && filler_ != nullptr) {
     auto made = filler_->Prove(file);
     if (!made.ok()) return made.status();

@@ -111,7 +111,8 @@ Status Daemon::CheckPaths(struct stat* source_st) {
 // before mounting: a start that cannot work fails here with its cause and a
 // non-zero exit (the parent of a daemonized ckptfs exits only after this).
 Status Daemon::OpenIndexAndView(const struct stat& source_st, const char* argv0) {
-  view_ = std::make_unique<View>(options_.source, Ownership::FromStat(source_st), options_.trusted_writers);
+  view_ = std::make_unique<View>(options_.source, Ownership::FromStat(source_st), options_.trusted_writers,
+                                 FileStamp::FromStat(source_st).dev);
   ctx_.view = view_.get();
   ctx_.readahead = options_.readahead;
   ctx_.entry_reply_delay = EntryReplyDelayForTest();

@@ -473,8 +473,9 @@ ckptfs options (-o):
                        read from a copy that users other than root, the
                        mount's owner and trusted_writers= may change (they
                        own it or a directory from SRC down to it, or it or
-                       such a directory has a group or other write bit),
-                       xxh3 for the others. Copies made at indexing are
+                       such a directory has a group or other write bit, or
+                       it is on another filesystem than SRC's), xxh3 for
+                       the others. Copies made at indexing are
                        checked against the SHA-256 either way (they are
                        made from the bytes hashed). Default: sha256 with
                        manifests= (shared storage), else auto

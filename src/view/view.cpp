@@ -4,10 +4,11 @@
 
 namespace ckptfs {
 
-View::View(std::string source_root, Ownership root_owner, std::vector<uid_t> trusted_writers)
+View::View(std::string source_root, Ownership root_owner, std::vector<uid_t> trusted_writers, uint64_t source_dev)
     : source_root_(std::move(source_root)),
       root_owner_(root_owner),
       trusted_writers_(std::move(trusted_writers)),
+      source_dev_(source_dev),
       mount_time_(RealtimeNow()) {
   Publish({}, {}, {});
 }
@@ -18,6 +19,7 @@ View::SnapshotPtr View::Build(const std::vector<ExposedCheckpoint>& checkpoints,
   SnapshotPtr previous = Current();  // publish_mu_ held: nothing replaces it meanwhile
   ViewBuilder::Inputs in{source_root_, root_owner_, mount_time_, root_xattrs_, previous.get()};
   in.trusted_writers = trusted_writers_;
+  in.source_dev = source_dev_;
   ViewBuilder builder(in, checkpoints, source_dirs, hub_refs);
   SnapshotPtr next = builder.Build();
   last_reused_ = builder.reused();

@@ -264,7 +264,7 @@ std::shared_ptr<View::Node> ViewBuilder::DigestSubdir(const std::string& name, c
 // before anyone else, and a file or directory that its group or others may
 // write (a mode bit, or an ACL's mask) as anyone else's; path order within
 // each, as the copies come. Copies of root and those users alone are `trusted` (see
-// SourceCopy).
+// SourceCopy), and only on SRC's own filesystem.
 std::vector<SourceCopy> ViewBuilder::CopiesByTrust(size_t index,
                                                    const std::vector<const ExposedCheckpoint*>& copies) const {
   constexpr int kAnyone = 2;
@@ -280,6 +280,7 @@ std::vector<SourceCopy> ViewBuilder::CopiesByTrust(size_t index,
     const auto& f = c->files[index];
     int worst = std::max(rank(f.owner.uid), rank(f.access.self.uid));
     if (((f.owner.mode | f.access.self.mode) & (S_IWGRP | S_IWOTH)) != 0) worst = kAnyone;
+    if (f.stamp.dev != in_.source_dev) worst = kAnyone;
     if (f.access.dirs) {
       f.access.dirs->AllOf([&](const Ownership& d) {
         worst = std::max(worst, rank(d.uid));

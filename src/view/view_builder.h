@@ -50,6 +50,10 @@ class ViewBuilder {
     // the trusted_writers= users.
     uid_t mount_owner = ::geteuid();
     std::vector<uid_t> trusted_writers = {};
+    // SRC's device: a copy on another (a filesystem mounted inside SRC,
+    // maybe by a user through FUSE, whose owners and modes are whatever
+    // it says) is never trusted.
+    uint64_t source_dev = 0;
   };
 
   ViewBuilder(const Inputs& in, const std::vector<ExposedCheckpoint>& checkpoints,

@@ -2,15 +2,19 @@
 // (issue 10), each through the real daemon. Every test here fails on the
 // daemon of commit ad90932 (run the suite with CKPTFS_TEST_DAEMON and
 // CKPTFS_TEST_CTL pointing at that build to see it).
+#include <fcntl.h>
 #include <sqlite3.h>
 #include <sys/xattr.h>
 
+#include <atomic>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "ckptfs/file_stamp.h"
 #include "ckptfs/hashes.h"
 #include "ckptfs/index.h"
+#include "faulty_fs_mount.h"
 #include "security_fixture.h"
 
 namespace ckptfs::testing {
@@ -408,6 +412,73 @@ TEST_F(AttackTest, BytesForgedIntoAFileAUserMayWriteAreNeverServedUnderVerifyAut
     m.reset();
     RemoveTree(dir);
   }
+}
+
+// A filesystem mounted inside SRC says what it likes of owners and modes: a
+// user who may mount FUSE filesystems (user_allow_other) mounts one on a
+// directory of theirs that says root owns everything, 0444, and serves
+// crafted chunks after indexing (helper-18 did it). Its copies are never
+// trusted, whatever they claim: reading one takes a proof. faultyfs claims
+// exactly that (uid 0, files 0444, directories 0555).
+TEST_F(AttackTest, ACopyOnAFilesystemMountedInsideSrcIsNotTrustedWhateverItsOwnersSay) {
+  const std::string bytes = RandomBytes(2 * kChunkSize + 5, 61);
+  WriteFile(tmp_ / "backing", bytes);
+  FaultyFsMount inner(FAULTYFS_PATH, tmp_ / "backing", src_ + "/inner", tmp_ / "no-fault");
+  ASSERT_TRUE(inner.ok());
+  auto m = Mount("allow_other,fill_on_index=off");
+  ASSERT_TRUE(WaitFor([&] { return !DigestOf("inner/m").empty(); })) << m->Log();
+  auto proven = [&] {
+    auto stats = nlohmann::json::parse(RunCommand(Ctl() + " stats --json " + mnt_).out, nullptr, false);
+    return stats["fills"]["proven"].get<uint64_t>();
+  };
+  ASSERT_EQ(proven(), 0u);
+  EXPECT_TRUE(RunAs(kMember, "cat " + ShellQuote(mnt_ + "/" + DigestOf("inner/m") + "/model.safetensors")).out ==
+              bytes);
+  EXPECT_EQ(proven(), 1u) << "a copy below a mount inside SRC was read on its XXH3-128s alone" << m->Log();
+  m.reset();
+}
+
+// The same bytes under two digests: a public checkpoint whose copy is
+// trusted, and one whose only copy needs a proof (here on a filesystem
+// mounted inside SRC, whose reads its owner can stall). A reader of the
+// second waits for the proof; a reader of the same chunk of the first must
+// not wait with it (the proof is taken outside the chunk's slot).
+TEST_F(AttackTest, AProofOfSharedBytesHoldsUpNoReaderOfATrustedCopy) {
+  const std::string bytes = RandomBytes(3 * kChunkSize, 62);
+  WriteFile(tmp_ / "backing", bytes);
+  WriteFile(src_ + "/pub/m/model.safetensors", bytes);
+  WriteFile(src_ + "/pub/m/config.json", "{}");  // another digest than inner/m's
+  const std::string trigger = tmp_ / "fault";
+  FaultyFsMount inner(FAULTYFS_PATH, tmp_ / "backing", src_ + "/inner", trigger);
+  ASSERT_TRUE(inner.ok());
+  auto m = Mount("allow_other,fill=off,threads=2");
+  ASSERT_TRUE(WaitFor([&] { return !DigestOf("inner/m").empty() && !DigestOf("pub/m").empty(); })) << m->Log();
+  const std::string stalled = mnt_ + "/" + DigestOf("inner/m") + "/model.safetensors";
+  const std::string trusted = mnt_ + "/" + DigestOf("pub/m") + "/model.safetensors";
+  WriteFile(trigger, "stall");  // reads of the inner copy's first chunk hang, so its proof does
+  const pid_t prover = ::fork();
+  if (prover == 0) {
+    const int fd = ::open(stalled.c_str(), O_RDONLY | O_DIRECT);
+    alignas(4096) static char buf[4096];
+    ::_exit(fd >= 0 && ::pread(fd, buf, sizeof buf, static_cast<off_t>(2 * kChunkSize)) > 0 ? 0 : 1);
+  }
+  ASSERT_GT(prover, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the proof has begun and stalls
+  std::atomic<bool> done{false};
+  std::thread watchdog([&] {
+    for (int i = 0; i < 200 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ::unlink(trigger.c_str());
+  });
+  CommandResult read = RunCommand("dd if=" + ShellQuote(trusted) + " iflag=direct bs=4096 count=1 skip=" +
+                                  std::to_string(2 * kChunkSize / 4096) + " status=none | sha256sum");
+  const bool let_go = ::access(trigger.c_str(), F_OK) != 0;
+  done = true;
+  watchdog.join();
+  EXPECT_FALSE(let_go) << "a read of the trusted copy waited for another digest's proof of the same bytes";
+  EXPECT_EQ(read.out.substr(0, 64), ToHex(Sha256Of(bytes.substr(2 * kChunkSize, 4096)))) << read.out;
+  ::unlink(trigger.c_str());
+  ::waitpid(prover, nullptr, 0);
+  m.reset();
 }
 
 }  // namespace

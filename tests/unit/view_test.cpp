@@ -218,9 +218,11 @@ TEST(ViewTest, LookupsGoOnWhileAPublishBuildsItsSnapshot) {
 // against the file's SHA-256).
 TEST(ViewTest, AFileNodeCarriesEveryCopyMostTrustedFirst) {
   const uid_t mount_owner = ::geteuid() == 0 ? 4242 : ::geteuid();  // never root's rank for the test
-  auto owned = [](ExposedCheckpoint cp, uid_t file_uid, uid_t dir_uid, mode_t mode = 0644, mode_t dir_mode = 0755) {
+  auto owned = [](ExposedCheckpoint cp, uid_t file_uid, uid_t dir_uid, mode_t mode = 0644, mode_t dir_mode = 0755,
+                  uint64_t dev = 0) {
     auto dirs = DirChain::Extend(nullptr, {dir_uid, dir_uid, dir_mode});
     for (auto& f : cp.files) {
+      f.stamp.dev = dev;  // SRC's is 0 here
       f.owner.uid = file_uid;
       f.owner.mode = mode;
       f.access = {dirs, f.owner};
@@ -236,6 +238,7 @@ TEST(ViewTest, AFileNodeCarriesEveryCopyMostTrustedFirst) {
       owned(MakeCheckpoint("e-root-group-writable", Digest('d'), {"model.bin"}), 0, 0, 0664),
       owned(MakeCheckpoint("f-root-others-write", Digest('d'), {"model.bin"}), 0, 0, 0646),
       owned(MakeCheckpoint("g-root-in-a-group-writable-dir", Digest('d'), {"model.bin"}), 0, 0, 0644, 02775),
+      owned(MakeCheckpoint("h-root-on-another-filesystem", Digest('d'), {"model.bin"}), 0, 0, 0644, 0755, 77),
   };
   ViewBuilder::Inputs in{"/src", kOwner, {}, {}, nullptr};
   in.mount_owner = mount_owner;
@@ -251,10 +254,11 @@ TEST(ViewTest, AFileNodeCarriesEveryCopyMostTrustedFirst) {
                                              "/src/a-user/model.bin", "/src/b-root-file-user-dir/model.bin",
                                              "/src/e-root-group-writable/model.bin",
                                              "/src/f-root-others-write/model.bin",
-                                             "/src/g-root-in-a-group-writable-dir/model.bin"}));
+                                             "/src/g-root-in-a-group-writable-dir/model.bin",
+                                             "/src/h-root-on-another-filesystem/model.bin"}));
   std::vector<bool> trusted;
   for (const auto& c : file->copies) trusted.push_back(c.trusted);
-  EXPECT_EQ(trusted, (std::vector<bool>{true, true, false, false, false, false, false}));
+  EXPECT_EQ(trusted, (std::vector<bool>{true, true, false, false, false, false, false, false}));
   EXPECT_EQ(file->source_path, "/src/d-root/model.bin");
 
   // A trusted_writers= user ranks with the mount's owner, and its copy is
@@ -274,8 +278,9 @@ TEST(ViewTest, AFileNodeCarriesEveryCopyMostTrustedFirst) {
                                              "/src/b-root-file-user-dir/model.bin", "/src/c-owner/model.bin",
                                              "/src/e-root-group-writable/model.bin",
                                              "/src/f-root-others-write/model.bin",
-                                             "/src/g-root-in-a-group-writable-dir/model.bin"}));
-  EXPECT_EQ(trusted, (std::vector<bool>{true, true, true, true, false, false, false}));
+                                             "/src/g-root-in-a-group-writable-dir/model.bin",
+                                             "/src/h-root-on-another-filesystem/model.bin"}));
+  EXPECT_EQ(trusted, (std::vector<bool>{true, true, true, true, false, false, false, false}));
   EXPECT_EQ(file->stamp, file->copies.front().stamp);
 }
 
