@@ -130,6 +130,9 @@ class CatalogWatcher {
   // show the digest again.
   void Withdraw(const std::string& name, const std::string& reason);
   void EndWithdrawal(const std::string& name);
+  // The index forgot file (dev, ino): nothing hashed of it lately is taken
+  // again (IndexScheduler::ForgetRecent).
+  void ForgetHashed(uint64_t dev, uint64_t ino);
   // Runs `task` on the watcher's thread, before its next scan: for work a
   // FUSE handler must not wait for, such as a report of a damaged file
   // (an index write; the index and the view are busy while a scan

@@ -184,9 +184,12 @@ class FileServer {
   // copies (SourceCopy::trusted) are read, unless the bytes are checked
   // against a SHA-256: `chunk_sha256`, or `whole_file_proven` (the caller
   // serves nothing of the file before its whole SHA-256 passed).
+  // `served_by`, when given, is set to the copy that served the chunk
+  // (null for a node made without copies).
   Status ReadSourceChunk(const View::Node& file, uint64_t index, uint8_t* dst, size_t len,
                          SourceReader::Io io = SourceReader::Io::kBuffered,
-                         const Sha256Digest* chunk_sha256 = nullptr, bool whole_file_proven = false);
+                         const Sha256Digest* chunk_sha256 = nullptr, bool whole_file_proven = false,
+                         const SourceCopy** served_by = nullptr);
   // The same, checked as the mount's verify= asks: when the file's bytes are
   // proven (Proves), each chunk against the file's proven chunk table (ProvenChunkTables), proven
   // first by a pass over the whole file when there is none yet, except

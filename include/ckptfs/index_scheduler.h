@@ -62,6 +62,10 @@ class IndexScheduler {
   // Stops waiting for job `id`; its `done` is not called unless it already
   // runs.
   void Cancel(JobId id);
+  // Drops what was hashed lately of file (dev, ino): the index forgot it
+  // (its bytes failed a check behind an intact stamp), and the rescan that
+  // follows must read it again, not take the hashes it no longer holds.
+  void ForgetRecent(uint64_t dev, uint64_t ino);
 
   struct FileProgress {
     std::string path;  // relative to its checkpoint

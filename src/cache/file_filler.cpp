@@ -446,29 +446,43 @@ Result<ProvenChunkTables::Table> FileFiller::Prove(const View::NodePtr& file) {
 
 // One pass over the whole file from its source copies, keeping nothing but
 // the SHA-256 of each chunk, which counts only if the whole file's SHA-256
-// is the index's.
+// is the index's. A pass read from one copy that fails it refuses that
+// copy, and the next copy gets a pass of its own: a user's copy whose
+// chunks were crafted to pass their XXH3-128 costs a reader of the same
+// bytes no EIO while another copy holds them.
 Result<ProvenChunkTables::Table> FileFiller::ProveByReading(const View::NodePtr& file) {
   AlignedBuffer buf = ChunkBuffer();
   if (!buf) return Status::FromErrno("no memory for a buffer to prove " + file->source_path, ENOMEM);
-  Sha256 whole;
-  auto table = std::make_shared<std::vector<Sha256Digest>>(ChunkCount(file->size));
-  for (uint64_t c = 0; c < table->size(); ++c) {
-    if (cancel_) return Status::Error(file->source_path + ": proving cancelled (stopping)");
-    const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunkSize, file->size - c * kChunkSize));
-    if (Status s = server_.ReadSourceChunk(*file, c, buf.get(), len, io_, nullptr, /*whole_file_proven=*/true);
-        !s.ok()) {
-      return s;
+  for (size_t pass = 0;; ++pass) {
+    Sha256 whole;
+    auto table = std::make_shared<std::vector<Sha256Digest>>(ChunkCount(file->size));
+    const SourceCopy* from = nullptr;  // the one copy every chunk came from, if one did
+    bool one_copy = true;
+    for (uint64_t c = 0; c < table->size(); ++c) {
+      if (cancel_) return Status::Error(file->source_path + ": proving cancelled (stopping)");
+      const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunkSize, file->size - c * kChunkSize));
+      const SourceCopy* by = nullptr;
+      if (Status s = server_.ReadSourceChunk(*file, c, buf.get(), len, io_, nullptr, /*whole_file_proven=*/true, &by);
+          !s.ok()) {
+        return s;
+      }
+      if (c == 0) from = by;
+      one_copy = one_copy && by == from;
+      (*table)[c] = Sha256Of(std::string_view(reinterpret_cast<const char*>(buf.get()), len));
+      whole.Update(buf.get(), len);
     }
-    (*table)[c] = Sha256Of(std::string_view(reinterpret_cast<const char*>(buf.get()), len));
-    whole.Update(buf.get(), len);
-  }
-  if (whole.Finish() != file->sha256) {
+    if (whole.Finish() == file->sha256) {
+      server_.parts().proven->Put(file->sha256, table);
+      return ProvenChunkTables::Table(std::move(table));
+    }
     Status s = NotTheIndexedBytes(*file);
-    if (const SourceCopy* c = server_.FirstUsableCopy(*file)) server_.ReportSourceFailure(*file, *c, s, false);
-    return s;
+    const SourceCopy* blamed = one_copy && from != nullptr ? from : server_.FirstUsableCopy(*file);
+    if (blamed == nullptr) return s;
+    // Another pass only when the failing copy is known and others are left.
+    const bool again = one_copy && from != nullptr && pass + 1 < file->copies.size();
+    server_.ReportSourceFailure(*file, *blamed, s, /*served_by_another=*/again);
+    if (!again || server_.AllCopiesRefused(*file)) return s;
   }
-  server_.parts().proven->Put(file->sha256, table);
-  return ProvenChunkTables::Table(std::move(table));
 }
 
 }  // namespace ckptfs

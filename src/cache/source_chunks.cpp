@@ -111,7 +111,9 @@ bool FileServer::UntrustedCopyLeft(const View::Node& file) const {
 }
 
 Status FileServer::ReadSourceChunk(const View::Node& file, uint64_t index, uint8_t* dst, size_t len,
-                       SourceReader::Io io, const Sha256Digest* chunk_sha256, bool whole_file_proven) {
+                       SourceReader::Io io, const Sha256Digest* chunk_sha256, bool whole_file_proven,
+                       const SourceCopy** served_by) {
+  if (served_by != nullptr) *served_by = nullptr;
   // Under verify=auto, bytes nobody checks against a SHA-256 come only from
   // trusted copies (SourceCopy::trusted).
   const bool trusted_only = options_.verify == Verify::kAuto && chunk_sha256 == nullptr && !whole_file_proven;
@@ -133,6 +135,7 @@ Status FileServer::ReadSourceChunk(const View::Node& file, uint64_t index, uint8
     if (s.ok()) {
       served = true;
       result = s;
+      if (served_by != nullptr && !file.copies.empty()) *served_by = &c;
       break;
     }
     failed.emplace_back(&c, s);

@@ -270,6 +270,7 @@ FileServer::CorruptChunkReport Daemon::CorruptChunkReport() {
     if (withdraw) watcher_->Withdraw(file.digest, why.message());
     auto forget = [this, copy, withdraw, digest = file.digest] {
       if (Status s = index_->ForgetFile(copy.stamp.dev, copy.stamp.ino); !s.ok()) spdlog::error("{}", s.message());
+      watcher_->ForgetHashed(copy.stamp.dev, copy.stamp.ino);
       DistrustRecordOf(manifests_.get(), options_.source, copy);
       // The copy gets the digest of what it holds now.
       if (withdraw) {

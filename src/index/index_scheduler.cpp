@@ -311,6 +311,18 @@ void IndexScheduler::Complete(const std::shared_ptr<Shared>& s) {
   for (Job* w : s->waiters) --w->outstanding;
 }
 
+void IndexScheduler::ForgetRecent(uint64_t dev, uint64_t ino) {
+  MutexLock lock(mu_);
+  for (auto it = recent_.begin(); it != recent_.end();) {
+    if (it->first.dev == dev && it->first.ino == ino) {
+      recent_bytes_ -= it->second->hashes->chunks.size() * sizeof(ChunkHash);
+      it = recent_.erase(it);  // its key left in recent_order_ is passed over there
+    } else {
+      ++it;
+    }
+  }
+}
+
 void IndexScheduler::Remember(const Key& key, std::shared_ptr<SharedFile> file) {
   const uint64_t bytes = file->hashes->chunks.size() * sizeof(ChunkHash);
   if (bytes > kRecentChunkBytes / 4) return;

@@ -200,6 +200,10 @@ void CatalogWatcher::EndWithdrawal(const std::string& name) {
   RequestRescan();
 }
 
+void CatalogWatcher::ForgetHashed(uint64_t dev, uint64_t ino) {
+  if (scheduler_) scheduler_->ForgetRecent(dev, ino);
+}
+
 bool CatalogWatcher::Post(std::function<void()> task) {
   {
     MutexLock lock(requests_mu_);

@@ -411,6 +411,39 @@ TEST_F(FileServerTest, VerifyAutoServesFromACopyNotTrustedOnceProvenWhenTheTrust
   EXPECT_NE(proven.Find(file->sha256), nullptr);
 }
 
+// Two copies a proof must check, the first crafted (its chunks pass their
+// XXH3-128, its whole SHA-256 is not the index's): the pass read from it
+// fails and refuses it, and a second pass, from the other copy, serves
+// the read. Before, the reader got EIO.
+TEST_F(FileServerTest, AProofThatFailsFromOneCopyIsTakenAgainFromTheNext) {
+  const std::string bytes = RandomBytes(2 * kChunkSize + 9, 72);
+  std::string crafted = bytes;
+  crafted[kChunkSize + 5] ^= 0x40;
+  auto forged = Indexed("x/model.bin", crafted);  // its own chunk table: what a collision gives
+  auto intact = Indexed("y/model.bin", bytes);
+  auto file = std::make_shared<View::Node>(*intact);
+  file->copies = {SourceCopy{forged->source_path, forged->stamp, forged->chunks, /*trusted=*/false},
+                  SourceCopy{intact->source_path, intact->stamp, intact->chunks, /*trusted=*/false}};
+  ProvenChunkTables proven(1024);
+  std::vector<bool> withdrawn;
+  FileServer::Reports reports;
+  reports.corrupt_chunk = [&](const View::Node&, const SourceCopy& copy, const Status&, bool withdraw) {
+    EXPECT_EQ(copy.path, forged->source_path);
+    withdrawn.push_back(withdraw);
+  };
+  FileServer::Options o;
+  o.fill = FillPolicy::kOff;
+  o.verify = Verify::kAuto;
+  FileServer server(FileServer::Parts{.cache = &cache_, .files = &files_, .reader = &reader_, .proven = &proven}, o,
+                    reports);
+  auto opened = server.Open(file, O_RDONLY, /*inode_open=*/false);
+  ASSERT_TRUE(opened.ok());
+  auto read = server.Read(**opened, kChunkSize, 4096);
+  ASSERT_TRUE(read.ok()) << read.status().message();
+  EXPECT_EQ(Joined(*read), bytes.substr(kChunkSize, 4096));
+  EXPECT_EQ(withdrawn, std::vector<bool>{false});
+}
+
 TEST_F(FileServerTest, StampHeadersServesTheStampedHeaderThenTheTensorBytesShifted) {
   const std::string bytes = MakeSafetensors({{"w", "U8", {4096}, RandomBytes(4096, 11)}}, R"({"format": "pt"})");
   const auto file = Indexed("m/model.safetensors", bytes);

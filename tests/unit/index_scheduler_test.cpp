@@ -4,6 +4,7 @@
 #include "ckptfs/index_scheduler.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -124,6 +125,29 @@ TEST_F(IndexSchedulerTest, AFileTwoJobsNeedIsHashedOnceForBoth) {
   ASSERT_FALSE(a.error || b.error);
   EXPECT_EQ(a.name, b.name);
   EXPECT_EQ(a.name, CoreutilsDigest(src_ / "a"));
+}
+
+// A file whose bytes failed a check behind an intact stamp is forgotten by
+// the index, and the rescan after it must read it again: what was hashed
+// lately of it (kept for jobs whose lookups raced a hash) is dropped too.
+// Left there, the old hashes came back, and the copy with them.
+TEST_F(IndexSchedulerTest, AFileTheIndexForgotIsHashedAgainNotTakenFromWhatWasHashedLately) {
+  WriteFile(src_ / "m/model.bin", RandomBytes(kChunkSize + 1, 3));
+  struct stat st;
+  ASSERT_EQ(::stat((src_ / "m/model.bin").c_str(), &st), 0);
+  IndexScheduler scheduler(index_.get(), 1);
+  auto index_again = [&](const std::string& name, bool forget_recent) {
+    EXPECT_TRUE(index_->ForgetFile(st.st_dev, st.st_ino).ok());
+    if (forget_recent) scheduler.ForgetRecent(st.st_dev, st.st_ino);
+    const uint64_t opened = FileHasher::files_opened();
+    scheduler.Submit(ScanOf(src_ / "m"), {}, reports_.For(name));
+    EXPECT_TRUE(reports_.WaitFor(name));
+    return FileHasher::files_opened() - opened;
+  };
+  scheduler.Submit(ScanOf(src_ / "m"), {}, reports_.For("first"));
+  ASSERT_TRUE(reports_.WaitFor("first"));
+  EXPECT_EQ(index_again("taken from the recent hashes", false), 0u);  // what the fix is for
+  EXPECT_EQ(index_again("read again", true), 1u);
 }
 
 // A job cancelled while the file it shares with another is being hashed is
