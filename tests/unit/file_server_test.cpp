@@ -80,6 +80,21 @@ class FileServerTest : public ::testing::Test {
         reports);
   }
 
+  // A verify=auto server over the fixture's caches, chunk path only, that
+  // notes each copy reported damaged: "withdrawn: PATH", or "kept: PATH"
+  // when the digest stays (another copy may serve).
+  std::unique_ptr<FileServer> AutoServer(ProvenChunkTables& proven, std::vector<std::string>& reported) {
+    FileServer::Reports reports;
+    reports.corrupt_chunk = [&reported](const View::Node&, const SourceCopy& copy, const Status&, bool withdraw) {
+      reported.push_back((withdraw ? "withdrawn: " : "kept: ") + copy.path);
+    };
+    FileServer::Options o;
+    o.fill = FillPolicy::kOff;
+    o.verify = Verify::kAuto;
+    return std::make_unique<FileServer>(
+        FileServer::Parts{.cache = &cache_, .files = &files_, .reader = &reader_, .proven = &proven}, o, reports);
+  }
+
   testing::TempDir src_{"ckptfs-file-server"};
   ThreadPool pool_{2};
   FileCache files_{64 * kChunkSize};
@@ -390,23 +405,17 @@ TEST_F(FileServerTest, VerifyAutoServesFromACopyNotTrustedOnceProvenWhenTheTrust
   file->copies = {SourceCopy{trusted->source_path, trusted->stamp, damaged, /*trusted=*/true},
                   SourceCopy{other->source_path, other->stamp, other->chunks, /*trusted=*/false}};
   ProvenChunkTables proven(1024);
-  std::vector<bool> withdrawn;
-  FileServer::Reports reports;
-  reports.corrupt_chunk = [&](const View::Node&, const SourceCopy&, const Status&, bool withdraw) {
-    withdrawn.push_back(withdraw);
-  };
-  FileServer::Options o;
-  o.fill = FillPolicy::kOff;
-  o.verify = Verify::kAuto;
-  FileServer server(FileServer::Parts{.cache = &cache_, .files = &files_, .reader = &reader_, .proven = &proven}, o,
-                    reports);
+  std::vector<std::string> withdrawn;
+  auto server_ptr = AutoServer(proven, withdrawn);
+  FileServer& server = *server_ptr;
   EXPECT_FALSE(server.Proves(*file));
   auto opened = server.Open(file, O_RDONLY, /*inode_open=*/false);
   ASSERT_TRUE(opened.ok());
   auto read = server.Read(**opened, kChunkSize - 10, 20);
   ASSERT_TRUE(read.ok()) << read.status().message();
   EXPECT_EQ(Joined(*read), bytes.substr(kChunkSize - 10, 20));
-  EXPECT_EQ(withdrawn, std::vector<bool>{false}) << "the digest was withdrawn while a copy still held its bytes";
+  EXPECT_EQ(withdrawn, std::vector<std::string>{"kept: " + trusted->source_path})
+      << "the digest was withdrawn while a copy still held its bytes";
   EXPECT_TRUE(server.Proves(*file));  // the trusted copy is refused now
   EXPECT_NE(proven.Find(file->sha256), nullptr);
 }
@@ -425,23 +434,15 @@ TEST_F(FileServerTest, AProofThatFailsFromOneCopyIsTakenAgainFromTheNext) {
   file->copies = {SourceCopy{forged->source_path, forged->stamp, forged->chunks, /*trusted=*/false},
                   SourceCopy{intact->source_path, intact->stamp, intact->chunks, /*trusted=*/false}};
   ProvenChunkTables proven(1024);
-  std::vector<bool> withdrawn;
-  FileServer::Reports reports;
-  reports.corrupt_chunk = [&](const View::Node&, const SourceCopy& copy, const Status&, bool withdraw) {
-    EXPECT_EQ(copy.path, forged->source_path);
-    withdrawn.push_back(withdraw);
-  };
-  FileServer::Options o;
-  o.fill = FillPolicy::kOff;
-  o.verify = Verify::kAuto;
-  FileServer server(FileServer::Parts{.cache = &cache_, .files = &files_, .reader = &reader_, .proven = &proven}, o,
-                    reports);
+  std::vector<std::string> withdrawn;
+  auto server_ptr = AutoServer(proven, withdrawn);
+  FileServer& server = *server_ptr;
   auto opened = server.Open(file, O_RDONLY, /*inode_open=*/false);
   ASSERT_TRUE(opened.ok());
   auto read = server.Read(**opened, kChunkSize, 4096);
   ASSERT_TRUE(read.ok()) << read.status().message();
   EXPECT_EQ(Joined(*read), bytes.substr(kChunkSize, 4096));
-  EXPECT_EQ(withdrawn, std::vector<bool>{false});
+  EXPECT_EQ(withdrawn, std::vector<std::string>{"kept: " + forged->source_path});
 }
 
 TEST_F(FileServerTest, StampHeadersServesTheStampedHeaderThenTheTensorBytesShifted) {
