@@ -330,7 +330,7 @@ Result<ChunkCache::Ref> FileServer::FetchChunk(const View::NodePtr& file, uint64
   };
   auto ref = get();
   if (!readahead && !ref.ok() && ref.status().code() == Status::Code::kNotFound && filler_ != nullptr &&
-      Proves(*file)) {
+      (Proves(*file) || UntrustedCopyLeft(*file))) {
     if (auto proven = filler_->Prove(file); !proven.ok()) return proven.status();
     ref = get();
   }
