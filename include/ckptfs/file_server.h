@@ -158,9 +158,9 @@ class FileServer {
   // The resident copy of `key`, or null; `use` counts as a use (LRU).
   FileCache::CopyPtr Resident(const FileKey& key, bool use = true) const;
 
-  // When its bytes are proven (Proves), a read of `f` may wait for a whole file to be
-  // read and hashed: nothing of it is served before its SHA-256 passed (no
-  // copy of it resident, no proven chunk table yet). Such reads are served
+  // When its bytes are proven (Proves), a read of `f` may wait for a whole
+  // file to be read and hashed: nothing of it is served before its SHA-256
+  // passed (no copy of it resident, no proven chunk table yet). Such reads are served
   // off the FUSE threads (FsContext::proving_reads), so that one user's
   // reads of large files cannot hold every thread.
   bool MayWaitForAProof(const ServedFile& f) const;
@@ -187,12 +187,12 @@ class FileServer {
   // `served_by`, when given, is set to the copy that served the chunk
   // (null for a node made without copies).
   Status ReadSourceChunk(const View::Node& file, uint64_t index, uint8_t* dst, size_t len,
-                         SourceReader::Io io = SourceReader::Io::kBuffered,
-                         const Sha256Digest* chunk_sha256 = nullptr, bool whole_file_proven = false,
-                         const SourceCopy** served_by = nullptr);
+                         SourceReader::Io io = SourceReader::Io::kBuffered, const Sha256Digest* chunk_sha256 = nullptr,
+                         bool whole_file_proven = false, const SourceCopy** served_by = nullptr);
   // The same, checked as the mount's verify= asks: when the file's bytes are
-  // proven (Proves), each chunk against the file's proven chunk table (ProvenChunkTables), proven
-  // first by a pass over the whole file when there is none yet, except
+  // proven (Proves), each chunk against the file's proven chunk table
+  // (ProvenChunkTables), proven first by a pass over the whole file when
+  // there is none yet, except
   // with `no_proof_here` (read-ahead; a chunk's fill in the chunk tier,
   // which proves outside the chunk's slot), which then fails with
   // kNotFound rather than start one.

@@ -62,11 +62,11 @@ struct SourceCopy {
   // down to it, none of which has a group or other write bit (nor an ACL
   // entry that writes: its mask is the group bits), and the file is on
   // SRC's own filesystem (a filesystem a user mounted inside SRC says
-  // whatever it likes of owners and modes). Whoever else can write the file can change its bytes behind an
-  // intact stamp (a second write into a dirty shared mapping changes no
-  // time) and could craft chunks that pass their XXH3-128, so under
-  // verify=auto such a copy's bytes are served only once checked against
-  // the file's SHA-256.
+  // whatever it likes of owners and modes). Whoever else can write the
+  // file can change its bytes behind an intact stamp (a second write into
+  // a dirty shared mapping changes no time) and could craft chunks that
+  // pass their XXH3-128, so under verify=auto such a copy's bytes are
+  // served only once checked against the file's SHA-256.
   bool trusted = false;
 };
 
@@ -157,8 +157,7 @@ class View {
   // `trusted_writers`: users besides root and the daemon's own uid whose
   // copies are trusted (SourceCopy::trusted; mount option trusted_writers=);
   // `source_dev`: SRC's device, the only one whose copies may be.
-  View(std::string source_root, Ownership root_owner, std::vector<uid_t> trusted_writers = {},
-       uint64_t source_dev = 0);
+  View(std::string source_root, Ownership root_owner, std::vector<uid_t> trusted_writers = {}, uint64_t source_dev = 0);
 
   // What a publish changed, for the kernel's caches: directory entries that
   // appeared, vanished or now lead elsewhere, as (parent, name), and nodes

@@ -325,7 +325,8 @@ Result<ChunkCache::Ref> FileServer::FetchChunk(const View::NodePtr& file, uint64
   // whose copies need none, would wait on that slot for the whole pass.
   auto get = [&] {
     return parts_.cache->Get(
-        key, len, [&](uint8_t* dst, size_t n) { return ReadVerifiedChunk(file, index, dst, n, /*no_proof_here=*/true); },
+        key, len,
+        [&](uint8_t* dst, size_t n) { return ReadVerifiedChunk(file, index, dst, n, /*no_proof_here=*/true); },
         readahead);
   };
   auto ref = get();

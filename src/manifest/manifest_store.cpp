@@ -178,7 +178,8 @@ void ManifestStore::Distrust(const std::string& rel_path, const FileStamp& stamp
 }
 
 ManifestStore::Stats ManifestStore::GetStats() const {
-  return {used_.load(), ignored_.load(), published_.load(), already_.load(), distrusted_count_.load(), withheld_.load()};
+  return {used_.load(),    ignored_.load(),          published_.load(),
+          already_.load(), distrusted_count_.load(), withheld_.load()};
 }
 
 }  // namespace ckptfs

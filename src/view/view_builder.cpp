@@ -270,7 +270,8 @@ std::vector<SourceCopy> ViewBuilder::CopiesByTrust(size_t index,
   constexpr int kAnyone = 2;
   const auto rank = [&](uid_t uid) {
     if (uid == 0) return 0;
-    const bool trusted = uid == in_.mount_owner || std::ranges::find(in_.trusted_writers, uid) != in_.trusted_writers.end();
+    const bool trusted =
+        uid == in_.mount_owner || std::ranges::find(in_.trusted_writers, uid) != in_.trusted_writers.end();
     return trusted ? 1 : kAnyone;
   };
   const std::string& rel = copies.front()->files[index].rel_path;

@@ -111,7 +111,8 @@ TEST(MountOptionsTest, EveryEnumeratedValueIsParsedOnceAndShownAsItsWord) {
                            &MountOptions::fill_io);
   ExpectWordsRoundTrip<Fill>("fill_on_index", kFillOnIndexWords, {{"free", Fill::kFree}, {"off", Fill::kOff}},
                              &MountOptions::fill_on_index);
-  ExpectWordsRoundTrip<Verify>("verify", kVerifyWords, {{"xxh3", Verify::kXxh3}, {"sha256", Verify::kSha256}, {"auto", Verify::kAuto}},
+  ExpectWordsRoundTrip<Verify>("verify", kVerifyWords,
+                               {{"xxh3", Verify::kXxh3}, {"sha256", Verify::kSha256}, {"auto", Verify::kAuto}},
                                &MountOptions::verify);
   ExpectWordsRoundTrip<SymlinkPolicy>("symlinks", kSymlinkPolicyWords,
                                       {{"contained", SymlinkPolicy::kContained}, {"follow", SymlinkPolicy::kFollow}},
@@ -171,8 +172,8 @@ TEST(MountOptionsTest, VerifyIsSha256WhereStorageIsSharedUnlessSaidOtherwise) {
 TEST(MountOptionsTest, TrustedWritersAreNamesOrUids) {
   EXPECT_TRUE(ParseOk("settle=1").trusted_writers.empty());
   EXPECT_EQ(ParseOk("trusted_writers=root:1001:65534").trusted_writers, (std::vector<uid_t>{0, 1001, 65534}));
-  for (const char* bad : {"trusted_writers=no-such-user-ckptfs", "trusted_writers=1001::1002", "trusted_writers=",
-                          "trusted_writers=1x"}) {
+  for (const char* bad : {"trusted_writers=no-such-user-ckptfs", "trusted_writers=1001::1002",
+                          "trusted_writers=", "trusted_writers=1x"}) {
     auto r = Parse({"/srv/src", "/models", "-o", bad});
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_NE(r.status().message().find("trusted_writers="), std::string::npos) << r.status().message();

@@ -151,14 +151,15 @@ TEST(OwnershipTest, GroupsAreReadOnlyWhenADecisionNeedsThem) {
 // checkpoint, only whoever may also enter it.
 TEST(OwnershipTest, APathIsToldToWhoMayListItsDirectoriesOrOwnsIt) {
   const Ownership src{0, 0, 0755}, search_only{0, 0, 0711};
-  const AccessPath in_0711{DirChain::Extend(DirChain::Extend(nullptr, src), search_only), Ownership{kUid, kPrimary, 0755}};
+  const AccessPath in_0711{DirChain::Extend(DirChain::Extend(nullptr, src), search_only),
+                           Ownership{kUid, kPrimary, 0755}};
   const AccessPath others_in_0711{in_0711.dirs, Ownership{4000, 4000, 0755}};
   const AccessPath private_in_0755{DirChain::Extend(nullptr, src), Ownership{4000, 4000, 0700}};
   Caller caller = Known({});
   EXPECT_TRUE(MayLearnPath(in_0711, caller));          // their own checkpoint
   EXPECT_FALSE(MayLearnPath(others_in_0711, caller));  // another's name in a directory they cannot list
-  EXPECT_TRUE(MayLearnPath(private_in_0755, caller));   // ls of its parent tells them
-  EXPECT_FALSE(MayKnowCopy(private_in_0755, caller));   // but not what it holds
+  EXPECT_TRUE(MayLearnPath(private_in_0755, caller));  // ls of its parent tells them
+  EXPECT_FALSE(MayKnowCopy(private_in_0755, caller));  // but not what it holds
   EXPECT_TRUE(MayKnowCopy(in_0711, caller));
   EXPECT_FALSE(EveryoneMayLearnPath(in_0711));
   EXPECT_TRUE(EveryoneMayLearnPath(private_in_0755));
