@@ -172,6 +172,12 @@ TEST(MountOptionsTest, VerifyIsSha256WhereStorageIsSharedUnlessSaidOtherwise) {
 TEST(MountOptionsTest, TrustedWritersAreNamesOrUids) {
   EXPECT_TRUE(ParseOk("settle=1").trusted_writers.empty());
   EXPECT_EQ(ParseOk("trusted_writers=root:1001:65534").trusted_writers, (std::vector<uid_t>{0, 1001, 65534}));
+  std::string many = "trusted_writers=1";  // the bound: 64 users
+  for (int uid = 2; uid <= 64; ++uid) many += ":" + std::to_string(uid);
+  EXPECT_EQ(ParseOk(many).trusted_writers.size(), 64u);
+  auto past = Parse({"/srv/src", "/models", "-o", many + ":65"});
+  ASSERT_FALSE(past.ok());
+  EXPECT_NE(past.status().message().find("at most 64"), std::string::npos) << past.status().message();
   for (const char* bad : {"trusted_writers=no-such-user-ckptfs", "trusted_writers=1001::1002",
                           "trusted_writers=", "trusted_writers=1x"}) {
     auto r = Parse({"/srv/src", "/models", "-o", bad});
