@@ -158,9 +158,10 @@ class FileServer {
   // The resident copy of `key`, or null; `use` counts as a use (LRU).
   FileCache::CopyPtr Resident(const FileKey& key, bool use = true) const;
 
-  // When its bytes are proven (Proves), a read of `f` may wait for a whole
-  // file to be read and hashed: nothing of it is served before its SHA-256
-  // passed (no copy of it resident, no proven chunk table yet). Such reads are served
+  // When its bytes are proven (Proves) and no chain of them is known
+  // (ChainOf), a read of `f` may wait for a whole file to be read and
+  // hashed: nothing of it is served before its SHA-256 passed (no copy of
+  // it resident). Such reads are served
   // off the FUSE threads (FsContext::proving_reads), so that one user's
   // reads of large files cannot hold every thread.
   bool MayWaitForAProof(const ServedFile& f) const;
@@ -177,22 +178,21 @@ class FileServer {
   // Chunk `index` of `file` (`len` bytes) into `dst`, from the first of its
   // source copies (most trusted first, see View::Node::copies) that is not
   // refused and passes every check: the stamp and the chunk's XXH3-128
-  // (SourceReader::ReadChunk), and the chunk's SHA-256 when `chunk_sha256` is
-  // given. A copy that fails is reported and the next one tried, so that one
+  // (SourceReader::ReadChunk), and the file's SHA-256 chain when `chain` is
+  // given (ChunkFitsChain). A copy that fails is reported and the next one tried, so that one
   // changed or damaged copy costs no reader an EIO while another still holds
   // the bytes. The error is the last copy's. Under verify=auto only trusted
   // copies (SourceCopy::trusted) are read, unless the bytes are checked
-  // against a SHA-256: `chunk_sha256`, or `whole_file_proven` (the caller
+  // against a SHA-256: `chain`, or `whole_file_proven` (the caller
   // serves nothing of the file before its whole SHA-256 passed).
   // `served_by`, when given, is set to the copy that served the chunk
   // (null for a node made without copies).
   Status ReadSourceChunk(const View::Node& file, uint64_t index, uint8_t* dst, size_t len,
-                         SourceReader::Io io = SourceReader::Io::kBuffered, const Sha256Digest* chunk_sha256 = nullptr,
+                         SourceReader::Io io = SourceReader::Io::kBuffered, const ChunkChain* chain = nullptr,
                          bool whole_file_proven = false, const SourceCopy** served_by = nullptr);
   // The same, checked as the mount's verify= asks: when the file's bytes are
-  // proven (Proves), each chunk against the file's proven chunk table
-  // (ProvenChunkTables), proven first by a pass over the whole file when
-  // there is none yet, except
+  // proven (Proves), each chunk against the file's chain (ChainOf), proven
+  // first by a pass over the whole file when none is known yet, except
   // with `no_proof_here` (read-ahead; a chunk's fill in the chunk tier,
   // which proves outside the chunk's slot), which then fails with
   // kNotFound rather than start one.
@@ -211,11 +211,20 @@ class FileServer {
   // of the same fill, a later preload) learns why, not only that.
   Status NoCopyLeft(const View::Node& file) const;
   // Whether what is served of `file` is checked against its SHA-256 (a
-  // copy's whole, a chunk's against a proven table) and not only against
+  // copy's whole, a chunk's against the chain) and not only against
   // XXH3-128s: always under verify=sha256; under verify=auto when the copy
   // it would be read from first is not trusted (SourceCopy::trusted), or
   // none is left.
   bool Proves(const View::Node& file) const;
+  // The SHA-256 chain of `file`'s bytes when one is known: its index row's
+  // (View::Node::chain), one a pass over the whole file proved
+  // (ProvenChunkTables), or the empty chain of a file of one chunk (whose
+  // chunk is checked against the file's SHA-256 itself); null otherwise.
+  std::shared_ptr<const ChunkChain> ChainOf(const View::Node& file) const;
+  // Proves(file), and no chain of its bytes is known: only a pass over the
+  // whole file can prove them, and nothing of a copy of it is served
+  // before its whole SHA-256 passed.
+  bool ProvesOnlyWhole(const View::Node& file) const { return Proves(file) && !ChainOf(file); }
   // The copy ReadSourceChunk reads first now, or null when all are refused.
   const SourceCopy* FirstUsableCopy(const View::Node& file) const;
 
@@ -236,7 +245,7 @@ class FileServer {
     uint64_t failed = 0;          // fills a source failure abandoned
     uint64_t skipped = 0;         // background fills that found no room
     uint64_t streamed_reads = 0;  // reads served from a copy while it was made
-    uint64_t proven = 0;          // copies sealed once their whole SHA-256 passed (Proves)
+    uint64_t proven = 0;          // copies sealed once their SHA-256 passed, whole or chunk by chunk (Proves)
     uint64_t header_scan_opens = 0;  // fill=wait opens that began the copy without waiting (HeaderScans)
     SourceReader::Io io = SourceReader::Io::kBuffered;
   };

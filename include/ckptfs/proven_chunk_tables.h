@@ -1,15 +1,16 @@
-// ProvenChunkTables: per-chunk SHA-256 tables of files whose whole SHA-256
-// this daemon checked (verify=sha256). The index holds a file's SHA-256 and
-// an XXH3-128 per 4 MiB chunk; XXH3 catches corruption but not forgery, and
-// a single chunk cannot be checked against a whole file's SHA-256. So the
-// first time a file is read whole (a fill of its copy, or a pass that only
-// checks it) the SHA-256 of every chunk is taken from the very bytes whose
-// whole SHA-256 then matched the index's, and kept here: from then on the
-// chunk path checks each chunk it reads against it, as strongly as the
-// file's SHA-256 itself would.
+// ProvenChunkTables: the SHA-256 chains (ChunkChain) of files whose whole
+// SHA-256 this daemon checked itself, for files whose index rows carry none
+// (rows written before the chain, and hashes taken from a manifest). A
+// chain lets the chunk path check each chunk it reads as strongly as the
+// file's SHA-256 would (verify=sha256, and auto for a copy a user may
+// write); without one, a chunk could not be checked alone. So the first
+// time such a file is read whole (a fill of its copy, or a pass that only
+// checks it) its chain is taken in the same pass as its SHA-256, and kept
+// here if that SHA-256 is the index's.
 //
-// Bounded by the number of chunks held (32 bytes each); the least recently
-// used table goes first, and its file is proven again when next needed.
+// Bounded by the number of chain entries held (32 bytes each); the least
+// recently used chain goes first, and its file is proven again when next
+// needed.
 #pragma once
 
 #include <cstdint>
@@ -25,12 +26,12 @@ namespace ckptfs {
 
 class ProvenChunkTables {
  public:
-  using Table = std::shared_ptr<const std::vector<Sha256Digest>>;
+  using Table = std::shared_ptr<const ChunkChain>;
 
   explicit ProvenChunkTables(uint64_t max_chunks) : max_chunks_(max_chunks) {}
 
   Table Find(const Sha256Digest& file);
-  // Only for a table made from bytes whose whole SHA-256 was `file`.
+  // Only for a chain taken from bytes whose whole SHA-256 was `file`.
   void Put(const Sha256Digest& file, Table table);
   uint64_t tables() const;
 

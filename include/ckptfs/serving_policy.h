@@ -21,8 +21,10 @@ inline constexpr OptionWord<FillPolicy> kFillPolicyWords[] = {
 // What every byte served is checked against (mount option verify=).
 enum class Verify {
   kXxh3,    // each chunk's XXH3-128 from the index: catches corruption, not forgery
-  kSha256,  // and the file's SHA-256: a whole copy before it is sealed, and
-            // on the chunk path each chunk's SHA-256 from a ProvenChunkTables table
+  kSha256,  // and the file's SHA-256: each chunk against the file's SHA-256
+            // chain (ChunkChain), or where none is known yet a whole copy
+            // before it is sealed, and on the chunk path a chain proven by
+            // a pass over the whole file first (ProvenChunkTables)
   kAuto,    // kSha256 for bytes read from a copy that someone other than root
             // and the mount's owner could have written (SourceCopy::trusted),
             // kXxh3 for the others: a user who could craft chunks that pass

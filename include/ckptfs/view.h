@@ -81,6 +81,7 @@ struct ExposedCheckpoint {
     std::optional<uint64_t> stamped_size;  // *.safetensors: size as served under stamp_headers
     Ownership owner;
     AccessPath access;  // how this copy is reached in the source
+    std::shared_ptr<const ChunkChain> chain;  // null: not known (see FileHashes::chain)
   };
   std::string rel_path;  // relative to the source root ("" = the root)
   std::string abs_path;
@@ -129,6 +130,11 @@ class View {
     FileStamp stamp;                             // files
     Sha256Digest sha256{};                       // files
     std::shared_ptr<const std::vector<ChunkHash>> chunks;  // files
+    // Files: the SHA-256 chain of their bytes, from any copy's index row that
+    // has one (a function of the bytes, like the SHA-256); null when none
+    // does. It proves a chunk read from a copy a user may write without a
+    // pass over the whole file (FileServer::ChainOf).
+    std::shared_ptr<const ChunkChain> chain;
     // Files: every source copy of the node's digest that holds these bytes,
     // most trusted first (a copy whose owner, or the owner of a directory
     // on its way from SRC, is root; then the mount's owner; then anyone

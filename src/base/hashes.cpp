@@ -1,27 +1,54 @@
+// SHA256_Init and its kin are deprecated in OpenSSL 3 in favour of EVP,
+// which does not show the state that ChunkChain needs. They stay in
+// OpenSSL 3's API and run the same code (SHA instructions included).
+#define OPENSSL_SUPPRESS_DEPRECATED
 #include "ckptfs/hashes.h"
 
 #include <xxhash.h>
 
-#include <stdexcept>
+#include <algorithm>
 
 namespace ckptfs {
 
-Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {
-  if (ctx_ == nullptr || EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) != 1) {
-    // Only allocation failure gets here; there is nothing sensible to return.
-    throw std::runtime_error("OpenSSL: cannot initialise SHA-256");
-  }
-}
+Sha256::Sha256() { SHA256_Init(&ctx_); }
 
-Sha256::~Sha256() { EVP_MD_CTX_free(ctx_); }
-
-void Sha256::Update(const void* data, size_t len) { EVP_DigestUpdate(ctx_, data, len); }
+void Sha256::Update(const void* data, size_t len) { SHA256_Update(&ctx_, data, len); }
 
 Sha256Digest Sha256::Finish() {
   Sha256Digest out{};
-  unsigned int len = 0;
-  EVP_DigestFinal_ex(ctx_, out.data(), &len);
+  SHA256_Final(out.data(), &ctx_);
   return out;
+}
+
+Sha256State Sha256::State() const {
+  Sha256State out;
+  for (size_t i = 0; i < 8; ++i) {
+    for (size_t b = 0; b < 4; ++b) out[4 * i + b] = static_cast<uint8_t>(ctx_.h[i] >> (24 - 8 * b));
+  }
+  return out;
+}
+
+void Sha256::Resume(const Sha256State& state, uint64_t bytes) {
+  SHA256_Init(&ctx_);
+  for (size_t i = 0; i < 8; ++i) {
+    ctx_.h[i] = static_cast<SHA_LONG>(state[4 * i]) << 24 | static_cast<SHA_LONG>(state[4 * i + 1]) << 16 |
+                static_cast<SHA_LONG>(state[4 * i + 2]) << 8 | static_cast<SHA_LONG>(state[4 * i + 3]);
+  }
+  // The message length in bits, split as OpenSSL keeps it.
+  const uint64_t bits = bytes * 8;
+  ctx_.Nl = static_cast<SHA_LONG>(bits);
+  ctx_.Nh = static_cast<SHA_LONG>(bits >> 32);
+}
+
+bool ChunkFitsChain(const Sha256Digest& sha256, uint64_t size, const ChunkChain& chain, uint64_t index,
+                    const void* data, size_t len) {
+  const uint64_t chunks = ChunkCount(size);
+  if (index >= chunks || chain.size() + 1 != chunks) return false;
+  if (len != std::min<uint64_t>(kChunkSize, size - index * kChunkSize)) return false;
+  Sha256 h;
+  if (index > 0) h.Resume(chain[index - 1], index * kChunkSize);
+  h.Update(data, len);
+  return index + 1 < chunks ? h.State() == chain[index] : h.Finish() == sha256;
 }
 
 Sha256Digest Sha256Of(std::string_view bytes) {

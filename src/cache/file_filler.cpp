@@ -35,12 +35,20 @@ AlignedBuffer ChunkBuffer() {
 // chunk, and read (ReadableAt) only once their chunk is kDone.
 class FillJob {
  public:
-  FillJob(View::NodePtr f, ServedForm sf, std::shared_ptr<SealedCopy> c,
-          std::unique_ptr<FileCache::Reservation> r, bool sha256)
-      : file(std::move(f)), form(std::move(sf)), reservation(std::move(r)), copy(std::move(c)),
-        chunks(ChunkCount(file->size)), prove(sha256), state(chunks, kPending) {
-    if (prove) {
-      chunk_sha.resize(chunks);
+  // `proven` (FileServer::Proves): a chain to check each chunk against, or
+  // null to check the whole copy's SHA-256 (`prove_whole`).
+  FillJob(View::NodePtr f, ServedForm sf, std::shared_ptr<SealedCopy> c, std::unique_ptr<FileCache::Reservation> r,
+          bool proven, std::shared_ptr<const ChunkChain> known_chain)
+      : file(std::move(f)),
+        form(std::move(sf)),
+        reservation(std::move(r)),
+        copy(std::move(c)),
+        chunks(ChunkCount(file->size)),
+        chain(proven ? std::move(known_chain) : nullptr),
+        prove_whole(proven && !chain),
+        state(chunks, kPending) {
+    if (prove_whole) {
+      taken_chain.resize(chunks > 0 ? chunks - 1 : 0);
       original_prefix.resize(static_cast<size_t>(std::min(form.source_prefix_len, file->size)));
     }
   }
@@ -60,7 +68,11 @@ class FillJob {
   std::unique_ptr<FileCache::Reservation> reservation;  // given to Publish, or kept until the job goes
   const std::shared_ptr<SealedCopy> copy;
   const uint64_t chunks;
-  const bool prove;  // FileServer::Proves: the whole copy's SHA-256 is checked before it is sealed
+  // FileServer::Proves, the chain known: every chunk is checked against it.
+  const std::shared_ptr<const ChunkChain> chain;
+  // FileServer::Proves, no chain known: the whole copy's SHA-256 is checked
+  // before it is sealed, and nothing of the copy is served before.
+  const bool prove_whole;
 
   // Under jobs_mu_.
   CondVar changed;
@@ -74,11 +86,11 @@ class FillJob {
   FileCache::CopyPtr published;
   std::atomic<uint64_t> done_bytes{0};
 
-  // When proving: each chunk's SHA-256 (written by its reader), the source
-  // header a stamped copy does not hold (written by the readers of the
-  // chunks it spans), and the whole file's SHA-256 over the chunks done so
-  // far in order, taken by whoever holds hash_mu (see AdvanceHash).
-  std::vector<Sha256Digest> chunk_sha;
+  // When proving the whole: the source header a stamped copy does not hold
+  // (written by the readers of the chunks it spans), and the whole file's
+  // SHA-256 over the chunks done so far in order, with its chain, taken by
+  // whoever holds hash_mu (see ChunkDone).
+  ChunkChain taken_chain;
   std::string original_prefix;
   Mutex hash_mu;
   Sha256 whole;
@@ -163,8 +175,8 @@ std::shared_ptr<FillJob> FileFiller::Begin(const View::NodePtr& file, const Serv
       return nullptr;
     }
   }
-  auto job = std::make_shared<FillJob>(file, form, std::move(copy), std::move(claim->fill),
-                                       server_.Proves(*file));
+  auto job = std::make_shared<FillJob>(file, form, std::move(copy), std::move(claim->fill), server_.Proves(*file),
+                                       server_.ChainOf(*file));
   if (job->chunks == 0) {
     Finish(job, Status::Ok());
     return job;
@@ -260,7 +272,7 @@ void FileFiller::ReadChunks() {
 // Source chunk `chunk` of the job's file, verified, at its place in the
 // copy: byte o of the source lands at CopyOffset(o); the bytes of a source
 // header being replaced are not copied (only kept aside to be hashed, when
-// the job proves the copy). Where the copy is written through a mapping, a chunk that
+// the job proves the whole copy). Where the copy is written through a mapping, a chunk that
 // lands in one piece is read straight into it; otherwise it goes through
 // `buf` (kChunkSize bytes, aligned for O_DIRECT).
 Status FileFiller::CopyChunk(FillJob& job, uint64_t chunk, uint8_t* buf) {
@@ -273,24 +285,27 @@ Status FileFiller::CopyChunk(FillJob& job, uint64_t chunk, uint8_t* buf) {
     const bool aligned_enough = io_ == SourceReader::Io::kBuffered || at % SourceReader::kDirectAlignment == 0;
     if (uint8_t* in_place = job.copy->WritableAt(at, len); in_place != nullptr && aligned_enough) dst = in_place;
   }
-  if (Status s = server_.ReadSourceChunk(*job.file, chunk, dst, len, io_, nullptr, job.prove); !s.ok()) return s;
-  if (job.prove) job.chunk_sha[chunk] = Sha256Of(std::string_view(reinterpret_cast<const char*>(dst), len));
+  if (Status s = server_.ReadSourceChunk(*job.file, chunk, dst, len, io_, job.chain.get(), job.prove_whole); !s.ok()) {
+    return s;
+  }
   if (dst != buf) return Status::Ok();
   const size_t skip = static_cast<size_t>(std::min<uint64_t>(len, header - std::min(begin, header)));
-  if (job.prove && skip > 0) std::memcpy(job.original_prefix.data() + begin, buf, skip);
+  if (job.prove_whole && skip > 0) std::memcpy(job.original_prefix.data() + begin, buf, skip);
   return job.copy->Write(job.CopyOffset(begin + skip), buf + skip, len - skip);
 }
 
 namespace {
 
-// The file's source bytes of chunk `c` into the job's whole-file SHA-256:
-// what the copy holds of them, and the original header it replaced.
+// The file's source bytes of chunk `c` into the job's whole-file SHA-256
+// (and its state after them into the chain taken): what the copy holds of
+// them, and the original header it replaced.
 void HashInOrder(FillJob& job, uint64_t c) {
   const uint64_t begin = c * kChunkSize, end = begin + job.ChunkLen(c);
   const uint64_t header = std::min(job.form.source_prefix_len, end);
   if (begin < header) job.whole.Update(job.original_prefix.data() + begin, static_cast<size_t>(header - begin));
   const uint64_t from = std::max(begin, header);
   if (from < end) job.whole.Update(job.copy->ReadableAt(job.CopyOffset(from), end - from), end - from);
+  if (c + 1 < job.chunks) job.taken_chain[c] = job.whole.State();
 }
 
 }  // namespace
@@ -311,7 +326,7 @@ void FileFiller::ChunkDone(const std::shared_ptr<FillJob>& job, uint64_t chunk, 
     Finish(job, s);
     return;
   }
-  if (!job->prove) {
+  if (!job->prove_whole) {
     if (complete) Finish(job, Status::Ok());
     return;
   }
@@ -339,26 +354,26 @@ void FileFiller::ChunkDone(const std::shared_ptr<FillJob>& job, uint64_t chunk, 
 }
 
 // Ends a fill once: a copy that passed is sealed and published (when the
-// job proves it, only if its SHA-256 is the index's, and then its chunk table
-// is kept for the chunk path); any other is dropped with its reservation.
+// job proves the whole, only if its SHA-256 is the index's, and then its
+// chain is kept for the chunk path); any other is dropped with its reservation.
 void FileFiller::Finish(const std::shared_ptr<FillJob>& job, Status s, bool cancelled) {
   {
     MutexLock lock(jobs_mu_);
     if (job->finishing) return;
     job->finishing = true;
   }
-  if (s.ok() && job->prove) {
+  if (s.ok() && job->prove_whole) {
     if (job->whole.Finish() != job->file->sha256) {
       s = NotTheIndexedBytes(*job->file);
       if (const SourceCopy* c = server_.FirstUsableCopy(*job->file)) server_.ReportSourceFailure(*job->file, *c, s, false);
     } else if (server_.parts().proven != nullptr) {
-      server_.parts().proven->Put(job->file->sha256, std::make_shared<const std::vector<Sha256Digest>>(std::move(job->chunk_sha)));
+      server_.parts().proven->Put(job->file->sha256, std::make_shared<const ChunkChain>(std::move(job->taken_chain)));
     }
   }
   if (s.ok()) s = job->copy->Seal();
   FileCache::CopyPtr published;
   if (s.ok()) published = server_.parts().files->Publish(std::move(job->reservation), job->copy);
-  if (s.ok() && job->prove) ++proven_;
+  if (s.ok() && (job->prove_whole || job->chain)) ++proven_;
   {
     MutexLock lock(jobs_mu_);
     job->end = s.ok() ? FillJob::End::kPublished : FillJob::End::kFailed;
@@ -382,8 +397,8 @@ void FileFiller::Finish(const std::shared_ptr<FillJob>& job, Status s, bool canc
 // they are verified, or it will not be served from the copy at all.
 bool FileFiller::StreamReady(const FillJob& job, bool none, uint64_t first, uint64_t last) const {
   if (job.end != FillJob::End::kRunning || readers_stopping_) return true;
-  if (!job.prove && none) return true;
-  if (job.prove) return false;  // served only once the whole copy passed
+  if (!job.prove_whole && none) return true;
+  if (job.prove_whole) return false;  // served only once the whole copy passed
   for (uint64_t c = first; c <= last; ++c) {
     if (job.state[c] != kDone) return false;
   }
@@ -393,7 +408,7 @@ bool FileFiller::StreamReady(const FillJob& job, bool none, uint64_t first, uint
 std::optional<FileFiller::Streamed> FileFiller::Stream(const FileKey& key, uint64_t offset, size_t len,
                                                       bool wait_for_proof) {
   auto job = InFlight(key);
-  if (!job || (job->prove && !wait_for_proof)) return std::nullopt;
+  if (!job || (job->prove_whole && !wait_for_proof)) return std::nullopt;
   const uint64_t end = std::min<uint64_t>(job->form.size, offset + len);
   if (offset >= end) return Streamed{job->copy, {}, nullptr, 0};
   // The source chunks under [offset, end) of the served form.
@@ -403,14 +418,15 @@ std::optional<FileFiller::Streamed> FileFiller::Stream(const FileKey& key, uint6
   const uint64_t first = (std::max(offset, prefix) - prefix + header) / kChunkSize;
   const uint64_t last = none ? first : (end - 1 - prefix + header) / kChunkSize;
   MutexLock lock(jobs_mu_);
-  if (!job->prove && !none) {
+  if (!job->prove_whole && !none) {
     for (uint64_t c = first; c <= last; ++c) {
       if (job->state[c] == kPending) job->wanted.push_back(c);
     }
     work_.NotifyAll();
   }
   while (!StreamReady(*job, none, first, last)) job->changed.Wait(jobs_mu_);
-  if (job->end == FillJob::End::kFailed || readers_stopping_ || (job->prove && job->end != FillJob::End::kPublished)) {
+  if (job->end == FillJob::End::kFailed || readers_stopping_ ||
+      (job->prove_whole && job->end != FillJob::End::kPublished)) {
     return std::nullopt;
   }
   std::shared_ptr<SealedCopy> copy = job->copy;
@@ -427,8 +443,8 @@ std::optional<FileFiller::Streamed> FileFiller::Stream(const FileKey& key, uint6
 }
 
 Result<ProvenChunkTables::Table> FileFiller::Prove(const View::NodePtr& file) {
-  if (server_.parts().proven == nullptr) return Status::Error("no proven chunk tables on this mount");
-  if (auto table = server_.parts().proven->Find(file->sha256)) return table;
+  if (auto chain = server_.ChainOf(*file)) return chain;
+  if (server_.parts().proven == nullptr) return Status::Error("no proven chains on this mount");
   {
     MutexLock lock(prove_mu_);
     while (proving_.count(file->sha256)) proved_.Wait(prove_mu_);
@@ -445,8 +461,8 @@ Result<ProvenChunkTables::Table> FileFiller::Prove(const View::NodePtr& file) {
 }
 
 // One pass over the whole file from its source copies, keeping nothing but
-// the SHA-256 of each chunk, which counts only if the whole file's SHA-256
-// is the index's. A pass read from one copy that fails it refuses that
+// its SHA-256 chain, which counts only if the whole file's SHA-256 is the
+// index's. A pass read from one copy that fails it refuses that
 // copy, and the next copy gets a pass of its own: a user's copy whose
 // chunks were crafted to pass their XXH3-128 costs a reader of the same
 // bytes no EIO while another copy holds them.
@@ -455,10 +471,11 @@ Result<ProvenChunkTables::Table> FileFiller::ProveByReading(const View::NodePtr&
   if (!buf) return Status::FromErrno("no memory for a buffer to prove " + file->source_path, ENOMEM);
   for (size_t pass = 0;; ++pass) {
     Sha256 whole;
-    auto table = std::make_shared<std::vector<Sha256Digest>>(ChunkCount(file->size));
+    const uint64_t chunks = ChunkCount(file->size);
+    auto chain = std::make_shared<ChunkChain>(chunks > 0 ? chunks - 1 : 0);
     const SourceCopy* from = nullptr;  // the one copy every chunk came from, if one did
     bool one_copy = true;
-    for (uint64_t c = 0; c < table->size(); ++c) {
+    for (uint64_t c = 0; c < chunks; ++c) {
       if (cancel_) return Status::Error(file->source_path + ": proving cancelled (stopping)");
       const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunkSize, file->size - c * kChunkSize));
       const SourceCopy* by = nullptr;
@@ -468,12 +485,12 @@ Result<ProvenChunkTables::Table> FileFiller::ProveByReading(const View::NodePtr&
       }
       if (c == 0) from = by;
       one_copy = one_copy && by == from;
-      (*table)[c] = Sha256Of(std::string_view(reinterpret_cast<const char*>(buf.get()), len));
       whole.Update(buf.get(), len);
+      if (c + 1 < chunks) (*chain)[c] = whole.State();
     }
     if (whole.Finish() == file->sha256) {
-      server_.parts().proven->Put(file->sha256, table);
-      return ProvenChunkTables::Table(std::move(table));
+      server_.parts().proven->Put(file->sha256, chain);
+      return ProvenChunkTables::Table(std::move(chain));
     }
     Status s = NotTheIndexedBytes(*file);
     const SourceCopy* blamed = one_copy && from != nullptr ? from : server_.FirstUsableCopy(*file);

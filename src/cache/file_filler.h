@@ -3,8 +3,10 @@
 // 4 MiB chunk is checked exactly as on the chunk path (the copy's stamp
 // before and after the read, the chunk's XXH3-128; a copy that fails is
 // left for the next copy of the file), and for a file whose bytes are proven
-// (FileServer::Proves: verify=sha256, or auto and a copy not trusted) the whole
-// copy's SHA-256 is checked against the index's before it is sealed. With
+// (FileServer::Proves: verify=sha256, or auto and a copy not trusted) each
+// chunk against the file's SHA-256 chain (FileServer::ChainOf), or where none
+// is known the whole copy's SHA-256 against the index's before it is sealed
+// (taking the chain on the way). With
 // stamp_headers a safetensors file is copied in its stamped form (the
 // stamped header, then the source's bytes after the original header), so a
 // passthrough reader sees what the chunk path serves. Only when every chunk
@@ -18,7 +20,7 @@
 // other) and, first of all, the chunks a reader is waiting for. A reader of
 // a file whose copy is in progress (Stream) is served from the copy, chunk
 // by chunk as each is verified, instead of reading the source a second
-// time; when proving only once the whole copy has passed.
+// time; when only the whole copy's SHA-256 proves it, only once that passed.
 //
 // Background fills (fill=open, the shards beside an opened one) run one file
 // at a time on a thread of their own; Start begins a fill at once without
@@ -76,10 +78,10 @@ class FileFiller {
   };
   std::optional<Streamed> Stream(const FileKey& key, uint64_t offset, size_t len, bool wait_for_proof);
 
-  // The per-chunk SHA-256 table of `file`'s source chunks, proven by the
-  // whole file's SHA-256 (FileServer::Proves, the chunk path): one kept from an
-  // earlier fill or pass, else made now by reading and checking the whole
-  // file once (one pass per file at a time; others wait for it).
+  // The SHA-256 chain of `file`'s bytes, for a file whose index row has none
+  // (FileServer::ChainOf), proven by the whole file's SHA-256: one kept
+  // from an earlier fill or pass, else taken now by reading and checking the
+  // whole file once (one pass per file at a time; others wait for it).
   Result<ProvenChunkTables::Table> Prove(const View::NodePtr& file);
 
   // Queues a background fill of `file` (no-op if one is queued or running).

@@ -93,13 +93,13 @@ Result<uint64_t> FileServer::ServedSize(const View::NodePtr& file) {
 
 // Whether an open's reads may be served from the copy while it is made,
 // rather than wait for all of it: only while chunks are served as they are
-// verified (not when the file's bytes are proven, where a copy is served
-// only once its whole SHA-256 passed), and then for an open with O_DIRECT, which a page
+// verified (not when only a pass over the whole file proves its bytes,
+// where a copy is served only once its whole SHA-256 passed), and then for an open with O_DIRECT, which a page
 // cache could not serve anyway (a buffered or mmap reader runs faster on
 // the passthrough it gets by waiting; README, measured performance), or
 // one of a loader reading every shard's header first (HeaderScans).
 bool FileServer::StreamsWhileFilling(const View::Node& file, int open_flags, pid_t opener) {
-  if (Proves(file)) return false;
+  if (ProvesOnlyWhole(file)) return false;
   if ((open_flags & O_DIRECT) != 0) return true;
   return file.safetensors && header_scans_->OpenIsScan(opener, file.digest, file.ino, std::chrono::steady_clock::now());
 }
@@ -131,10 +131,10 @@ Result<std::shared_ptr<ServedFile>> FileServer::Open(const View::NodePtr& file, 
       // Half the FUSE threads wait for copies already: this open does not,
       // so that requests of every other user still find a thread. Its reads
       // are served from the copy as it is made (or, for a file whose bytes
-      // are proven, where a copy serves nothing before its whole SHA-256
-      // passed, from the chunk path).
+      // only a whole pass proves, where a copy serves nothing before its
+      // whole SHA-256 passed, from the chunk path).
       ++opens_not_waiting_;
-      if (!Proves(*file)) filler_->Start(file);
+      if (!ProvesOnlyWhole(*file)) filler_->Start(file);
     } else {
       auto filled = filler_->Fill(file, /*pin=*/false);
       waiting_opens_.fetch_sub(1);
@@ -201,8 +201,7 @@ ServedBytes FileServer::FromCopy(const FileCache::CopyPtr& copy, uint64_t offset
 }
 
 bool FileServer::MayWaitForAProof(const ServedFile& f) const {
-  if (f.copy || f.node->content || !Proves(*f.node)) return false;
-  if (parts_.proven != nullptr && parts_.proven->Find(f.node->sha256) != nullptr) return false;
+  if (f.copy || f.node->content || !ProvesOnlyWhole(*f.node)) return false;
   return Resident(f.key, /*use=*/false) == nullptr;
 }
 

@@ -111,12 +111,12 @@ bool FileServer::UntrustedCopyLeft(const View::Node& file) const {
 }
 
 Status FileServer::ReadSourceChunk(const View::Node& file, uint64_t index, uint8_t* dst, size_t len,
-                       SourceReader::Io io, const Sha256Digest* chunk_sha256, bool whole_file_proven,
-                       const SourceCopy** served_by) {
+                                   SourceReader::Io io, const ChunkChain* chain, bool whole_file_proven,
+                                   const SourceCopy** served_by) {
   if (served_by != nullptr) *served_by = nullptr;
   // Under verify=auto, bytes nobody checks against a SHA-256 come only from
   // trusted copies (SourceCopy::trusted).
-  const bool trusted_only = options_.verify == Verify::kAuto && chunk_sha256 == nullptr && !whole_file_proven;
+  const bool trusted_only = options_.verify == Verify::kAuto && chain == nullptr && !whole_file_proven;
   std::vector<std::pair<const SourceCopy*, Status>> failed;
   std::optional<Status> result;
   bool served = false, passed_over = false;
@@ -128,9 +128,9 @@ Status FileServer::ReadSourceChunk(const View::Node& file, uint64_t index, uint8
       continue;
     }
     Status s = ReadChunkOf(c, index, dst, len, io);
-    if (s.ok() && chunk_sha256 != nullptr && Sha256Of(std::string_view(reinterpret_cast<const char*>(dst), len)) != *chunk_sha256) {
+    if (s.ok() && chain != nullptr && !ChunkFitsChain(file.sha256, file.size, *chain, index, dst, len)) {
       s = Status::Corrupt(c.path + ": chunk " + std::to_string(index) +
-                          " passes its XXH3-128 but not the SHA-256 proven by the whole file's");
+                          " passes its XXH3-128 but not the file's SHA-256 (its chain)");
     }
     if (s.ok()) {
       served = true;
@@ -161,15 +161,24 @@ Status FileServer::ReadVerifiedChunk(const View::NodePtr& file, uint64_t index, 
     // read once proven, as any copy serves one that another failed.
     if (s.ok() || !UntrustedCopyLeft(*file)) return s;
   }
-  ProvenChunkTables::Table proven = parts_.proven != nullptr ? parts_.proven->Find(file->sha256) : nullptr;
-  if (!proven && no_proof_here) return Status::NotFound(file->source_path + ": not proven yet");
-  if (!proven && filler_ != nullptr) {
+  std::shared_ptr<const ChunkChain> chain = ChainOf(*file);
+  if (!chain && no_proof_here) return Status::NotFound(file->source_path + ": not proven yet");
+  if (!chain && filler_ != nullptr) {
     auto made = filler_->Prove(file);
     if (!made.ok()) return made.status();
-    proven = *made;
+    chain = *made;
   }
-  if (!proven || proven->size() <= index) return Status::Error(file->source_path + ": no proven chunk table");
-  return ReadSourceChunk(*file, index, dst, len, SourceReader::Io::kBuffered, &(*proven)[index]);
+  if (!chain) return Status::Error(file->source_path + ": no proven SHA-256 chain");
+  return ReadSourceChunk(*file, index, dst, len, SourceReader::Io::kBuffered, chain.get());
+}
+
+std::shared_ptr<const ChunkChain> FileServer::ChainOf(const View::Node& file) const {
+  if (file.chain) return file.chain;
+  if (ChunkCount(file.size) <= 1) {
+    static const auto kNoLinks = std::make_shared<const ChunkChain>();
+    return kNoLinks;
+  }
+  return parts_.proven != nullptr ? parts_.proven->Find(file.sha256) : nullptr;
 }
 
 }  // namespace ckptfs

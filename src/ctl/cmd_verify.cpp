@@ -34,13 +34,19 @@ FileVerdict Judge(Index& index, const std::string& display_path, const IndexedFi
   if (!found.ok()) return {display_path, Verdict::kIndexError, found.status().message()};
   auto& stored = *found;
   if (!stored) return {display_path, Verdict::kNotIndexed, "not in the index; run ckptfsctl digest first"};
-  const bool same_content = stored->hashes.sha256 == f.hashes.sha256 && stored->hashes.chunks == f.hashes.chunks;
+  // A row without a chain (written before it) is judged on what it has.
+  const bool same_chain = !stored->hashes.chain || stored->hashes.chain == f.hashes.chain;
+  const bool same_content =
+      stored->hashes.sha256 == f.hashes.sha256 && stored->hashes.chunks == f.hashes.chunks && same_chain;
   const bool same_stamp = stored->stamp == f.member.stamp;
   if (same_content) {
     return {display_path, same_stamp ? Verdict::kMatch : Verdict::kChangedSameContent, ""};
   }
   std::string detail = "index has sha256 " + ToHex(stored->hashes.sha256) + ", file now has " + ToHex(f.hashes.sha256);
-  if (stored->hashes.sha256 == f.hashes.sha256) detail = "chunk table in the index differs from the file's";
+  if (stored->hashes.sha256 == f.hashes.sha256) {
+    detail = stored->hashes.chunks != f.hashes.chunks ? "chunk table in the index differs from the file's"
+                                                      : "SHA-256 chain in the index differs from the file's";
+  }
   if (same_stamp) {
     return {display_path, Verdict::kMismatch, "content changed although its stamp did not (" + detail + ")"};
   }

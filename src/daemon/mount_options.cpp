@@ -465,11 +465,12 @@ ckptfs options (-o):
   verify=auto|xxh3|sha256  what every byte served is checked against:
                        xxh3: each 4 MiB chunk's XXH3-128 from the index
                        (catches corruption, not bytes crafted to pass it);
-                       sha256: also the file's SHA-256, for a whole copy
-                       before it is sealed and, on the chunk path, for each
-                       chunk (against SHA-256s taken in a pass over the
-                       whole file that matched it; one more read of a file
-                       the host tier does not hold); auto: sha256 for bytes
+                       sha256: also the file's SHA-256, each chunk
+                       against the SHA-256 chain the index took with it
+                       (for a row without one, from before it or from a
+                       manifest: a whole copy before it is sealed and, on
+                       the chunk path, a pass over the whole file first);
+                       auto: sha256 for bytes
                        read from a copy that users other than root, the
                        mount's owner and trusted_writers= may change (they
                        own it or a directory from SRC down to it, or it or

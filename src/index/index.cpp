@@ -19,7 +19,10 @@ namespace {
 // the same path is recognised and set aside instead of being written into.
 constexpr int kApplicationId = 0x636b7074;
 // 2: rows carry row_sum. An index of version 1 is set aside and rebuilt
-// rather than migrated: its rows have no sum to prove them.
+// rather than migrated: its rows have no sum to prove them. The files
+// table's `chain` column (the file's ChunkChain) came within version 2: an
+// index without it gets it on open, NULL in its rows (the chain unknown
+// until the file is hashed again), so an upgrade hashes nothing.
 constexpr int kSchemaVersion = 2;
 
 constexpr const char* kSchema = R"sql(
@@ -27,7 +30,7 @@ CREATE TABLE IF NOT EXISTS files(
   dev INTEGER NOT NULL, ino INTEGER NOT NULL,
   size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
   sha256 BLOB NOT NULL, chunk_size INTEGER NOT NULL, chunks BLOB NOT NULL,
-  path TEXT NOT NULL, indexed_at INTEGER NOT NULL, row_sum BLOB NOT NULL,
+  path TEXT NOT NULL, indexed_at INTEGER NOT NULL, row_sum BLOB NOT NULL, chain BLOB,
   PRIMARY KEY (dev, ino)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS files_by_sha256 ON files(sha256);
 CREATE TABLE IF NOT EXISTS checkpoints(
@@ -102,18 +105,21 @@ int64_t Now() { return static_cast<int64_t>(std::time(nullptr)); }
 // its file hashed again instead of being served under a wrong digest. It
 // guards against damage, not against someone who can write the index (the
 // state directory is the daemon's own, mode 0700).
+// A row with a chain is summed as v3, chain included; one without it as v2
+// rows always were.
 Sha256Digest RowSum(const FileStamp& stamp, const std::string& sha, int64_t chunk_size, const std::string& chunks,
-                    const std::string& path) {
+                    const std::string& path, const std::optional<std::string>& chain) {
   Sha256 h;
-  const std::string fields = "ckptfs-row-v2/" + std::to_string(stamp.dev) + "/" + std::to_string(stamp.ino) + "/" +
-                             std::to_string(stamp.size) + "/" + std::to_string(stamp.mtime_ns) + "/" +
-                             std::to_string(stamp.ctime_ns) + "/" + std::to_string(chunk_size) + "/" +
-                             std::to_string(sha.size()) + "/" + std::to_string(chunks.size()) + "/" +
-                             std::to_string(path.size()) + "/";
+  const std::string version = chain ? "ckptfs-row-v3/" + std::to_string(chain->size()) + "/" : "ckptfs-row-v2/";
+  const std::string fields =
+      version + std::to_string(stamp.dev) + "/" + std::to_string(stamp.ino) + "/" + std::to_string(stamp.size) + "/" +
+      std::to_string(stamp.mtime_ns) + "/" + std::to_string(stamp.ctime_ns) + "/" + std::to_string(chunk_size) + "/" +
+      std::to_string(sha.size()) + "/" + std::to_string(chunks.size()) + "/" + std::to_string(path.size()) + "/";
   h.Update(fields.data(), fields.size());
   h.Update(sha.data(), sha.size());
   h.Update(chunks.data(), chunks.size());
   h.Update(path.data(), path.size());
+  if (chain) h.Update(chain->data(), chain->size());
   return h.Finish();
 }
 
@@ -126,9 +132,11 @@ Sha256Digest StampedSizeRowSum(const Sha256Digest& file, uint64_t size) {
 
 // Decodes a stored row into FileHashes, refusing anything malformed.
 std::optional<FileHashes> DecodeHashes(uint64_t size, const std::string& sha, int64_t chunk_size,
-                                       const std::string& chunks) {
+                                       const std::string& chunks, const std::optional<std::string>& chain) {
+  const uint64_t links = size > 0 ? ChunkCount(size) - 1 : 0;
   if (sha.size() != 32 || chunk_size != static_cast<int64_t>(kChunkSize) ||
-      chunks.size() != ChunkCount(size) * sizeof(ChunkHash)) {
+      chunks.size() != ChunkCount(size) * sizeof(ChunkHash) ||
+      (chain && chain->size() != links * sizeof(Sha256State))) {
     return std::nullopt;
   }
   FileHashes h;
@@ -136,7 +144,18 @@ std::optional<FileHashes> DecodeHashes(uint64_t size, const std::string& sha, in
   std::memcpy(h.sha256.data(), sha.data(), 32);
   h.chunks.resize(ChunkCount(size));
   if (!chunks.empty()) std::memcpy(h.chunks.data(), chunks.data(), chunks.size());
+  if (chain) {
+    h.chain.emplace(links);
+    if (links > 0) std::memcpy(h.chain->data(), chain->data(), chain->size());
+  }
   return h;
+}
+
+// A BLOB column that may be NULL (an absent chain).
+std::optional<std::string> OptionalBlob(sqlite3_stmt* s, int col) {
+  if (sqlite3_column_type(s, col) == SQLITE_NULL) return std::nullopt;
+  auto p = static_cast<const char*>(sqlite3_column_blob(s, col));
+  return p ? std::string(p, static_cast<size_t>(sqlite3_column_bytes(s, col))) : std::string();
 }
 
 Status MakeDirsImpl(const std::string& dir) {
@@ -266,6 +285,7 @@ Result<std::unique_ptr<Index>> Index::Open(const std::string& state_dir, std::ve
                               kSchema}) {
         if (Status s = index->Exec(sql); !s.ok()) return s;
       }
+      if (Status s = index->AddChainColumn(); !s.ok()) return s;
       if (Status s = index->Exec(("PRAGMA application_id=" + std::to_string(kApplicationId)).c_str()); !s.ok()) {
         return s;
       }
@@ -301,6 +321,16 @@ sqlite3_stmt* Index::Cached(const char* sql) {
   return stmt;
 }
 
+Status Index::AddChainColumn() {
+  bool has = false;
+  {
+    Stmt s(db_, "SELECT count(*) FROM pragma_table_info('files') WHERE name='chain'");
+    if (!s.ok() || s.Step() != SQLITE_ROW) return SqlError("cannot read the files table's columns");
+    has = s.Int(0) > 0;
+  }
+  return has ? Status::Ok() : Exec("ALTER TABLE files ADD COLUMN chain BLOB");
+}
+
 Status Index::Exec(const char* sql) {
   char* err = nullptr;
   if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
@@ -325,7 +355,8 @@ Result<std::optional<FileHashes>> Index::LookupFile(const FileStamp& stamp) {
 namespace {
 
 constexpr const char* kSelectFile =
-    "SELECT size, mtime_ns, ctime_ns, sha256, chunk_size, chunks, path, row_sum FROM files WHERE dev=?1 AND ino=?2";
+    "SELECT size, mtime_ns, ctime_ns, sha256, chunk_size, chunks, path, row_sum, chain FROM files WHERE dev=?1 AND "
+    "ino=?2";
 
 // The row of (dev, ino) through `s` (kSelectFile), checked against its sum;
 // nullopt when absent or damaged. `error` makes the Status of a failed step.
@@ -340,11 +371,12 @@ Result<std::optional<Index::StoredFile>> ReadFileRow(Stmt& s, uint64_t dev, uint
   Index::StoredFile f;
   f.stamp = {dev, ino, static_cast<uint64_t>(s.Int(0)), s.Int(1), s.Int(2)};
   const std::string sha = s.Blob(3), chunks = s.Blob(5), path = s.Text(6), sum = s.Blob(7);
-  const Sha256Digest expect = RowSum(f.stamp, sha, s.Int(4), chunks, path);
+  const std::optional<std::string> chain = OptionalBlob(s.get(), 8);
+  const Sha256Digest expect = RowSum(f.stamp, sha, s.Int(4), chunks, path, chain);
   if (sum.size() != expect.size() || std::memcmp(sum.data(), expect.data(), expect.size()) != 0) {
     return std::optional<Index::StoredFile>();  // damaged row: absent; the file is hashed again and the row rewritten
   }
-  auto hashes = DecodeHashes(f.stamp.size, sha, s.Int(4), chunks);
+  auto hashes = DecodeHashes(f.stamp.size, sha, s.Int(4), chunks, chain);
   if (!hashes) return std::optional<Index::StoredFile>();  // malformed row: absent, it will be rewritten
   f.hashes = std::move(*hashes);
   f.path = path;
@@ -412,9 +444,9 @@ Status Index::PutBatch(const std::vector<FileRow>& files, const std::vector<Chec
 }
 
 Status Index::PutFileLocked(const FileStamp& stamp, const std::string& path, const FileHashes& hashes) {
-  Stmt s(Cached(
-      "INSERT OR REPLACE INTO files(dev, ino, size, mtime_ns, ctime_ns, sha256, chunk_size, chunks, path, "
-      "indexed_at, row_sum) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"));
+  Stmt s(
+      Cached("INSERT OR REPLACE INTO files(dev, ino, size, mtime_ns, ctime_ns, sha256, chunk_size, chunks, path, "
+             "indexed_at, row_sum, chain) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"));
   if (!s.ok()) return Status::Error("index " + path_ + ": " + sqlite3_errmsg(db_));
   s.Bind(1, stamp.dev);
   s.Bind(2, stamp.ino);
@@ -429,7 +461,12 @@ Status Index::PutFileLocked(const FileStamp& stamp, const std::string& path, con
   const std::string sha(reinterpret_cast<const char*>(hashes.sha256.data()), hashes.sha256.size());
   const std::string chunks(reinterpret_cast<const char*>(hashes.chunks.data()),
                            hashes.chunks.size() * sizeof(ChunkHash));
-  const Sha256Digest sum = RowSum(stamp, sha, static_cast<int64_t>(kChunkSize), chunks, path);
+  std::optional<std::string> chain;
+  if (hashes.chain) {
+    chain.emplace(reinterpret_cast<const char*>(hashes.chain->data()), hashes.chain->size() * sizeof(Sha256State));
+    s.BindBlob(12, chain->data(), chain->size());
+  }  // else NULL, as bindings start
+  const Sha256Digest sum = RowSum(stamp, sha, static_cast<int64_t>(kChunkSize), chunks, path, chain);
   s.BindBlob(11, sum.data(), sum.size());
   if (s.Step() != SQLITE_DONE) return Status::Error("index " + path_ + ": " + sqlite3_errmsg(db_));
   return Status::Ok();

@@ -311,11 +311,20 @@ void IndexScheduler::Complete(const std::shared_ptr<Shared>& s) {
   for (Job* w : s->waiters) --w->outstanding;
 }
 
+namespace {
+
+// What a remembered file's hashes hold per chunk: its XXH3 table and chain.
+uint64_t TableBytes(const FileHashes& h) {
+  return h.chunks.size() * sizeof(ChunkHash) + (h.chain ? h.chain->size() * sizeof(Sha256State) : 0);
+}
+
+}  // namespace
+
 void IndexScheduler::ForgetRecent(uint64_t dev, uint64_t ino) {
   MutexLock lock(mu_);
   for (auto it = recent_.begin(); it != recent_.end();) {
     if (it->first.dev == dev && it->first.ino == ino) {
-      recent_bytes_ -= it->second->hashes->chunks.size() * sizeof(ChunkHash);
+      recent_bytes_ -= TableBytes(*it->second->hashes);
       it = recent_.erase(it);  // its key left in recent_order_ is passed over there
     } else {
       ++it;
@@ -324,7 +333,7 @@ void IndexScheduler::ForgetRecent(uint64_t dev, uint64_t ino) {
 }
 
 void IndexScheduler::Remember(const Key& key, std::shared_ptr<SharedFile> file) {
-  const uint64_t bytes = file->hashes->chunks.size() * sizeof(ChunkHash);
+  const uint64_t bytes = TableBytes(*file->hashes);
   if (bytes > kRecentChunkBytes / 4) return;
   recent_[key] = std::move(file);
   recent_order_.push_back(key);
@@ -332,7 +341,7 @@ void IndexScheduler::Remember(const Key& key, std::shared_ptr<SharedFile> file) 
   while (recent_order_.size() > kRecentFiles || recent_bytes_ > kRecentChunkBytes) {
     auto it = recent_.find(recent_order_.front());
     if (it != recent_.end()) {
-      recent_bytes_ -= it->second->hashes->chunks.size() * sizeof(ChunkHash);
+      recent_bytes_ -= TableBytes(*it->second->hashes);
       recent_.erase(it);
     }
     recent_order_.pop_front();

@@ -98,6 +98,7 @@ FileHashTask::FileHashTask(const FileHasher& hasher, std::string path, FileStamp
       pipelined_(hasher.io_pool_ != nullptr && chunks_ > 1) {
   out_.size = expected_.size;
   out_.chunks.resize(chunks_);
+  out_.chain.emplace().reserve(chunks_ > 0 ? chunks_ - 1 : 0);
 }
 
 FileHashTask::~FileHashTask() {
@@ -254,6 +255,7 @@ Status FileHashTask::Consume(uint64_t chunk) {
   if (hasher_.hook_) hasher_.hook_(path_, chunk);
   if (Cancelled()) return Status::Error(path_ + ": hashing cancelled");
   sha_.Update(slot.data, len);
+  if (chunk + 1 < chunks_) out_.chain->push_back(sha_.State());
   if (hashed_ != nullptr) hashed_->fetch_add(len, std::memory_order_relaxed);
   if (hasher_.progress_) hasher_.progress_(len);
   return Status::Ok();

@@ -81,8 +81,9 @@ ExposedCheckpoint ToExposed(const CheckpointSource& src, const IndexedCheckpoint
   e.subdirs = src.subdirs;
   for (const auto& f : indexed.files) {
     e.files.push_back({f.member.rel_path, f.member.open_path, f.member.stamp, f.hashes.sha256,
-                       std::make_shared<const std::vector<ChunkHash>>(f.hashes.chunks), f.stamped_size,
-                       f.member.owner, f.member.access});
+                       std::make_shared<const std::vector<ChunkHash>>(f.hashes.chunks), f.stamped_size, f.member.owner,
+                       f.member.access,
+                       f.hashes.chain ? std::make_shared<const ChunkChain>(*f.hashes.chain) : nullptr});
   }
   e.inputs = View::InputsOf(e);
   return e;

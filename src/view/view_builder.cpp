@@ -317,6 +317,12 @@ void ViewBuilder::AddDigestFile(const std::string& name, size_t index,
   n->stamp = n->copies.front().stamp;
   n->sha256 = f.sha256;
   n->chunks = n->copies.front().chunks;
+  for (const auto* c : copies) {
+    if (index < c->files.size() && c->files[index].rel_path == f.rel_path && c->files[index].chain) {
+      n->chain = c->files[index].chain;
+      break;
+    }
+  }
   n->safetensors = IsSafetensorsName(f.rel_path);
   if (n->safetensors) n->stamped_size = f.stamped_size;
   n->xattrs = {{"user.ckptfs.sha256", ToHex(f.sha256)}};
@@ -414,6 +420,7 @@ Sha256Digest View::InputsOf(const ExposedCheckpoint& c) {
     // the SHA-256 names.
     fp.Add(f.rel_path).Add(f.source_path).Add(f.stamp).Add(f.sha256).Add(f.owner).Add(f.access);
     fp.Add(f.stamped_size ? *f.stamped_size + 1 : 0);
+    fp.Add(static_cast<uint64_t>(f.chain != nullptr));  // nor the chain, only whether it is known
   }
   return fp.Finish();
 }

@@ -26,12 +26,13 @@
 #include <random>
 #include <thread>
 
+#include "ckptfs/index.h"
 #include "ckptfs/unique_fd.h"
 #include "file_reads.h"
 #include "mount_fixture.h"
 #include "mounted_ckptfs.h"
-#include "test_tree.h"
 #include "test_binaries.h"
+#include "test_tree.h"
 
 namespace ckptfs::testing {
 namespace {
@@ -768,6 +769,32 @@ class FaultySourceTest : public PassthroughMountTest {
   }
   std::string Through() { return mnt_ + "/by-name/m/model.safetensors"; }
 
+  // Mounts with `options` once the index rows of the weight files of
+  // `links` have lost their SHA-256 chains (a first mount indexes them), as
+  // rows written before the chain, or hashes taken from a manifest, leave
+  // a file: under verify=sha256 only a pass over the whole file then proves
+  // its bytes.
+  void MountWithoutChains(const std::string& options, const std::vector<std::string>& links) {
+    mount_ = Mount(options);
+    for (const auto& link : links) ASSERT_TRUE(WaitForLink(link)) << mount_->Log();
+    mount_.reset();
+    {
+      auto index = Index::Open(state_, nullptr);
+      ASSERT_TRUE(index.ok()) << index.status().message();
+      for (const auto& link : links) {
+        struct stat st;
+        ASSERT_EQ(::stat((src_ + "/" + link + "/model.safetensors").c_str(), &st), 0);
+        auto row = (*index)->LookupInode(st.st_dev, st.st_ino);
+        ASSERT_TRUE(row.ok() && *row && (*row)->hashes.chain) << link;
+        FileHashes without = (*row)->hashes;
+        without.chain.reset();
+        ASSERT_TRUE((*index)->PutFile((*row)->stamp, (*row)->path, without).ok());
+      }
+    }
+    mount_ = Mount(options);
+    for (const auto& link : links) ASSERT_TRUE(WaitForLink(link)) << mount_->Log();
+  }
+
   // Runs `request` while the source stalls ("stall"). Should it not be
   // done within 20 s, the stall is let go, so that the test ends: true
   // when `request` was done before that.
@@ -909,8 +936,8 @@ TEST_F(FaultySourceTest, OpensWaitingForACopyLeaveThreadsForEveryoneElse) {
 // file's proof, and another user's listing waited as long.
 TEST_F(FaultySourceTest, ReadsWaitingForAProofLeaveThreadsForEveryoneElse) {
   // Passthrough or not: nothing is resident, so every read is the daemon's.
-  mount_ = Mount("cache_size=256M,threads=2,verify=sha256,fill=off,supervise=off");
-  ASSERT_TRUE(WaitForLink("m")) << mount_->Log();
+  MountWithoutChains("cache_size=256M,threads=2,verify=sha256,fill=off,supervise=off", {"m"});
+  if (HasFatalFailure()) return;
   const std::string file = Through();
   ASSERT_TRUE(fs::exists(file)) << mount_->Log();
   WriteFile(trigger_, "stall");  // the first chunk's reads hang
@@ -942,6 +969,23 @@ TEST_F(FaultySourceTest, ReadsWaitingForAProofLeaveThreadsForEveryoneElse) {
   EXPECT_TRUE(ReadDirect(file, 8 * kMiB, kMiB) == data_.substr(8 * kMiB, kMiB));
 }
 
+// A file whose index row holds its SHA-256 chain (every file this daemon
+// hashed) has each chunk proven alone: under verify=sha256 its second chunk
+// is served while its first cannot be read (a stalled source). A row
+// without the chain needs a pass over the whole file first, which waits
+// for the first chunk (ReadsWaitingForAProofLeaveThreadsForEveryoneElse):
+// there the stall is let go after 20 s, so that the test ends, and fails.
+TEST_F(FaultySourceTest, UnderVerifySha256AChunkIsProvenAloneByTheFilesChain) {
+  mount_ = Mount("cache_size=256M,verify=sha256,fill=off,supervise=off");
+  ASSERT_TRUE(WaitForLink("m")) << mount_->Log();
+  WriteFile(trigger_, "stall");  // reads of the first chunk hang
+  std::string got;
+  EXPECT_TRUE(DoneWhileStalled([&] { got = ReadDirect(Through(), 4 * kMiB, kMiB); }))
+      << "the read waited for a proof of the whole file";
+  EXPECT_TRUE(got == data_.substr(4 * kMiB, kMiB)) << got.substr(0, 80);
+  EXPECT_EQ(Stats(mnt_)["fills"]["proven"], 0);  // no copy was made to prove it either
+}
+
 // With a second checkpoint, n, that never fails.
 class TwoCheckpointFaultySourceTest : public FaultySourceTest {
  protected:
@@ -953,8 +997,8 @@ class TwoCheckpointFaultySourceTest : public FaultySourceTest {
 // (a stalled source) leave another user's proof a thread.
 TEST_F(TwoCheckpointFaultySourceTest, OneUsersProofsLeaveAnotherUserAProvingThread) {
   fs::permissions(tmp_.path(), fs::perms::owner_all | fs::perms::group_exec | fs::perms::others_exec);
-  mount_ = Mount("allow_other,cache_size=256M,threads=2,verify=sha256,fill=off,supervise=off");
-  ASSERT_TRUE(WaitForLink("m") && WaitForLink("n")) << mount_->Log();
+  MountWithoutChains("allow_other,cache_size=256M,threads=2,verify=sha256,fill=off,supervise=off", {"m", "n"});
+  if (HasFatalFailure()) return;
   const std::string stalled = Through(), other = mnt_ + "/by-name/n/model.safetensors";
   ASSERT_TRUE(fs::exists(stalled) && fs::exists(other)) << mount_->Log();
   WriteFile(trigger_, "stall");  // m's first chunk hangs; n never does

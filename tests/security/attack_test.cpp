@@ -15,6 +15,7 @@
 #include "ckptfs/hashes.h"
 #include "ckptfs/index.h"
 #include "faulty_fs_mount.h"
+#include "indexed_source_file.h"
 #include "security_fixture.h"
 
 namespace ckptfs::testing {
@@ -317,33 +318,42 @@ TEST_F(AttackTest, BytesForgedToPassTheirChunkChecksAreNeverServedUnderVerifySha
   WriteFile(path, forged);
   struct stat st;
   ASSERT_EQ(::stat(path.c_str(), &st), 0);
-  FileHashes vouched{static_cast<uint64_t>(st.st_size), Sha256Of(real), {}};
+  FileHashes vouched{static_cast<uint64_t>(st.st_size), Sha256Of(real), {}, std::nullopt};
   for (uint64_t at = 0; at < forged.size(); at += kChunkSize) {
     vouched.chunks.push_back(HashChunk(forged.data() + at, std::min<uint64_t>(kChunkSize, forged.size() - at)));
   }
-  for (const char* options : {"verify=xxh3,fill=off", "verify=sha256,fill=wait", "verify=sha256,fill=off"}) {
-    SCOPED_TRACE(options);
-    {  // again each time: a mount that caught the forgery had the file hashed again
-      auto index = Index::Open(state_, nullptr);
-      ASSERT_TRUE(index.ok());
-      ASSERT_TRUE((*index)->PutFile(FileStamp::FromStat(st), path, vouched).ok());
+  // The row once with the chain of the real bytes (a row this daemon wrote
+  // when it hashed them: each chunk is checked alone) and once without (a
+  // row from before the chain: the whole file is checked first).
+  for (const bool with_chain : {false, true}) {
+    for (const char* options : {"verify=xxh3,fill=off", "verify=sha256,fill=wait", "verify=sha256,fill=off"}) {
+      if (with_chain && std::string(options).find("xxh3") != std::string::npos) continue;
+      SCOPED_TRACE(std::string(options) + (with_chain ? ", with the chain" : ", without the chain"));
+      if (with_chain) vouched.chain = testing::ChainOfBytes(real);
+      {  // again each time: a mount that caught the forgery had the file hashed again
+        auto index = Index::Open(state_, nullptr);
+        ASSERT_TRUE(index.ok());
+        ASSERT_TRUE((*index)->PutFile(FileStamp::FromStat(st), path, vouched).ok());
+      }
+      auto m = Mount(std::string("allow_other,") + options);
+      ASSERT_TRUE(WaitFor([&] { return DigestOf("m") == digest; })) << m->Log();
+      AsResult read = RunAs(kMember, "sha256sum < " + ShellQuote(mnt_ + "/" + digest + "/model.bin"));
+      if (std::string(options).find("xxh3") != std::string::npos) {
+        ASSERT_EQ(read.out.substr(0, 64), ToHex(Sha256Of(forged))) << "the forgery did not pass XXH3: " << read.out;
+        continue;
+      }
+      EXPECT_NE(read.exit_code, 0) << read.out;
+      EXPECT_EQ(read.out.find(ToHex(Sha256Of(forged))), std::string::npos) << read.out << m->Log();
     }
-    auto m = Mount(std::string("allow_other,") + options);
-    ASSERT_TRUE(WaitFor([&] { return DigestOf("m") == digest; })) << m->Log();
-    AsResult read = RunAs(kMember, "sha256sum < " + ShellQuote(mnt_ + "/" + digest + "/model.bin"));
-    if (std::string(options).find("xxh3") != std::string::npos) {
-      ASSERT_EQ(read.out.substr(0, 64), ToHex(Sha256Of(forged))) << "the forgery did not pass XXH3: " << read.out;
-      continue;
-    }
-    EXPECT_NE(read.exit_code, 0) << read.out;
-    EXPECT_EQ(read.out.find(ToHex(Sha256Of(forged))), std::string::npos) << read.out << m->Log();
   }
 }
 
 // The same forgery under the default, verify=auto, where nobody asked for
 // sha256: bytes forged into a file that a user other than root and the
 // mount's owner may write (they own it, or its group or others may write
-// it) are served only once the whole file's SHA-256 passed, so never; such
+// it) are served only once checked against the file's SHA-256 (each chunk
+// against the chain a row this daemon wrote holds, or the whole file first
+// for a row without it), so never; such
 // a user can make them for real (a second write into a dirty shared
 // mapping keeps the stamp, and XXH3-128 is not built against forgery). A
 // file only root may write is read on its XXH3-128s alone, and the forgery
@@ -357,11 +367,15 @@ TEST_F(AttackTest, BytesForgedIntoAFileAUserMayWriteAreNeverServedUnderVerifyAut
     mode_t mode;
     const char* options;
     bool trusted;
+    bool chain = false;  // the row holds the chain of the real bytes
   };
   const Case cases[] = {
       {"a user's file, chunk path", kOther.uid, 0644, "fill=off", false},
       {"a user's file, copy at open", kOther.uid, 0644, "fill=wait", false},
       {"a user's file, O_DIRECT reader streamed from the copy", kOther.uid, 0644, "fill=wait,direct", false},
+      {"a user's file, chunk path, with the chain", kOther.uid, 0644, "fill=off", false, true},
+      {"a user's file, copy at open, with the chain", kOther.uid, 0644, "fill=wait", false, true},
+      {"a user's file, O_DIRECT reader streamed, with the chain", kOther.uid, 0644, "fill=wait,direct", false, true},
       {"root's file that its group may write", 0, 0664, "fill=off", false},
       {"root's file, 0644", 0, 0644, "fill=off", true},
       {"a user's file, the user a trusted writer", kOther.uid, 0644, "fill=off,trusted_writers=2003", true},
@@ -387,10 +401,11 @@ TEST_F(AttackTest, BytesForgedIntoAFileAUserMayWriteAreNeverServedUnderVerifyAut
     WriteFile(path, forged);  // the same inode, owner and mode
     struct stat st;
     ASSERT_EQ(::stat(path.c_str(), &st), 0);
-    FileHashes vouched{static_cast<uint64_t>(st.st_size), Sha256Of(real), {}};
+    FileHashes vouched{static_cast<uint64_t>(st.st_size), Sha256Of(real), {}, std::nullopt};
     for (uint64_t at = 0; at < forged.size(); at += kChunkSize) {
       vouched.chunks.push_back(HashChunk(forged.data() + at, std::min<uint64_t>(kChunkSize, forged.size() - at)));
     }
+    if (c.chain) vouched.chain = testing::ChainOfBytes(real);
     {
       auto index = Index::Open(state_, nullptr);
       ASSERT_TRUE(index.ok());

@@ -40,6 +40,18 @@ struct SourceFile {
   std::vector<ChunkHash> chunks;
 };
 
+// The SHA-256 chain (ChunkChain) of `bytes`, taken here apart from the
+// FileHasher, so that a test can vouch for bytes other than those on disk.
+inline ChunkChain ChainOfBytes(const std::string& bytes) {
+  ChunkChain chain;
+  Sha256 running;
+  for (uint64_t c = 0; c + 1 < ChunkCount(bytes.size()); ++c) {
+    running.Update(bytes.data() + c * kChunkSize, kChunkSize);
+    chain.push_back(running.State());
+  }
+  return chain;
+}
+
 // `bytes` written to `path`, and the file node the view holds for it once
 // indexed (hashed for real) into checkpoint `digest`.
 inline View::NodePtr IndexedFileNode(const std::string& path, const std::string& bytes, const std::string& digest,

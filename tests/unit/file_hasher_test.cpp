@@ -85,6 +85,41 @@ TEST_F(FileHasherTest, HashesMatchWholeFileDigests) {
   }
 }
 
+// The chain taken in the hashing pass: one state per chunk but the last,
+// each chunk fitting it alone, and no other bytes (ChunkChain).
+TEST_F(FileHasherTest, TheChainProvesEachChunkAloneAndNothingElse) {
+  for (uint64_t size : {uint64_t{0}, uint64_t{1}, kChunkSize, 3 * kChunkSize + 7}) {
+    SCOPED_TRACE(size);
+    const std::string path = dir_ / ("f" + std::to_string(size));
+    const std::string bytes = RandomBytes(size, size + 1);
+    WriteFile(path, bytes);
+    auto h = FileHasher(&pool_).Hash(path, StampOf(path));
+    ASSERT_TRUE(h.ok()) << h.status().message();
+    ASSERT_TRUE(h->chain.has_value());
+    ASSERT_EQ(h->chain->size(), size > 0 ? ChunkCount(size) - 1 : 0);
+    for (uint64_t i = 0; i < ChunkCount(size); ++i) {
+      const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunkSize, size - i * kChunkSize));
+      std::string chunk = bytes.substr(i * kChunkSize, len);
+      EXPECT_TRUE(ChunkFitsChain(h->sha256, size, *h->chain, i, chunk.data(), len)) << "chunk " << i;
+      chunk[len / 2] ^= 1;
+      EXPECT_FALSE(ChunkFitsChain(h->sha256, size, *h->chain, i, chunk.data(), len))
+          << "chunk " << i << ", a bit flipped";
+    }
+    if (ChunkCount(size) < 2) continue;
+    // A chunk offered at another place, or cut short, or checked against a
+    // chain of another length, does not fit.
+    EXPECT_FALSE(ChunkFitsChain(h->sha256, size, *h->chain, 1, bytes.data(), kChunkSize));
+    EXPECT_FALSE(ChunkFitsChain(h->sha256, size, *h->chain, 0, bytes.data(), kChunkSize - 64));
+    ChunkChain shorter(h->chain->begin(), h->chain->end() - 1);
+    EXPECT_FALSE(ChunkFitsChain(h->sha256, size, shorter, 0, bytes.data(), kChunkSize));
+    // Resumed from a state of the chain, SHA-256 ends where the whole does.
+    Sha256 resumed;
+    resumed.Resume((*h->chain)[1], 2 * kChunkSize);
+    resumed.Update(bytes.data() + 2 * kChunkSize, size - 2 * kChunkSize);
+    EXPECT_EQ(resumed.Finish(), Sha256Of(bytes));
+  }
+}
+
 TEST_F(FileHasherTest, SameAnswerWithoutHelperPool) {
   const std::string path = dir_ / "f";
   WriteFile(path, RandomBytes(2 * kChunkSize + 5, 3));
@@ -93,6 +128,7 @@ TEST_F(FileHasherTest, SameAnswerWithoutHelperPool) {
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(a->sha256, b->sha256);
   EXPECT_EQ(a->chunks, b->chunks);
+  EXPECT_EQ(a->chain, b->chain);
 }
 
 TEST_F(FileHasherTest, TruncatedWhileHashedAsksForRetry) {
@@ -192,6 +228,7 @@ TEST_F(FileHasherTest, ATaskThatYieldsBetweenChunksEndsWithTheSameHashes) {
   ASSERT_TRUE(resumed.ok()) << resumed.status().message();
   EXPECT_EQ(resumed->sha256, whole->sha256);
   EXPECT_EQ(resumed->chunks, whole->chunks);
+  EXPECT_EQ(resumed->chain, whole->chain);
 }
 
 // A file replaced while its task is paused is refused when it resumes.

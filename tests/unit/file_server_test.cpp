@@ -390,6 +390,60 @@ TEST_F(FileServerTest, VerifyAutoServesNoCraftedBytesFromACopyAUserMayWrite) {
   EXPECT_EQ(reader_.chunks_read() - before, 1u);
 }
 
+// With the file's SHA-256 chain (what its index row holds once this daemon
+// hashed it), each chunk read from a copy that must be proven is checked
+// alone: a chunk is served without a pass over the whole file, and a
+// crafted one (it passes its XXH3-128) is refused, whether read on the
+// chunk path, by a copy waited for, or streamed to an O_DIRECT reader.
+TEST_F(FileServerTest, WithTheFilesChainEachChunkIsProvenAlone) {
+  const std::string real = RandomBytes(3 * kChunkSize + 7, 72);
+  std::string crafted = real;
+  for (size_t i = kChunkSize; i < kChunkSize + 64; ++i) crafted[i] = static_cast<char>(~crafted[i]);
+  auto file = std::make_shared<View::Node>(*Indexed("m/model.safetensors", crafted));
+  file->ino = 401;
+  file->sha256 = Sha256Of(real);
+  file->chain = std::make_shared<const ChunkChain>(testing::ChainOfBytes(real));
+  file->copies = {SourceCopy{file->source_path, file->stamp, file->chunks, /*trusted=*/false}};
+  struct Served {
+    std::string first, second;  // of chunk 0, then of chunk 1
+    uint64_t chunks_read = 0;   // from the source, for the first
+  };
+  auto serve = [&](Verify verify, FillPolicy fill, int open_flags) {
+    FileCache files(16 * kChunkSize);
+    ChunkCache cache(ChunkCache::Options{.capacity = 8 * kChunkSize});
+    ProvenChunkTables proven(1024);
+    FileServer::Options o;
+    o.fill = fill;
+    o.verify = verify;
+    FileServer server(FileServer::Parts{.cache = &cache, .files = &files, .reader = &reader_, .proven = &proven}, o,
+                      {});
+    Served out;
+    const uint64_t before = reader_.chunks_read();
+    auto opened = server.Open(file, open_flags, /*inode_open=*/false, 5001);
+    if (!opened.ok()) return Served{"open: " + opened.status().message(), "", 0};
+    for (std::string* got : {&out.first, &out.second}) {
+      const uint64_t at = got == &out.first ? 0 : kChunkSize;
+      auto read = server.Read(**opened, at, 4096);
+      *got = read.ok() ? Joined(*read) : "read: " + read.status().message();
+      if (got == &out.first) out.chunks_read = reader_.chunks_read() - before;
+    }
+    EXPECT_EQ(proven.tables(), 0u) << "a pass over the whole file proved it";
+    return out;
+  };
+  for (Verify verify : {Verify::kSha256, Verify::kAuto}) {
+    SCOPED_TRACE(WordOf(kVerifyWords, verify));
+    const Served chunk_path = serve(verify, FillPolicy::kOff, O_RDONLY);
+    EXPECT_EQ(chunk_path.first, real.substr(0, 4096));
+    EXPECT_EQ(chunk_path.chunks_read, 1u);  // the chunk asked for, and no other
+    EXPECT_NE(chunk_path.second.find("its chain"), std::string::npos) << chunk_path.second.substr(0, 80);
+    for (int flags : {O_RDONLY, O_RDONLY | O_DIRECT}) {
+      const Served copy = serve(verify, FillPolicy::kWait, flags);
+      EXPECT_NE(copy.second, crafted.substr(kChunkSize, 4096)) << (flags & O_DIRECT ? "O_DIRECT" : "buffered");
+      EXPECT_EQ(copy.second.rfind("read: ", 0), 0u) << copy.second.substr(0, 80);
+    }
+  }
+}
+
 // Under verify=auto a read goes first to the trusted copy, on its XXH3-128s
 // alone; when that copy fails (here: a damaged chunk behind an intact
 // stamp), a copy it does not trust still serves the read, once the whole

@@ -132,6 +132,70 @@ TEST_F(IndexTest, MalformedRowIsNotTrusted) {
   EXPECT_EQ(Find(again, "a").name, CoreutilsDigest(src_ / "a"));
 }
 
+// A row keeps the chain taken with its SHA-256 (ChunkChain), under the
+// row's sum: a chain changed on disk makes the row absent, and its file is
+// hashed again rather than checked against it.
+TEST_F(IndexTest, ARowKeepsItsChainUnderItsSum) {
+  const std::string big = src_ / "a/model.bin";
+  WriteFile(src_ / "a/config.json", "{}");
+  WriteFile(big, RandomBytes(2 * kChunkSize + 9, 5));
+  ASSERT_EQ(Run().files_hashed, 2u);
+  struct stat st;
+  ASSERT_EQ(::stat(big.c_str(), &st), 0);
+  {
+    auto index = OpenIndex(state_.path());
+    auto row = index->LookupInode(st.st_dev, st.st_ino);
+    ASSERT_TRUE(row.ok() && *row);
+    auto hashed = FileHasher(nullptr).Hash(big, FileStamp::FromStat(st));
+    ASSERT_TRUE(hashed.ok() && hashed->chain);
+    ASSERT_EQ(hashed->chain->size(), 2u);
+    EXPECT_EQ((*row)->hashes.chain, hashed->chain);
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((state_ / "index.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(
+      sqlite3_exec(db, "UPDATE files SET chain = zeroblob(64) WHERE length(chain) = 64", nullptr, nullptr, nullptr),
+      SQLITE_OK);
+  EXPECT_EQ(sqlite3_changes(db), 1);
+  sqlite3_close(db);
+  EXPECT_EQ(Run().files_hashed, 1u);
+}
+
+// An index written before the chain (no `chain` column) gets the column on
+// open and keeps every row: an upgrade hashes nothing again, and a chain is
+// unknown until its file is hashed again.
+TEST_F(IndexTest, AnIndexFromBeforeTheChainKeepsEveryRow) {
+  WriteModel(src_ / "a", {});
+  WriteFile(src_ / "a/extra.bin", RandomBytes(kChunkSize + 3, 6));
+  const IndexReport first = Run();
+  {  // rows as that index held them: no chain, summed as such
+    auto index = OpenIndex(state_.path());
+    for (const auto& entry : std::filesystem::directory_iterator(src_ / "a")) {
+      struct stat st;
+      ASSERT_EQ(::stat(entry.path().c_str(), &st), 0);
+      auto row = index->LookupInode(st.st_dev, st.st_ino);
+      ASSERT_TRUE(row.ok() && *row && (*row)->hashes.chain) << entry.path();
+      FileHashes without = (*row)->hashes;
+      without.chain.reset();
+      ASSERT_TRUE(index->PutFile((*row)->stamp, (*row)->path, without).ok());
+    }
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((state_ / "index.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "ALTER TABLE files DROP COLUMN chain", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+
+  const IndexReport again = Run();
+  EXPECT_EQ(again.files_hashed, 0u);
+  EXPECT_EQ(again.files_from_index, first.files_hashed);
+  EXPECT_EQ(Find(again, "a").name, Find(first, "a").name);
+  struct stat st;
+  ASSERT_EQ(::stat((src_ / "a/extra.bin").c_str(), &st), 0);
+  auto row = OpenIndex(state_.path())->LookupInode(st.st_dev, st.st_ino);
+  ASSERT_TRUE(row.ok() && *row);
+  EXPECT_FALSE((*row)->hashes.chain.has_value());
+}
+
 TEST_F(IndexTest, UnwritableStateDirectoryFailsClearly) {
   WriteFile(state_ / "file", "x");
   auto index = Index::Open(state_ / "file/sub", nullptr);
