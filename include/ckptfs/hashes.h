@@ -32,7 +32,11 @@ using Sha256State = std::array<uint8_t, 32>;
 // file's SHA-256 checks the file: chunk i must take the state from entry
 // i-1 (the initial state for chunk 0) to entry i (for the last chunk: to
 // the file's SHA-256 itself). Other bytes that did so would make the file,
-// with only that chunk replaced, a second preimage of its SHA-256.
+// with only that chunk replaced, a second preimage of its SHA-256. A chain
+// proves nothing of itself (only its last link meets the SHA-256), so it
+// is trusted only where it was taken here, in the very pass that computed
+// or matched the file's SHA-256 (the indexer, a whole-file proof), never
+// from a manifest or any other hand.
 using ChunkChain = std::vector<Sha256State>;
 
 // Incremental SHA-256 through OpenSSL's SHA-256 (the CPU's SHA instructions
@@ -47,11 +51,13 @@ class Sha256 {
   void Update(const void* data, size_t len);
   Sha256Digest Finish();
 
-  // The state after the bytes so far, which must be a multiple of 64.
+  // The state after the bytes so far, which must be a multiple of 64 (at
+  // any other point: all zeros, which no chunk checked against it reaches).
   Sha256State State() const;
   // Goes on from `state`, the state after the first `bytes` bytes of a
-  // message (a multiple of 64), as if those had just been hashed.
-  void Resume(const Sha256State& state, uint64_t bytes);
+  // message, as if those had just been hashed; false (and nothing changed)
+  // when `bytes` is not a multiple of 64, where there is no such state.
+  [[nodiscard]] bool Resume(const Sha256State& state, uint64_t bytes);
 
  private:
   SHA256_CTX ctx_;

@@ -107,8 +107,10 @@ class Index {
  private:
   Index(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
   Status Exec(const char* sql);
-  // Gives an index made before the chain its `chain` column.
-  Status AddChainColumn();
+  // Gives an index made before the chain its `chain` and `chain_sum`
+  // columns; ChainColumns counts those it has.
+  Result<int> ChainColumns();
+  Status AddChainColumns();
   // The prepared statement of `sql` (a literal: cached by its address),
   // prepared once; null when it cannot be. With mu_ held.
   sqlite3_stmt* Cached(const char* sql) REQUIRES(mu_);

@@ -21,14 +21,16 @@ Sha256Digest Sha256::Finish() {
 }
 
 Sha256State Sha256::State() const {
-  Sha256State out;
+  Sha256State out{};
+  if (ctx_.num != 0) return out;  // not at a block boundary: all zeros, which no chunk reaches
   for (size_t i = 0; i < 8; ++i) {
     for (size_t b = 0; b < 4; ++b) out[4 * i + b] = static_cast<uint8_t>(ctx_.h[i] >> (24 - 8 * b));
   }
   return out;
 }
 
-void Sha256::Resume(const Sha256State& state, uint64_t bytes) {
+bool Sha256::Resume(const Sha256State& state, uint64_t bytes) {
+  if (bytes % SHA256_CBLOCK != 0) return false;
   SHA256_Init(&ctx_);
   for (size_t i = 0; i < 8; ++i) {
     ctx_.h[i] = static_cast<SHA_LONG>(state[4 * i]) << 24 | static_cast<SHA_LONG>(state[4 * i + 1]) << 16 |
@@ -38,6 +40,7 @@ void Sha256::Resume(const Sha256State& state, uint64_t bytes) {
   const uint64_t bits = bytes * 8;
   ctx_.Nl = static_cast<SHA_LONG>(bits);
   ctx_.Nh = static_cast<SHA_LONG>(bits >> 32);
+  return true;
 }
 
 bool ChunkFitsChain(const Sha256Digest& sha256, uint64_t size, const ChunkChain& chain, uint64_t index,
@@ -46,7 +49,7 @@ bool ChunkFitsChain(const Sha256Digest& sha256, uint64_t size, const ChunkChain&
   if (index >= chunks || chain.size() + 1 != chunks) return false;
   if (len != std::min<uint64_t>(kChunkSize, size - index * kChunkSize)) return false;
   Sha256 h;
-  if (index > 0) h.Resume(chain[index - 1], index * kChunkSize);
+  if (index > 0 && !h.Resume(chain[index - 1], index * kChunkSize)) return false;
   h.Update(data, len);
   return index + 1 < chunks ? h.State() == chain[index] : h.Finish() == sha256;
 }

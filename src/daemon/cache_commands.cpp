@@ -241,15 +241,16 @@ nlohmann::json FillsJson(FileServer& server, const FileCache::Stats& f, const Ho
           {kFillsSkipped, fills.skipped},
           // reads served from a copy while it was being made (its verified chunks)
           {"streamed_reads", fills.streamed_reads},
-          // copies sealed only once their whole SHA-256 passed (verify=sha256;
-          // under auto, copies read from a source not only root's and the
-          // mount owner's)
+          // copies sealed only once their SHA-256 passed, chunk by chunk
+          // against the file's chain or whole (verify=sha256; under auto,
+          // copies read from a source not only root's and the mount owner's)
           {"proven", fills.proven},
           // fill=wait opens that began their copy without waiting for it,
           // because their opener was reading the shards' headers first
           {"header_scan_opens", fills.header_scan_opens},
           // what fills and chunk reads check (verify=), and the files whose
-          // chunks are proven by their SHA-256 for the chunk path
+          // index rows have no SHA-256 chain and whose chain a pass over the
+          // whole file proved, held for the chunk path
           {"verify", WordOf(kVerifyWords, server.options().verify)},
           {"proven_files", server.parts().proven != nullptr ? server.parts().proven->tables() : 0},
           {"from_indexing", IndexFillsJson(index_fill)},

@@ -20,9 +20,12 @@ namespace {
 constexpr int kApplicationId = 0x636b7074;
 // 2: rows carry row_sum. An index of version 1 is set aside and rebuilt
 // rather than migrated: its rows have no sum to prove them. The files
-// table's `chain` column (the file's ChunkChain) came within version 2: an
-// index without it gets it on open, NULL in its rows (the chain unknown
-// until the file is hashed again), so an upgrade hashes nothing.
+// table's `chain` and `chain_sum` columns (the file's ChunkChain, and its
+// sum with the row's) came within version 2: an index without them gets
+// them on open, NULL in its rows (the chain unknown until the file is
+// hashed again), so an upgrade hashes nothing; and row_sum stays what it
+// was, so a daemon from before the chain reads these rows as its own
+// (ignoring the chain) rather than hashing their files again.
 constexpr int kSchemaVersion = 2;
 
 constexpr const char* kSchema = R"sql(
@@ -30,7 +33,7 @@ CREATE TABLE IF NOT EXISTS files(
   dev INTEGER NOT NULL, ino INTEGER NOT NULL,
   size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
   sha256 BLOB NOT NULL, chunk_size INTEGER NOT NULL, chunks BLOB NOT NULL,
-  path TEXT NOT NULL, indexed_at INTEGER NOT NULL, row_sum BLOB NOT NULL, chain BLOB,
+  path TEXT NOT NULL, indexed_at INTEGER NOT NULL, row_sum BLOB NOT NULL, chain BLOB, chain_sum BLOB,
   PRIMARY KEY (dev, ino)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS files_by_sha256 ON files(sha256);
 CREATE TABLE IF NOT EXISTS checkpoints(
@@ -105,22 +108,34 @@ int64_t Now() { return static_cast<int64_t>(std::time(nullptr)); }
 // its file hashed again instead of being served under a wrong digest. It
 // guards against damage, not against someone who can write the index (the
 // state directory is the daemon's own, mode 0700).
-// A row with a chain is summed as v3, chain included; one without it as v2
-// rows always were.
 Sha256Digest RowSum(const FileStamp& stamp, const std::string& sha, int64_t chunk_size, const std::string& chunks,
-                    const std::string& path, const std::optional<std::string>& chain) {
+                    const std::string& path) {
   Sha256 h;
-  const std::string version = chain ? "ckptfs-row-v3/" + std::to_string(chain->size()) + "/" : "ckptfs-row-v2/";
-  const std::string fields =
-      version + std::to_string(stamp.dev) + "/" + std::to_string(stamp.ino) + "/" + std::to_string(stamp.size) + "/" +
-      std::to_string(stamp.mtime_ns) + "/" + std::to_string(stamp.ctime_ns) + "/" + std::to_string(chunk_size) + "/" +
-      std::to_string(sha.size()) + "/" + std::to_string(chunks.size()) + "/" + std::to_string(path.size()) + "/";
+  const std::string fields = "ckptfs-row-v2/" + std::to_string(stamp.dev) + "/" + std::to_string(stamp.ino) + "/" +
+                             std::to_string(stamp.size) + "/" + std::to_string(stamp.mtime_ns) + "/" +
+                             std::to_string(stamp.ctime_ns) + "/" + std::to_string(chunk_size) + "/" +
+                             std::to_string(sha.size()) + "/" + std::to_string(chunks.size()) + "/" +
+                             std::to_string(path.size()) + "/";
   h.Update(fields.data(), fields.size());
   h.Update(sha.data(), sha.size());
   h.Update(chunks.data(), chunks.size());
   h.Update(path.data(), path.size());
-  if (chain) h.Update(chain->data(), chain->size());
   return h.Finish();
+}
+
+// The chain's sum, bound to its row's (so that a chain cannot move to a
+// row of other bytes unnoticed).
+Sha256Digest ChainSum(const Sha256Digest& row_sum, const std::string& chain) {
+  Sha256 h;
+  const std::string fields = "ckptfs-chain-v1/" + std::to_string(chain.size()) + "/";
+  h.Update(fields.data(), fields.size());
+  h.Update(row_sum.data(), row_sum.size());
+  h.Update(chain.data(), chain.size());
+  return h.Finish();
+}
+
+bool SameBytes(const std::string& blob, const Sha256Digest& digest) {
+  return blob.size() == digest.size() && std::memcmp(blob.data(), digest.data(), digest.size()) == 0;
 }
 
 // The same for a stamped_sizes row. (The table came after schema 2 and is
@@ -285,7 +300,7 @@ Result<std::unique_ptr<Index>> Index::Open(const std::string& state_dir, std::ve
                               kSchema}) {
         if (Status s = index->Exec(sql); !s.ok()) return s;
       }
-      if (Status s = index->AddChainColumn(); !s.ok()) return s;
+      if (Status s = index->AddChainColumns(); !s.ok()) return s;
       if (Status s = index->Exec(("PRAGMA application_id=" + std::to_string(kApplicationId)).c_str()); !s.ok()) {
         return s;
       }
@@ -321,14 +336,33 @@ sqlite3_stmt* Index::Cached(const char* sql) {
   return stmt;
 }
 
-Status Index::AddChainColumn() {
-  bool has = false;
-  {
-    Stmt s(db_, "SELECT count(*) FROM pragma_table_info('files') WHERE name='chain'");
-    if (!s.ok() || s.Step() != SQLITE_ROW) return SqlError("cannot read the files table's columns");
-    has = s.Int(0) > 0;
+Result<int> Index::ChainColumns() {
+  Stmt s(db_, "SELECT count(*) FROM pragma_table_info('files') WHERE name IN ('chain', 'chain_sum')");
+  if (!s.ok() || s.Step() != SQLITE_ROW) return SqlError("cannot read the files table's columns");
+  return static_cast<int>(s.Int(0));
+}
+
+Status Index::AddChainColumns() {
+  auto found = ChainColumns();
+  if (!found.ok() || *found == 2) return found.status();
+  // Looked at again and added in one transaction: a daemon and ckptfsctl
+  // opening the same index at once must not both add them (the second
+  // would fail on a duplicate column).
+  if (Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
+  Status failed;
+  for (const char* column : {"chain", "chain_sum"}) {
+    Stmt has(db_, "SELECT count(*) FROM pragma_table_info('files') WHERE name=?1");
+    has.Bind(1, std::string(column));
+    if (!has.ok() || has.Step() != SQLITE_ROW) {
+      failed = SqlError("cannot read the files table's columns");
+      break;
+    }
+    if (has.Int(0) > 0) continue;
+    if (failed = Exec(("ALTER TABLE files ADD COLUMN " + std::string(column) + " BLOB").c_str()); !failed.ok()) break;
   }
-  return has ? Status::Ok() : Exec("ALTER TABLE files ADD COLUMN chain BLOB");
+  if (failed.ok()) return Exec("COMMIT");
+  (void)Exec("ROLLBACK");
+  return failed;
 }
 
 Status Index::Exec(const char* sql) {
@@ -355,8 +389,8 @@ Result<std::optional<FileHashes>> Index::LookupFile(const FileStamp& stamp) {
 namespace {
 
 constexpr const char* kSelectFile =
-    "SELECT size, mtime_ns, ctime_ns, sha256, chunk_size, chunks, path, row_sum, chain FROM files WHERE dev=?1 AND "
-    "ino=?2";
+    "SELECT size, mtime_ns, ctime_ns, sha256, chunk_size, chunks, path, row_sum, chain, chain_sum FROM files WHERE "
+    "dev=?1 AND ino=?2";
 
 // The row of (dev, ino) through `s` (kSelectFile), checked against its sum;
 // nullopt when absent or damaged. `error` makes the Status of a failed step.
@@ -372,8 +406,8 @@ Result<std::optional<Index::StoredFile>> ReadFileRow(Stmt& s, uint64_t dev, uint
   f.stamp = {dev, ino, static_cast<uint64_t>(s.Int(0)), s.Int(1), s.Int(2)};
   const std::string sha = s.Blob(3), chunks = s.Blob(5), path = s.Text(6), sum = s.Blob(7);
   const std::optional<std::string> chain = OptionalBlob(s.get(), 8);
-  const Sha256Digest expect = RowSum(f.stamp, sha, s.Int(4), chunks, path, chain);
-  if (sum.size() != expect.size() || std::memcmp(sum.data(), expect.data(), expect.size()) != 0) {
+  const Sha256Digest expect = RowSum(f.stamp, sha, s.Int(4), chunks, path);
+  if (!SameBytes(sum, expect) || (chain && !SameBytes(s.Blob(9), ChainSum(expect, *chain)))) {
     return std::optional<Index::StoredFile>();  // damaged row: absent; the file is hashed again and the row rewritten
   }
   auto hashes = DecodeHashes(f.stamp.size, sha, s.Int(4), chunks, chain);
@@ -446,7 +480,7 @@ Status Index::PutBatch(const std::vector<FileRow>& files, const std::vector<Chec
 Status Index::PutFileLocked(const FileStamp& stamp, const std::string& path, const FileHashes& hashes) {
   Stmt s(
       Cached("INSERT OR REPLACE INTO files(dev, ino, size, mtime_ns, ctime_ns, sha256, chunk_size, chunks, path, "
-             "indexed_at, row_sum, chain) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"));
+             "indexed_at, row_sum, chain, chain_sum) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"));
   if (!s.ok()) return Status::Error("index " + path_ + ": " + sqlite3_errmsg(db_));
   s.Bind(1, stamp.dev);
   s.Bind(2, stamp.ino);
@@ -461,13 +495,15 @@ Status Index::PutFileLocked(const FileStamp& stamp, const std::string& path, con
   const std::string sha(reinterpret_cast<const char*>(hashes.sha256.data()), hashes.sha256.size());
   const std::string chunks(reinterpret_cast<const char*>(hashes.chunks.data()),
                            hashes.chunks.size() * sizeof(ChunkHash));
-  std::optional<std::string> chain;
-  if (hashes.chain) {
-    chain.emplace(reinterpret_cast<const char*>(hashes.chain->data()), hashes.chain->size() * sizeof(Sha256State));
-    s.BindBlob(12, chain->data(), chain->size());
-  }  // else NULL, as bindings start
-  const Sha256Digest sum = RowSum(stamp, sha, static_cast<int64_t>(kChunkSize), chunks, path, chain);
+  const Sha256Digest sum = RowSum(stamp, sha, static_cast<int64_t>(kChunkSize), chunks, path);
   s.BindBlob(11, sum.data(), sum.size());
+  if (hashes.chain) {  // else both NULL, as bindings start
+    const std::string chain(reinterpret_cast<const char*>(hashes.chain->data()),
+                            hashes.chain->size() * sizeof(Sha256State));
+    s.BindBlob(12, chain.data(), chain.size());
+    const Sha256Digest chain_sum = ChainSum(sum, chain);
+    s.BindBlob(13, chain_sum.data(), chain_sum.size());
+  }
   if (s.Step() != SQLITE_DONE) return Status::Error("index " + path_ + ": " + sqlite3_errmsg(db_));
   return Status::Ok();
 }
@@ -493,7 +529,7 @@ Result<std::optional<uint64_t>> Index::LookupStampedSize(const Sha256Digest& fil
   const uint64_t size = static_cast<uint64_t>(s.Int(0));
   const std::string sum = s.Blob(1);
   const Sha256Digest expect = StampedSizeRowSum(file, size);
-  if (sum.size() != expect.size() || std::memcmp(sum.data(), expect.data(), expect.size()) != 0) {
+  if (!SameBytes(sum, expect)) {
     return std::optional<uint64_t>();  // damaged row: the header is read again and the row rewritten
   }
   return std::optional<uint64_t>(size);

@@ -335,6 +335,9 @@ void IndexScheduler::ForgetRecent(uint64_t dev, uint64_t ino) {
 void IndexScheduler::Remember(const Key& key, std::shared_ptr<SharedFile> file) {
   const uint64_t bytes = TableBytes(*file->hashes);
   if (bytes > kRecentChunkBytes / 4) return;
+  // The key again (hashed again since): its old entry's bytes go first. Its
+  // older place in recent_order_ stays, and lets it go early, as a cache may.
+  if (auto it = recent_.find(key); it != recent_.end()) recent_bytes_ -= TableBytes(*it->second->hashes);
   recent_[key] = std::move(file);
   recent_order_.push_back(key);
   recent_bytes_ += bytes;

@@ -263,8 +263,9 @@ void IndexingJob::TakeSharedResults() {
 
 // The served size under stamp_headers of every *.safetensors file, from the
 // index or, when it has none and reading is allowed, from the file's header
-// chunks (verified against the chunk table just computed), stored for next
-// time. Done at indexing so that stat never reads a header.
+// chunks (verified against the hashes just computed, the SHA-256 chain
+// included: a file without one, its hashes a manifest's, is left to stat),
+// stored for next time. Done at indexing so that stat never reads a header.
 void IndexingJob::FindStampedSizes() {
   Index* index = ctx_->index;
   const IndexerOptions& o = ctx_->options;
@@ -278,8 +279,8 @@ void IndexingJob::FindStampedSizes() {
       continue;  // stat reads the header itself, as without an index
     }
     if ((job.stamped_size = *stored)) continue;
-    if (o.lookup_only || ctx_->Stopping()) continue;
-    auto size = ServedStampedSize(reader, job.open_path, job.stamp, job.hashes->chunks);
+    if (o.lookup_only || ctx_->Stopping() || !job.hashes->chain) continue;
+    auto size = ServedStampedSize(reader, job.open_path, job.stamp, *job.hashes);
     if (!size.ok()) {
       // Not fatal: stat then reads the header itself, as the reads will.
       report_.warnings.push_back(job.open_path + ": cannot read its safetensors header: " + size.status().message());

@@ -5,7 +5,8 @@
 namespace ckptfs {
 
 Result<uint64_t> ServedStampedSize(SourceReader& reader, const std::string& path, const FileStamp& stamp,
-                                   const std::vector<ChunkHash>& chunks) {
+                                   const FileHashes& hashes) {
+  if (!hashes.chain) return Status::NotFound(path + ": no SHA-256 chain to check its header against");
   std::string prefix;  // whole verified chunks, as many as asked for so far
   const PrefixReader read_prefix = [&](uint64_t len) -> Result<std::string> {
     while (prefix.size() < len && prefix.size() < stamp.size) {
@@ -13,8 +14,13 @@ Result<uint64_t> ServedStampedSize(SourceReader& reader, const std::string& path
       const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunkSize, stamp.size - index * kChunkSize));
       const size_t at = prefix.size();
       prefix.resize(at + n);
-      Status s = reader.ReadChunk(path, stamp, chunks, index, reinterpret_cast<uint8_t*>(prefix.data() + at), n);
+      uint8_t* data = reinterpret_cast<uint8_t*>(prefix.data() + at);
+      Status s = reader.ReadChunk(path, stamp, hashes.chunks, index, data, n);
       if (!s.ok()) return s;
+      if (!ChunkFitsChain(hashes.sha256, stamp.size, *hashes.chain, index, data, n)) {
+        return Status::Corrupt(path + ": chunk " + std::to_string(index) +
+                               " of its header passes its XXH3-128 but not the file's SHA-256 (its chain)");
+      }
     }
     return prefix.substr(0, static_cast<size_t>(std::min<uint64_t>(len, prefix.size())));
   };

@@ -318,7 +318,8 @@ void ViewBuilder::AddDigestFile(const std::string& name, size_t index,
   n->sha256 = f.sha256;
   n->chunks = n->copies.front().chunks;
   for (const auto* c : copies) {
-    if (index < c->files.size() && c->files[index].rel_path == f.rel_path && c->files[index].chain) {
+    if (index < c->files.size() && c->files[index].rel_path == f.rel_path && c->files[index].chain &&
+        c->files[index].sha256 == f.sha256) {
       n->chain = c->files[index].chain;
       break;
     }

@@ -7,7 +7,9 @@
 #   1. a fill into the host tier (ckptfsctl preload; wall time), source in
 #      the page cache and dropped (fadvise DONTNEED on the file);
 #   2. a first read through the chunk path (fill=off, dd bs=4M), which under
-#      sha256 first proves the file with a pass over all of it.
+#      sha256 checks each chunk against the file's SHA-256 chain (a daemon
+#      from before the chain first proved the file with a pass over all of
+#      it: run this script from an older checkout to compare).
 # Best of RUNS each; the ratio is sha256's time over xxh3's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -292,16 +292,15 @@ TEST_F(AttackTest, ATruncatedCopyOfASharedModelGivesOtherReadersNoEio) {
   }
 }
 
-
 // Issue 21, storage you do not trust: bytes changed behind a file's back so
 // that every chunk still passes its XXH3-128 check. A storage that holds the
 // bytes can craft such chunks; here the index is made to vouch for the
 // forged chunk table under the file's real SHA-256, which is what such a
 // forgery achieves. Under verify=xxh3 the forged bytes are served (the
 // check this test must see fooled, or it proves nothing); under
-// verify=sha256 they never are: not from a sealed copy (fill=wait, whose
-// SHA-256 is checked before sealing) nor from the chunk path (fill=off,
-// whose chunks are checked against SHA-256s proven by the whole file).
+// verify=sha256 they never are: not from a sealed copy (fill=wait) nor from
+// the chunk path (fill=off), whose chunks are checked against the file's
+// SHA-256 chain (a row with it) or the whole file's SHA-256 (a row without).
 TEST_F(AttackTest, BytesForgedToPassTheirChunkChecksAreNeverServedUnderVerifySha256) {
   const std::string real = RandomBytes(2 * kChunkSize + 3, 31);
   std::string forged = real;

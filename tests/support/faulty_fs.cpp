@@ -1,4 +1,4 @@
-// ckptfs-test-faultyfs FILE MOUNTPOINT TRIGGER [wide|two]: a source filesystem that fails.
+// ckptfs-test-faultyfs FILE MOUNTPOINT TRIGGER [wide|two|twin]: a source filesystem that fails.
 // Serves FILE as MOUNTPOINT/m/model.safetensors; once the path TRIGGER exists,
 // reads that touch bytes [8 MiB, 12 MiB) fail with EIO, as a disk with a bad
 // sector would. Used to test ckptfs over a source whose reads start failing
@@ -18,7 +18,9 @@
 // minute, and a sign that a walk is in progress (for teardown tests).
 // With `two`, MOUNTPOINT/n/model.safetensors holds FILE's bytes, each
 // inverted, and never fails: a second checkpoint, to show that what
-// stalls the first leaves it served.
+// stalls the first leaves it served. With `twin`, it holds FILE's very
+// bytes (and never fails), beside an n/config.json of its own: another
+// digest that shares m's file.
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 #include <unistd.h>
@@ -36,9 +38,12 @@ namespace {
 
 std::vector<char> g_data;
 std::string g_trigger;
-std::vector<char> g_inverted;  // with `two`: n/model.safetensors
-bool g_wide = false, g_two = false;
-constexpr fuse_ino_t kDir = 2, kFile = 3, kWide = 4, kSecondDir = 5, kSecondFile = 6, kFirstWideDir = 1000;
+std::vector<char> g_second;  // with `two` or `twin`: n/model.safetensors
+bool g_wide = false, g_two = false, g_twin = false;
+constexpr fuse_ino_t kDir = 2, kFile = 3, kWide = 4, kSecondDir = 5, kSecondFile = 6, kSecondConfig = 7,
+                     kFirstWideDir = 1000;
+constexpr char kConfig[] = "{}\n";            // with `twin`: n/config.json
+bool HasSecond() { return g_two || g_twin; }  // n/ is there
 constexpr uint64_t kBadBegin = 8 << 20, kBadEnd = 12 << 20, kStalledEnd = 4 << 20;
 constexpr int kWideDirs = 3000;
 constexpr auto kSlowListing = std::chrono::milliseconds(20);
@@ -63,10 +68,10 @@ void Attr(fuse_ino_t ino, struct stat* st) {
   std::memset(st, 0, sizeof *st);
   st->st_ino = ino;
   st->st_mtim.tv_sec = st->st_ctim.tv_sec = CurrentFault() == Fault::kChanged ? 1700000001 : 1700000000;
-  if (ino == kFile || ino == kSecondFile) {
+  if (ino == kFile || ino == kSecondFile || ino == kSecondConfig) {
     st->st_mode = S_IFREG | 0444;
     st->st_nlink = 1;
-    st->st_size = static_cast<off_t>(g_data.size());
+    st->st_size = static_cast<off_t>(ino == kSecondConfig ? sizeof kConfig - 1 : g_data.size());
   } else {
     st->st_mode = S_IFDIR | 0555;
     st->st_nlink = 2;
@@ -76,8 +81,9 @@ void Attr(fuse_ino_t ino, struct stat* st) {
 void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   fuse_entry_param e{};
   if (parent == FUSE_ROOT_ID && std::strcmp(name, "m") == 0) e.ino = kDir;
-  else if (g_two && parent == FUSE_ROOT_ID && std::strcmp(name, "n") == 0) e.ino = kSecondDir;
-  else if (g_two && parent == kSecondDir && std::strcmp(name, "model.safetensors") == 0) e.ino = kSecondFile;
+  else if (HasSecond() && parent == FUSE_ROOT_ID && std::strcmp(name, "n") == 0) e.ino = kSecondDir;
+  else if (HasSecond() && parent == kSecondDir && std::strcmp(name, "model.safetensors") == 0) e.ino = kSecondFile;
+  else if (g_twin && parent == kSecondDir && std::strcmp(name, "config.json") == 0) e.ino = kSecondConfig;
   else if (g_wide && parent == FUSE_ROOT_ID && std::strcmp(name, "wide") == 0) e.ino = kWide;
   else if (g_wide && parent == kWide && name[0] == 'd' && IsWideDir(kFirstWideDir + std::atoi(name + 1))) {
     e.ino = kFirstWideDir + std::atoi(name + 1);
@@ -103,11 +109,12 @@ std::vector<std::pair<std::string, fuse_ino_t>> Entries(fuse_ino_t ino) {
   if (ino == FUSE_ROOT_ID) {
     entries.emplace_back("m", kDir);
     if (g_wide) entries.emplace_back("wide", kWide);
-    if (g_two) entries.emplace_back("n", kSecondDir);
+    if (HasSecond()) entries.emplace_back("n", kSecondDir);
   } else if (ino == kDir) {
     entries.emplace_back("model.safetensors", kFile);
   } else if (ino == kSecondDir) {
     entries.emplace_back("model.safetensors", kSecondFile);
+    if (g_twin) entries.emplace_back("config.json", kSecondConfig);
   } else if (ino == kWide) {
     for (fuse_ino_t i = kFirstWideDir; i < kFirstWideDir + kWideDirs; ++i) entries.emplace_back(WideName(i), i);
   } else if (IsWideDir(ino) && CurrentFault() == Fault::kSlow) {
@@ -134,13 +141,18 @@ void ReadDir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
 
 void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
   const uint64_t begin = static_cast<uint64_t>(off);
+  if (ino == kSecondConfig) {
+    fuse_reply_buf(req, kConfig + std::min<uint64_t>(begin, sizeof kConfig - 1),
+                   static_cast<size_t>(sizeof kConfig - 1 - std::min<uint64_t>(begin, sizeof kConfig - 1)));
+    return;
+  }
   if (begin >= g_data.size()) {
     fuse_reply_buf(req, nullptr, 0);
     return;
   }
   const uint64_t end = std::min<uint64_t>(g_data.size(), begin + size);
   if (ino == kSecondFile) {
-    fuse_reply_buf(req, g_inverted.data() + begin, end - begin);
+    fuse_reply_buf(req, g_second.data() + begin, end - begin);
     return;
   }
   if (begin < kStalledEnd) {
@@ -163,14 +175,16 @@ void Open(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 4 && !(argc == 5 && (std::strcmp(argv[4], "wide") == 0 || std::strcmp(argv[4], "two") == 0))) return 2;
-  g_wide = argc == 5 && std::strcmp(argv[4], "wide") == 0;
-  g_two = argc == 5 && std::strcmp(argv[4], "two") == 0;
+  const std::string mode = argc == 5 ? argv[4] : "";
+  if (argc != 4 && mode != "wide" && mode != "two" && mode != "twin") return 2;
+  g_wide = mode == "wide";
+  g_two = mode == "two";
+  g_twin = mode == "twin";
   std::ifstream in(argv[1], std::ios::binary);
   g_data.assign(std::istreambuf_iterator<char>(in), {});
+  if (g_two || g_twin) g_second = g_data;
   if (g_two) {
-    g_inverted = g_data;
-    for (char& c : g_inverted) c = static_cast<char>(~c);
+    for (char& c : g_second) c = static_cast<char>(~c);
   }
   g_trigger = argv[3];
   fuse_lowlevel_ops ops{};

@@ -114,7 +114,8 @@ TEST_F(FileHasherTest, TheChainProvesEachChunkAloneAndNothingElse) {
     EXPECT_FALSE(ChunkFitsChain(h->sha256, size, shorter, 0, bytes.data(), kChunkSize));
     // Resumed from a state of the chain, SHA-256 ends where the whole does.
     Sha256 resumed;
-    resumed.Resume((*h->chain)[1], 2 * kChunkSize);
+    ASSERT_TRUE(resumed.Resume((*h->chain)[1], 2 * kChunkSize));
+    EXPECT_FALSE(Sha256().Resume((*h->chain)[1], 2 * kChunkSize + 3));
     resumed.Update(bytes.data() + 2 * kChunkSize, size - 2 * kChunkSize);
     EXPECT_EQ(resumed.Finish(), Sha256Of(bytes));
   }
