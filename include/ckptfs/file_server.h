@@ -108,11 +108,17 @@ class FileServer {
   // not wait for the index or the view.
   using CorruptChunkReport =
       std::function<void(const View::Node& file, const SourceCopy& copy, const Status& why, bool withdraw)>;
-  // What a failed source read leads to, outside the server.
+  // A pass over the whole file proved the chain of its bytes (for a file
+  // whose index rows have none): the rows of its copies may keep it, so
+  // that no such pass is needed after a restart. Called on a reader's
+  // thread: it must not wait for the index.
+  using ChainProvenReport = std::function<void(const View::Node& file, std::shared_ptr<const ChunkChain> chain)>;
+  // What a failed source read, or a proof, leads to, outside the server.
   struct Reports {
     // A fill found the source changed: rescan.
     std::function<void()> source_changed;
     CorruptChunkReport corrupt_chunk;
+    ChainProvenReport chain_proven;
   };
 
   FileServer(Parts parts, Options options, Reports reports);
@@ -221,6 +227,9 @@ class FileServer {
   // (ProvenChunkTables), or the empty chain of a file of one chunk (whose
   // chunk is checked against the file's SHA-256 itself); null otherwise.
   std::shared_ptr<const ChunkChain> ChainOf(const View::Node& file) const;
+  // A pass over the whole of `file` proved `chain` (FileFiller): kept for
+  // the chunk path (ProvenChunkTables) and reported (Reports::chain_proven).
+  void KeepProvenChain(const View::Node& file, std::shared_ptr<const ChunkChain> chain);
   // Proves(file), and no chain of its bytes is known: only a pass over the
   // whole file can prove them, and nothing of a copy of it is served
   // before its whole SHA-256 passed.

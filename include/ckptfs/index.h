@@ -70,6 +70,12 @@ class Index {
   Result<std::optional<StoredFile>> LookupInode(uint64_t dev, uint64_t ino);
 
   Status PutFile(const FileStamp& stamp, const std::string& path, const FileHashes& hashes);
+  // Gives the row of `stamp`, whose SHA-256 is `sha256`, the chain a pass
+  // over the file's bytes proved (one whose SHA-256 matched `sha256`),
+  // when it has none: a row from before the chain then needs no such pass
+  // after a restart. Nothing is written when the row is gone, is of
+  // another stamp or SHA-256, or has a chain already.
+  Status AddChain(const FileStamp& stamp, const Sha256Digest& sha256, const ChunkChain& chain);
   struct FileRow {
     FileStamp stamp;
     std::string path;

@@ -366,8 +366,8 @@ void FileFiller::Finish(const std::shared_ptr<FillJob>& job, Status s, bool canc
     if (job->whole.Finish() != job->file->sha256) {
       s = NotTheIndexedBytes(*job->file);
       if (const SourceCopy* c = server_.FirstUsableCopy(*job->file)) server_.ReportSourceFailure(*job->file, *c, s, false);
-    } else if (server_.parts().proven != nullptr) {
-      server_.parts().proven->Put(job->file->sha256, std::make_shared<const ChunkChain>(std::move(job->taken_chain)));
+    } else {
+      server_.KeepProvenChain(*job->file, std::make_shared<const ChunkChain>(std::move(job->taken_chain)));
     }
   }
   if (s.ok()) s = job->copy->Seal();
@@ -489,7 +489,7 @@ Result<ProvenChunkTables::Table> FileFiller::ProveByReading(const View::NodePtr&
       if (c + 1 < chunks) (*chain)[c] = whole.State();
     }
     if (whole.Finish() == file->sha256) {
-      server_.parts().proven->Put(file->sha256, chain);
+      server_.KeepProvenChain(*file, chain);
       return ProvenChunkTables::Table(std::move(chain));
     }
     Status s = NotTheIndexedBytes(*file);

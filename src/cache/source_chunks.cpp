@@ -172,6 +172,11 @@ Status FileServer::ReadVerifiedChunk(const View::NodePtr& file, uint64_t index, 
   return ReadSourceChunk(*file, index, dst, len, SourceReader::Io::kBuffered, chain.get());
 }
 
+void FileServer::KeepProvenChain(const View::Node& file, std::shared_ptr<const ChunkChain> chain) {
+  if (parts_.proven != nullptr) parts_.proven->Put(file.sha256, chain);
+  if (reports_.chain_proven) reports_.chain_proven(file, std::move(chain));
+}
+
 std::shared_ptr<const ChunkChain> FileServer::ChainOf(const View::Node& file) const {
   if (file.chain) return file.chain;
   if (ChunkCount(file.size) <= 1) {

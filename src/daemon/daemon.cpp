@@ -239,7 +239,8 @@ void Daemon::StartCaches() {
   serving.max_waiting_opens = std::max(1u, FuseLoopThreads(o) / 2);
   server_ = std::make_unique<FileServer>(
       FileServer::Parts{view_.get(), cache_.get(), files_.get(), reader_.get(), readahead_pool_.get(), proven_.get()},
-      serving, FileServer::Reports{[this] { watcher_->RequestRescanSoon(); }, CorruptChunkReport()});
+      serving,
+      FileServer::Reports{[this] { watcher_->RequestRescanSoon(); }, CorruptChunkReport(), ChainProvenReport()});
   ctx_.server = server_.get();
   ctx_.background = readahead_pool_.get();
   if (o.verify != Verify::kXxh3) {
@@ -280,6 +281,23 @@ FileServer::CorruptChunkReport Daemon::CorruptChunkReport() {
       }
     };
     if (!watcher_->Post(forget)) forget();
+  };
+}
+
+// A chain a pass over the whole file proved goes into the index rows of
+// the file's copies, on the watcher's thread (a reader's thread does not
+// write the index). One that finds that queue full is dropped: the file is
+// proven again after the next restart, as it was before.
+FileServer::ChainProvenReport Daemon::ChainProvenReport() {
+  return [this](const View::Node& file, std::shared_ptr<const ChunkChain> chain) {
+    std::vector<FileStamp> stamps;
+    for (const SourceCopy& copy : file.copies) stamps.push_back(copy.stamp);
+    if (stamps.empty()) stamps.push_back(file.stamp);
+    (void)watcher_->Post([this, stamps = std::move(stamps), sha256 = file.sha256, chain = std::move(chain)] {
+      for (const FileStamp& stamp : stamps) {
+        if (Status s = index_->AddChain(stamp, sha256, *chain); !s.ok()) spdlog::warn("{}", s.message());
+      }
+    });
   };
 }
 

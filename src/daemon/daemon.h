@@ -93,6 +93,7 @@ class Daemon {
   nlohmann::json RecordPins(const ControlServer::Request& r, nlohmann::json reply);
   void StartCaches();
   FileServer::CorruptChunkReport CorruptChunkReport();
+  FileServer::ChainProvenReport ChainProvenReport();
   void StartControl();
   CommandTable MakeCommands();
 

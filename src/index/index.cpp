@@ -455,6 +455,22 @@ Status Index::PutFile(const FileStamp& stamp, const std::string& path, const Fil
   return PutFileLocked(stamp, path, hashes);
 }
 
+Status Index::AddChain(const FileStamp& stamp, const Sha256Digest& sha256, const ChunkChain& chain) {
+  if (stamp.size == 0 || chain.size() + 1 != ChunkCount(stamp.size)) {
+    return Status::Error("index " + path_ + ": a chain of " + std::to_string(chain.size()) + " states for a file of " +
+                         std::to_string(stamp.size) + " bytes");
+  }
+  MutexLock lock(mu_);
+  Stmt s(Cached(kSelectFile));
+  if (!s.ok()) return SqlError("cannot look up a file");
+  auto row = ReadFileRow(s, stamp.dev, stamp.ino, [&] { return SqlError("cannot look up a file"); });
+  if (!row.ok()) return row.status();
+  if (!*row || (*row)->stamp != stamp || (*row)->hashes.sha256 != sha256 || (*row)->hashes.chain) return Status::Ok();
+  FileHashes with = std::move((*row)->hashes);
+  with.chain = chain;
+  return PutFileLocked(stamp, (*row)->path, with);
+}
+
 Status Index::PutBatch(const std::vector<FileRow>& files, const std::vector<CheckpointRow>& checkpoints) {
   if (files.empty() && checkpoints.empty()) return Status::Ok();
   MutexLock lock(mu_);

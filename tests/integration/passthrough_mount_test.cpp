@@ -986,6 +986,30 @@ TEST_F(FaultySourceTest, UnderVerifySha256AChunkIsProvenAloneByTheFilesChain) {
   EXPECT_TRUE(got == data_.substr(4 * kMiB, kMiB)) << got.substr(0, 80);
 }
 
+// A chain proven by a pass over the whole file (its row had none: from
+// before the chain) is kept in the file's index row, whether the pass was
+// the chunk path's or a fill's, so that after a restart its chunks are
+// proven alone.
+TEST_F(FaultySourceTest, AChainProvenByAWholePassIsKeptInTheIndex) {
+  struct stat st;
+  ASSERT_EQ(::stat((src_ + "/m/model.safetensors").c_str(), &st), 0);
+  auto row_has_chain = [&] {
+    auto index = Index::Open(state_, nullptr);
+    if (!index.ok()) return false;
+    auto row = (*index)->LookupInode(st.st_dev, st.st_ino);
+    return row.ok() && *row && (*row)->hashes.chain.has_value();
+  };
+  for (const char* fill : {"fill=off", "fill=wait"}) {
+    SCOPED_TRACE(fill);
+    MountWithoutChains(std::string("cache_size=256M,verify=sha256,supervise=off,") + fill, {"m"});
+    if (HasFatalFailure()) return;
+    ASSERT_FALSE(row_has_chain());
+    EXPECT_TRUE(ReadBuffered(Through()) == data_);
+    EXPECT_TRUE(WaitFor(row_has_chain)) << mount_->Log();
+    mount_.reset();
+  }
+}
+
 // With a second checkpoint, n, that never fails.
 class TwoCheckpointFaultySourceTest : public FaultySourceTest {
  protected:

@@ -214,6 +214,37 @@ TEST_F(IndexTest, ARowsSumIsTheSameWithOrWithoutItsChain) {
   EXPECT_EQ(row_sum(*hashes), row_sum(without));
 }
 
+// A chain proven by a pass over the whole file goes only into a row of
+// that very stamp and SHA-256 that has none.
+TEST_F(IndexTest, AChainIsAddedOnlyToItsOwnRowWithoutOne) {
+  const std::string path = src_ / "a/model.bin";
+  const std::string bytes = RandomBytes(2 * kChunkSize + 1, 9);
+  WriteFile(path, bytes);
+  struct stat st;
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  const FileStamp stamp = FileStamp::FromStat(st);
+  auto hashes = FileHasher(nullptr).Hash(path, stamp);
+  ASSERT_TRUE(hashes.ok() && hashes->chain);
+  FileHashes without = *hashes;
+  without.chain.reset();
+  auto index = OpenIndex(state_.path());
+  ASSERT_TRUE(index->PutFile(stamp, path, without).ok());
+  auto chain_of_row = [&] { return (*index->LookupInode(st.st_dev, st.st_ino))->hashes.chain; };
+
+  FileStamp other_stamp = stamp;
+  other_stamp.mtime_ns += 1;
+  ASSERT_TRUE(index->AddChain(other_stamp, hashes->sha256, *hashes->chain).ok());
+  ASSERT_TRUE(index->AddChain(stamp, Sha256Of(std::string_view("other bytes")), *hashes->chain).ok());
+  EXPECT_FALSE(chain_of_row().has_value());
+  EXPECT_FALSE(index->AddChain(stamp, hashes->sha256, ChunkChain(1)).ok());  // a chain of another length
+  EXPECT_FALSE(chain_of_row().has_value());
+
+  ASSERT_TRUE(index->AddChain(stamp, hashes->sha256, *hashes->chain).ok());
+  EXPECT_EQ(chain_of_row(), hashes->chain);
+  ASSERT_TRUE(index->AddChain(stamp, hashes->sha256, ChunkChain(2)).ok());  // it has one: kept
+  EXPECT_EQ(chain_of_row(), hashes->chain);
+}
+
 TEST_F(IndexTest, UnwritableStateDirectoryFailsClearly) {
   WriteFile(state_ / "file", "x");
   auto index = Index::Open(state_ / "file/sub", nullptr);
