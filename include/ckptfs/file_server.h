@@ -171,6 +171,9 @@ class FileServer {
   // off the FUSE threads (FsContext::proving_reads), so that one user's
   // reads of large files cannot hold every thread.
   bool MayWaitForAProof(const ServedFile& f) const;
+  // A read of `f` may read the source (no copy of it resident, nor the
+  // daemon's own bytes): it may take as long as the source does.
+  bool MayReadTheSource(const ServedFile& f) const;
 
   // Bytes [offset, offset + size) of an open file, as served: from its copy,
   // a copy being made, the daemon's own content (a hub ref), or the verified

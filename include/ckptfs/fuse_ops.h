@@ -78,6 +78,17 @@ struct FsContext {
   // share of its threads per uid, so that one user's proofs leave threads
   // for others' too. Null under verify=xxh3.
   FairPool* proving_reads = nullptr;
+  // Where the other reads that may read the source run and reply
+  // (FileServer::MayReadTheSource: no copy of the file is resident), a
+  // share of its threads per uid too: the FUSE threads take requests in
+  // the kernel's order, so one user's twelve readers of the chunk path
+  // made another user's read of a file of its own wait behind theirs
+  // (0.25 s alone, 8 to 10 s). Null: read on the FUSE thread.
+  FairPool* source_reads = nullptr;
+  // The kernel's bound on the reads (read-ahead) it has in flight to the
+  // daemon at once, set at INIT (the kernel's default, 12, queues one
+  // user's read-ahead behind another's before the daemon sees it).
+  unsigned max_background = 0;  // 0: the kernel's default
   // Access decisions that needed a caller's supplementary groups and could
   // not read them (the caller is outside the daemon's PID namespace: pid 0
   // there, as for a daemon in a container or a pod without hostPID): those

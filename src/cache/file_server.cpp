@@ -200,6 +200,11 @@ ServedBytes FileServer::FromCopy(const FileCache::CopyPtr& copy, uint64_t offset
   return out;
 }
 
+bool FileServer::MayReadTheSource(const ServedFile& f) const {
+  if (f.copy || f.node->content) return false;
+  return Resident(f.key, /*use=*/false) == nullptr;
+}
+
 bool FileServer::MayWaitForAProof(const ServedFile& f) const {
   if (f.copy || f.node->content || !ProvesOnlyWhole(*f.node)) return false;
   return Resident(f.key, /*use=*/false) == nullptr;

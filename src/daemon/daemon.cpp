@@ -23,6 +23,12 @@ namespace ckptfs::daemon {
 
 namespace {
 
+// FsContext::max_background: the kernel's default is 12, in one queue for
+// every user, so twelve read-aheads of one user's readers made another's
+// wait in the kernel, behind them, before the daemon's per-uid share
+// (FsContext::source_reads) could see it.
+constexpr unsigned kMaxBackground = 64;
+
 std::string RealPath(const std::string& path) {
   char buf[PATH_MAX];
   return ::realpath(path.c_str(), buf) ? std::string(buf) : path;
@@ -115,6 +121,7 @@ Status Daemon::OpenIndexAndView(const struct stat& source_st, const char* argv0)
                                  FileStamp::FromStat(source_st).dev);
   ctx_.view = view_.get();
   ctx_.readahead = options_.readahead;
+  ctx_.max_background = kMaxBackground;
   ctx_.entry_reply_delay = EntryReplyDelayForTest();
   auto session = FuseSession::Create(options_, argv0, &ctx_);
   if (!session.ok()) return session.status();
@@ -251,6 +258,14 @@ void Daemon::StartCaches() {
     proving_reads_ = std::make_unique<FairPool>(proving, proving / 2);
     ctx_.proving_reads = proving_reads_.get();
   }
+  {
+    // Twice the FUSE threads, as many for one uid: a reader alone reads the
+    // source at the depth the FUSE threads gave it, and another user's
+    // reads always find as many threads free.
+    const unsigned fuse_threads = FuseLoopThreads(o);
+    source_reads_ = std::make_unique<FairPool>(2 * fuse_threads, fuse_threads);
+    ctx_.source_reads = source_reads_.get();
+  }
   // Copies made as files are hashed: into free room only, and none with
   // fill=off (the tier then holds chunks only).
   const auto fill_on_index = o.fill == FillPolicy::kOff ? HostTierFill::Policy::kOff : o.fill_on_index;
@@ -334,14 +349,16 @@ void Daemon::Shutdown() {
   if (control_) spdlog::info("unmounting {}", options_.mountpoint);
   stopping_ = true;
   if (readahead_setter_.joinable()) readahead_setter_.join();
-  // A drained daemon answers the reads the loop handed to the proving pool
-  // first, as the loop's own handlers were before it returned (a kernel
+  // A drained daemon answers the reads the loop handed to the proving and
+  // source pools first, as the loop's own handlers were before it returned (a kernel
   // without FUSE_NOTIFY_RESEND would never send them to the successor, and
   // stopping the fills would fail them). Unmounted, nobody waits for them:
   // they are dropped below, with the fills they wait for.
-  if (proving_reads_ && handover_ && handover_->drained()) {
+  if (handover_ && handover_->drained()) {
     ctx_.proving_reads = nullptr;
+    ctx_.source_reads = nullptr;
     proving_reads_.reset();  // finishes what is queued, then joins
+    source_reads_.reset();
   }
   // Intake first: no new commands, fills or read-ahead. Queued read-ahead is
   // dropped, not run: it would call into the watcher and the index.
@@ -350,6 +367,7 @@ void Daemon::Shutdown() {
   stop_repin_ = true;
   if (server_) server_->StopFills();
   if (proving_reads_) proving_reads_->Cancel();  // the proofs under way stop with the fills
+  if (source_reads_) source_reads_->Cancel();
   if (repin_.joinable()) repin_.join();
   if (readahead_pool_) readahead_pool_->Cancel();
   // The watcher's thread: an in-progress walk or hash stops at its next step.

@@ -120,6 +120,7 @@ class Daemon {
   std::unique_ptr<SourceReader> reader_;
   std::unique_ptr<ThreadPool> readahead_pool_;
   std::unique_ptr<FairPool> proving_reads_;     // FsContext::proving_reads (verify=sha256 or auto)
+  std::unique_ptr<FairPool> source_reads_;      // FsContext::source_reads
   std::unique_ptr<ProvenChunkTables> proven_;  // verify=sha256 or auto
   std::unique_ptr<FileServer> server_;         // the files' bytes, from the parts above
   std::unique_ptr<PinList> pins_;  // pinned paths, re-pinned by a daemon that takes the mount over

@@ -154,6 +154,12 @@ void ReplyEntry(fuse_req_t req, const View::NodePtr& n) {
 void Init(void* userdata, fuse_conn_info* conn) {
   auto& ctx = *static_cast<FsContext*>(userdata);
   conn->max_readahead = static_cast<unsigned>(ctx.readahead);
+  if (ctx.max_background > 0) {
+    conn->max_background = ctx.max_background;
+    // Past this many the kernel stops reading ahead: kept at its default's
+    // proportion (3/4).
+    conn->congestion_threshold = ctx.max_background * 3 / 4;
+  }
   // Content never changes under a name, so the kernel may keep it cached.
   if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
   conn->want &= ~static_cast<unsigned>(FUSE_CAP_AUTO_INVAL_DATA);
@@ -490,10 +496,16 @@ void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info
     fuse_reply_buf(req, nullptr, 0);
     return;
   }
+  FairPool* pool = nullptr;
   if (ctx.proving_reads != nullptr && ctx.server->MayWaitForAProof(*f->served)) {
+    pool = ctx.proving_reads;
+  } else if (ctx.source_reads != nullptr && ctx.server->MayReadTheSource(*f->served)) {
+    pool = ctx.source_reads;
+  }
+  if (pool != nullptr) {
     // Answered from the pool's thread; the handle stays with the task. (The
     // pool would swallow an exception, and the reader would wait for ever.)
-    ctx.proving_reads->Submit(fuse_req_ctx(req)->uid, [&ctx, req, f, off, size] {
+    pool->Submit(fuse_req_ctx(req)->uid, [&ctx, req, f, off, size] {
       try {
         ReplyRead(ctx, req, *f, off, size);
       } catch (const std::exception& e) {
