@@ -8,7 +8,7 @@ packages=(
   build-essential cmake pkg-config ninja-build dpkg-dev   # dpkg-dev: dpkg-buildpackage for the .deb
   debhelper                   # the .deb's debian/rules (dh), scripts/build-deb.sh
   libfuse3-dev fuse3          # the FUSE low-level API and fusermount3
-  libssl-dev                  # SHA-256 (OpenSSL EVP)
+  libssl-dev                  # SHA-256 (OpenSSL's SHA256_* functions)
   libxxhash-dev               # XXH3-128 chunk checks
   libsqlite3-dev sqlite3      # the index
   libspdlog-dev               # logging
