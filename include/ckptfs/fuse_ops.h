@@ -82,8 +82,9 @@ struct FsContext {
   // (FileServer::MayReadTheSource: no copy of the file is resident), a
   // share of its threads per uid too: the FUSE threads take requests in
   // the kernel's order, so one user's twelve readers of the chunk path
-  // made another user's read of a file of its own wait behind theirs
-  // (0.25 s alone, 8 to 10 s). Null: read on the FUSE thread.
+  // made another user's read of a 512 MiB file wait behind theirs (0.23 s
+  // alone, 7.6 s: tests/bench/bench_fair_share.sh). Null: read on the FUSE
+  // thread.
   FairPool* source_reads = nullptr;
   // The kernel's bound on the reads (read-ahead) it has in flight to the
   // daemon at once, set at INIT (the kernel's default, 12, queues one

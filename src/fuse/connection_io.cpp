@@ -95,6 +95,18 @@ ConnectionIo::~ConnectionIo() {
   for (Reader* r : readers_) r->io = nullptr;
 }
 
+namespace {
+thread_local int reply_via = -1;  // ConnectionIo::ReplyVia
+}  // namespace
+
+int ConnectionIo::ChannelOfThisThread() {
+  Reader& me = ThisThreadsReader();
+  return me.io.load() != nullptr ? me.channel : -1;
+}
+
+ConnectionIo::ReplyVia::ReplyVia(int channel) : previous_(reply_via) { reply_via = channel; }
+ConnectionIo::ReplyVia::~ReplyVia() { reply_via = previous_; }
+
 ConnectionIo::Reader& ConnectionIo::ThisThreadsReader() {
   thread_local Reader reader;
   return reader;
@@ -275,15 +287,20 @@ ssize_t ConnectionIo::ReadChannel(void* buf, size_t len) {
 }
 
 // A reply goes to the channel its request was read from: the thread's own,
-// when it answers what it read last (nearly always); else, as the kernel
-// answers ENOENT on a channel that does not hold the request, it is tried on
-// each of the others.
+// when it answers what it read last, or the one a pool's thread was handed
+// with the request (ReplyVia); else, as the kernel answers ENOENT on a
+// channel that does not hold the request, it is tried on each of the others.
 ssize_t ConnectionIo::WriteReply(struct iovec* iov, int count) {
   const uint64_t unique = Load64(static_cast<const uint8_t*>(iov[0].iov_base) + 8);
   int first = -1;
   // libfuse answers an interrupt with its unique, the request's | 1
   // (FUSE_INT_REQ_BIT), from the thread that read the request.
   if (Reader* me = Registered(); me != nullptr && (unique & ~uint64_t{1}) == me->unique) first = me->channel;
+  if (first < 0 && reply_via >= 0) {
+    for (const UniqueFd& c : options_.channels) {
+      if (c.get() == reply_via) first = reply_via;  // only one of this connection's
+    }
+  }
   if (first >= 0) {
     const ssize_t n = ::writev(first, iov, count);
     if (n >= 0 || errno != ENOENT) return n;

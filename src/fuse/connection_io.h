@@ -97,6 +97,24 @@ class ConnectionIo {
   ssize_t Read(int fd, void* buf, size_t len);
   ssize_t Writev(int fd, struct iovec* iov, int count);
 
+  // The channel this thread reads requests from (-1: none), to be carried
+  // with a request answered on another thread (a pool's, FsContext::
+  // source_reads), whose reply then goes straight to it (ReplyVia) rather
+  // than being tried on every channel in turn.
+  static int ChannelOfThisThread();
+  // While alive, replies written on this thread go first to `channel`, when
+  // it is one of the connection's.
+  class ReplyVia {
+   public:
+    explicit ReplyVia(int channel);
+    ~ReplyVia();
+    ReplyVia(const ReplyVia&) = delete;
+    ReplyVia& operator=(const ReplyVia&) = delete;
+
+   private:
+    int previous_;
+  };
+
  private:
   struct Reader;  // a thread's registration (connection_io.cpp)
 

@@ -505,7 +505,14 @@ void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info
   if (pool != nullptr) {
     // Answered from the pool's thread; the handle stays with the task. (The
     // pool would swallow an exception, and the reader would wait for ever.)
-    pool->Submit(fuse_req_ctx(req)->uid, [&ctx, req, f, off, size] {
+    pool->Submit(fuse_req_ctx(req)->uid, [&ctx, req, f, off, size, channel = ConnectionIo::ChannelOfThisThread()] {
+      // A reader killed while its read waited here (a read handed over is
+      // sent, as the kernel sees it: only the reply lets it go).
+      if (fuse_req_interrupted(req)) {
+        fuse_reply_err(req, EINTR);
+        return;
+      }
+      ConnectionIo::ReplyVia via(channel);
       try {
         ReplyRead(ctx, req, *f, off, size);
       } catch (const std::exception& e) {

@@ -18,8 +18,11 @@ daemon=${2:-build/ckptfs}
 [ -x "$daemon" ] || { echo "build first" >&2; exit 1; }
 work=$(mktemp -d /var/tmp/ckptfs-bench-fair.XXXXXX)
 src="$work/src" mnt="$work/mnt"
+loops=""  # user 2101's reader loops, while they run
 cleanup() {
+  set +e
   rm -f "$work/go"
+  [ -n "$loops" ] && kill $loops 2>/dev/null && wait $loops 2>/dev/null
   mountpoint -q "$mnt" && fusermount3 -u "$mnt"
   rm -rf "$work"
 }
@@ -41,23 +44,26 @@ timed_cat() {  # FILE [KEEP_SOURCE_CACHED]
 best() { sort -g | head -1; }
 worst() { sort -g | tail -1; }
 run() {  # LABEL DIR_OF_U DIR_OF_PUB
-  local label=$1 u=$2 pub=$3 alone loaded pids=""
+  local label=$1 u=$2 pub=$3 alone loaded
   alone=$(for _ in 1 2 3; do timed_cat "$pub/model.bin" "$src/pub/big/model.bin"; done | best)
   touch "$work/go"
   for i in 1 2 3 4 5 6; do
     as 2101 bash -c "while [ -e '$work/go' ]; do /usr/bin/python3 -c 'import os,sys; fd=os.open(sys.argv[1],os.O_RDONLY); os.posix_fadvise(fd,0,0,os.POSIX_FADV_DONTNEED); os.close(fd)' '$u/big$i/model.bin'; cat '$u/big$i/model.bin' >/dev/null; done" &
-    pids+=" $!"
+    loops+=" $!"
     as 2101 bash -c "while [ -e '$work/go' ]; do dd if='$u/big$i/model.bin' of=/dev/null bs=4M iflag=direct status=none; done" &
-    pids+=" $!"
+    loops+=" $!"
   done
   sleep 3
   loaded=$(for _ in 1 2 3; do timed_cat "$pub/model.bin" "$src/pub/big/model.bin"; done | worst)
   rm -f "$work/go"
-  wait $pids
+  wait $loops
+  loops=""
   printf '  %-28s %8s %12s %7s\n' "$label" "$alone" "$loaded" "$(awk -v a="$alone" -v b="$loaded" 'BEGIN{printf "%.1f", b/a}')"
 }
 "$daemon" "$src" "$mnt" -o "allow_other,state=$work/state,settle=0,rescan=0,verify=$verify,fill=off,fill_on_index=off,cache_size=256M"
-for _ in $(seq 1 600); do [ -L "$mnt/by-name/u/big6" ] && [ -L "$mnt/by-name/pub/big" ] && break; sleep 0.1; done
+shown=""
+for _ in $(seq 1 600); do [ -L "$mnt/by-name/u/big6" ] && [ -L "$mnt/by-name/pub/big" ] && shown=1 && break; sleep 0.1; done
+[ -n "$shown" ] || { echo "ckptfs did not show the checkpoints" >&2; exit 1; }
 echo "user 2102's cat of 512 MiB (best alone, worst of 3 under user 2101's twelve readers; seconds)"
 printf '  %-28s %8s %12s %7s\n' "" alone "under load" ratio
 run "native" "$src/u" "$src/pub/big"
