@@ -1058,6 +1058,33 @@ TEST_F(FaultySourceTest, AChainProvenByAWholePassIsKeptInTheIndex) {
 class TwoCheckpointFaultySourceTest : public FaultySourceTest {
  protected:
   TwoCheckpointFaultySourceTest() { faulty_extra_ = "two"; }
+
+  // With the source stalled, `readers` O_DIRECT reads of m by user 2101 at
+  // `at`, each left waiting in a FUSE read; then user 2102's read of n,
+  // which must be answered while they wait (DoneWhileStalled), with n's
+  // bytes.
+  void ExpectAnotherUsersReadWhileOnesAreStuck(int readers, off_t at) {
+    const std::string stalled = Through(), other = mnt_ + "/by-name/n/model.safetensors";
+    ASSERT_TRUE(fs::exists(stalled) && fs::exists(other)) << mount_->Log();
+    WriteFile(trigger_, "stall");  // m's first chunk hangs; n never does
+    std::vector<pid_t> stuck;
+    for (int i = 0; i < readers; ++i) {
+      stuck.push_back(ReadAsUser(2101, stalled, at, ""));
+      ASSERT_GT(stuck.back(), 0);
+    }
+    EXPECT_TRUE(WaitFor([&] { return std::all_of(stuck.begin(), stuck.end(), InAFuseRead); }));
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    const std::string got = tmp_ / "read-by-2102";
+    int status = -1;
+    EXPECT_TRUE(DoneWhileStalled([&] { ::waitpid(ReadAsUser(2102, other, 0, got), &status, 0); }))
+        << "user 2102's read waited until user 2101's stalled reads were let go";
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    std::string inverted = data_.substr(0, kMiB);
+    for (char& c : inverted) c = static_cast<char>(~c);
+    EXPECT_TRUE(ReadFile(got) == inverted);
+    ::unlink(trigger_.c_str());
+    for (pid_t pid : stuck) ::waitpid(pid, nullptr, 0);
+  }
 };
 
 // Reads that wait for a proof run on a pool in which each uid holds at most
@@ -1067,29 +1094,10 @@ TEST_F(TwoCheckpointFaultySourceTest, OneUsersProofsLeaveAnotherUserAProvingThre
   fs::permissions(tmp_.path(), fs::perms::owner_all | fs::perms::group_exec | fs::perms::others_exec);
   MountWithoutChains("allow_other,cache_size=256M,threads=2,verify=sha256,fill=off,supervise=off", {"m", "n"});
   if (HasFatalFailure()) return;
-  const std::string stalled = Through(), other = mnt_ + "/by-name/n/model.safetensors";
-  ASSERT_TRUE(fs::exists(stalled) && fs::exists(other)) << mount_->Log();
-  WriteFile(trigger_, "stall");  // m's first chunk hangs; n never does
-  std::vector<pid_t> stuck;
-  for (int i = 0; i < 4; ++i) {
-    stuck.push_back(ReadAsUser(2101, stalled, static_cast<off_t>(8 * kMiB), ""));
-    ASSERT_GT(stuck.back(), 0);
-  }
-  EXPECT_TRUE(WaitFor([&] { return std::all_of(stuck.begin(), stuck.end(), InAFuseRead); }));
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   // Another user's read of n needs a proof too. Should it wait behind
   // user 2101's (as before the pool was shared by uid), the stalled read
   // is let go after 20 s, so that the test ends, and fails.
-  const std::string got = tmp_ / "read-by-2102";
-  int status = -1;
-  EXPECT_TRUE(DoneWhileStalled([&] { ::waitpid(ReadAsUser(2102, other, 0, got), &status, 0); }))
-      << "user 2102's read waited until user 2101's stalled proof was let go";
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
-  std::string inverted = data_.substr(0, kMiB);
-  for (char& c : inverted) c = static_cast<char>(~c);
-  EXPECT_TRUE(ReadFile(got) == inverted);
-  ::unlink(trigger_.c_str());
-  for (pid_t pid : stuck) ::waitpid(pid, nullptr, 0);
+  ExpectAnotherUsersReadWhileOnesAreStuck(4, static_cast<off_t>(8 * kMiB));
 }
 
 // Reads of the source run on a pool in which each uid holds at most half
@@ -1102,29 +1110,10 @@ TEST_F(TwoCheckpointFaultySourceTest, OneUsersReadsStuckOnTheSourceLeaveAnotherU
   fs::permissions(tmp_.path(), fs::perms::owner_all | fs::perms::group_exec | fs::perms::others_exec);
   mount_ = Mount("allow_other,cache_size=256M,threads=2,verify=xxh3,fill=off,supervise=off");
   ASSERT_TRUE(WaitForLink("m") && WaitForLink("n")) << mount_->Log();
-  const std::string stalled = Through(), other = mnt_ + "/by-name/n/model.safetensors";
-  ASSERT_TRUE(fs::exists(stalled) && fs::exists(other)) << mount_->Log();
-  WriteFile(trigger_, "stall");  // m's first chunk hangs; n never does
-  std::vector<pid_t> stuck;
-  for (int i = 0; i < 8; ++i) {
-    stuck.push_back(ReadAsUser(2101, stalled, 0, ""));
-    ASSERT_GT(stuck.back(), 0);
-  }
-  EXPECT_TRUE(WaitFor([&] { return std::all_of(stuck.begin(), stuck.end(), InAFuseRead); }));
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   // Should user 2102's read wait behind user 2101's (as when the FUSE
   // threads read the source themselves), the stalled reads are let go
   // after 20 s, so that the test ends, and fails.
-  const std::string got = tmp_ / "read-by-2102";
-  int status = -1;
-  EXPECT_TRUE(DoneWhileStalled([&] { ::waitpid(ReadAsUser(2102, other, 0, got), &status, 0); }))
-      << "user 2102's read waited until user 2101's stalled reads were let go";
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
-  std::string inverted = data_.substr(0, kMiB);
-  for (char& c : inverted) c = static_cast<char>(~c);
-  EXPECT_TRUE(ReadFile(got) == inverted);
-  ::unlink(trigger_.c_str());
-  for (pid_t pid : stuck) ::waitpid(pid, nullptr, 0);
+  ExpectAnotherUsersReadWhileOnesAreStuck(8, 0);
 }
 
 // With a second checkpoint, n, whose model.safetensors holds m's very bytes

@@ -48,6 +48,24 @@ std::string Joined(const ServedBytes& b) {
   return out;
 }
 
+// A server over caches of its own, so that a copy one case of a test made
+// does not serve the next; checked as `verify` asks, filling as `fill` says.
+struct OwnServer {
+  static FileServer::Options OptionsOf(Verify verify, FillPolicy fill) {
+    FileServer::Options o;
+    o.fill = fill;
+    o.verify = verify;
+    return o;
+  }
+  OwnServer(SourceReader& reader, Verify verify, FillPolicy fill)
+      : server(FileServer::Parts{.cache = &cache, .files = &files, .reader = &reader, .proven = &proven},
+               OptionsOf(verify, fill), {}) {}
+  FileCache files{16 * kChunkSize};
+  ChunkCache cache{ChunkCache::Options{.capacity = 8 * kChunkSize}};
+  ProvenChunkTables proven{1024};
+  FileServer server;  // last: made after the caches it uses, gone before them
+};
+
 class FileServerTest : public ::testing::Test {
  protected:
   // The file at `rel` as the view holds it once indexed.
@@ -358,15 +376,8 @@ TEST_F(FileServerTest, VerifyAutoServesNoCraftedBytesFromACopyAUserMayWrite) {
   file->sha256 = Sha256Of(std::string_view("the bytes the digest names"));
   auto serve = [&](Verify verify, FillPolicy fill, int open_flags, bool trusted) {
     file->copies = {SourceCopy{file->source_path, file->stamp, file->chunks, trusted}};
-    // Caches of their own: a copy one case made must not serve the next.
-    FileCache files(16 * kChunkSize);
-    ChunkCache cache(ChunkCache::Options{.capacity = 8 * kChunkSize});
-    ProvenChunkTables proven(1024);
-    FileServer::Options o;
-    o.fill = fill;
-    o.verify = verify;
-    FileServer server(FileServer::Parts{.cache = &cache, .files = &files, .reader = &reader_, .proven = &proven},
-                      o, {});
+    OwnServer own(reader_, verify, fill);
+    FileServer& server = own.server;
     auto opened = server.Open(file, open_flags, /*inode_open=*/false, 5000);
     if (!opened.ok()) return "open: " + opened.status().message();
     auto read = server.Read(**opened, kChunkSize, 4096);
@@ -410,14 +421,8 @@ TEST_F(FileServerTest, WithTheFilesChainEachChunkIsProvenAlone) {
     bool may_wait = true;       // MayWaitForAProof after the open
   };
   auto serve = [&](Verify verify, FillPolicy fill, int open_flags) {
-    FileCache files(16 * kChunkSize);
-    ChunkCache cache(ChunkCache::Options{.capacity = 8 * kChunkSize});
-    ProvenChunkTables proven(1024);
-    FileServer::Options o;
-    o.fill = fill;
-    o.verify = verify;
-    FileServer server(FileServer::Parts{.cache = &cache, .files = &files, .reader = &reader_, .proven = &proven}, o,
-                      {});
+    OwnServer own(reader_, verify, fill);
+    FileServer& server = own.server;
     Served out;
     const uint64_t before = reader_.chunks_read();
     auto opened = server.Open(file, open_flags, /*inode_open=*/false, 5001);
