@@ -174,6 +174,7 @@ TEST_F(ManifestStoreTest, PublishedRecordIsFoundByPathSizeAndMtimeOnly) {
   auto writer = OpenStore(dir_.path(), {}, key_);
   auto reader = OpenStore(dir_.path(), ring_, std::nullopt);
   ManifestRecord r = SomeRecord("m/w.bin", kChunkSize + 1, kMtime);
+  r.hashes.chain = ChunkChain(1);  // as the indexer's hashes have one
   ASSERT_TRUE(writer->Publish(r.path, StampOf(r.size, kMtime), r.hashes).ok());
   FileStamp other_node = StampOf(r.size, kMtime);
   other_node.dev = 77;  // another client: its own device, inode and ctime
@@ -183,6 +184,9 @@ TEST_F(ManifestStoreTest, PublishedRecordIsFoundByPathSizeAndMtimeOnly) {
   ASSERT_TRUE(found.ok()) << found.status().message();
   EXPECT_EQ(found->chunks, r.hashes.chunks);
   EXPECT_EQ(found->sha256, r.hashes.sha256);
+  // A chain is trusted only where this daemon took it (ChunkChain): none
+  // comes from the store, whose writers could make one pass forged chunks.
+  EXPECT_FALSE(found->chain.has_value());
   EXPECT_EQ(reader->Lookup(r.path, StampOf(r.size + 1, kMtime)).status().code(), Status::Code::kNotFound);
   EXPECT_EQ(reader->Lookup("m/x.bin", StampOf(r.size, kMtime)).status().code(), Status::Code::kNotFound);
   // A second publish of the same record writes nothing; no temporary file is left.
