@@ -182,6 +182,17 @@ Status Daemon::Mount() {
   StartCaches();
   watcher_->SetCopies(index_fill_.get());
   StartControl();
+  // One that takes the mount over gets no INIT, where the limit of
+  // background requests is asked for: raise it where it is still lower (a
+  // mount started by a daemon from before the limit).
+  if (handover_ && !handover_->adopted_init().empty()) {
+    auto raised = RaiseBackgroundLimit(options_.mountpoint, kMaxBackground);
+    if (!raised.ok()) {
+      spdlog::info("cannot check the FUSE connection's limit of background requests: {}", raised.status().message());
+    } else if (!raised->empty()) {
+      spdlog::info("FUSE connection's background requests raised ({})", *raised);
+    }
+  }
   ctx_.on_init = [this] {
     readahead_setter_ = std::thread([this] { SetBdiReadahead(options_.mountpoint, options_.readahead, stopping_); });
   };

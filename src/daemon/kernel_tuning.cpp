@@ -1,6 +1,7 @@
 #include "kernel_tuning.h"
 
 #include <fcntl.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,6 +16,7 @@
 
 #include "ckptfs/mount_table.h"
 #include "ckptfs/sealed_copy.h"
+#include "ckptfs/unique_fd.h"
 
 namespace ckptfs::daemon {
 
@@ -27,6 +29,57 @@ std::optional<dev_t> MountDeviceNumber(const std::string& mountpoint) {
   auto mount = MountAt(mountpoint);
   if (!mount) return std::nullopt;
   return mount->device;
+}
+
+namespace {
+
+// A number in a fusectl file, or nullopt.
+std::optional<unsigned> ReadNumber(const std::string& path) {
+  std::ifstream in(path);
+  unsigned value = 0;
+  if (!(in >> value)) return std::nullopt;
+  return value;
+}
+
+// Sets the fusectl file `path` to `want` when it reads lower. Returns
+// "path: old -> want" when it did, "" when there was nothing to do.
+Result<std::string> RaiseTo(const std::string& path, unsigned want) {
+  const std::optional<unsigned> now = ReadNumber(path);
+  if (!now) return Status::Error("cannot read " + path);
+  if (*now >= want) return std::string();
+  const UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
+  const std::string text = std::to_string(want);
+  if (!fd.valid() || ::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
+    return Status::FromErrno("cannot set " + path + " to " + text, errno);
+  }
+  return path + ": " + std::to_string(*now) + " -> " + text;
+}
+
+}  // namespace
+
+Result<std::string> RaiseBackgroundLimit(const std::string& mountpoint, unsigned max_background) {
+  const std::optional<MountEntry> mount = MountAt(mountpoint);
+  if (!mount) return Status::Error("no mount at " + mountpoint);
+  // fusectl names a connection by the kernel's encoding of its device
+  // number (major << 20 | minor; FUSE mounts have major 0).
+  const std::string connection = std::to_string((major(mount->device) << 20) | minor(mount->device));
+  std::string done;
+  bool found = false;
+  for (const MountEntry& m : ReadMountTable()) {
+    if (m.fstype != "fusectl") continue;
+    const std::string dir = m.mount_point + "/" + connection;
+    if (::access(dir.c_str(), F_OK) != 0) continue;
+    found = true;
+    for (const auto& [file, want] :
+         {std::pair{"/max_background", max_background}, std::pair{"/congestion_threshold", max_background * 3 / 4}}) {
+      auto raised = RaiseTo(dir + file, want);
+      if (!raised.ok()) return raised.status();
+      if (!raised->empty()) done += (done.empty() ? "" : "; ") + *raised;
+    }
+    break;  // one fusectl is enough: every mount of it shows the same files
+  }
+  if (!found) return Status::Error("fusectl is not mounted (mount -t fusectl none /sys/fs/fuse/connections)");
+  return done;
 }
 
 void SetBdiReadahead(const std::string& mountpoint, uint64_t bytes, const std::atomic<bool>& stop) {

@@ -28,6 +28,15 @@ std::optional<dev_t> MountDeviceNumber(const std::string& mountpoint);
 // until `stop` turns true (the daemon is shutting down).
 void SetBdiReadahead(const std::string& mountpoint, uint64_t bytes, const std::atomic<bool>& stop);
 
+// Raises the FUSE connection of the mount at `mountpoint` to `max_background`
+// background requests (and its congestion threshold to three quarters of
+// that) through fusectl, wherever fusectl is mounted, when they are lower.
+// The daemon asks for them in its INIT reply; this is for one that takes a
+// connection over, which gets no INIT: a mount started by a daemon from
+// before that keeps the kernel's default (12) until it is raised here.
+// Returns what was done, for the log (empty when nothing was), or why not.
+Result<std::string> RaiseBackgroundLimit(const std::string& mountpoint, unsigned max_background);
+
 // Every engine reads through this filesystem: when memory runs out, the
 // kernel should kill a runaway engine first, not the filesystem under all of
 // them. Lowering the score needs privilege; without it the default stays.

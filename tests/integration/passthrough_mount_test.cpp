@@ -173,16 +173,9 @@ TEST_F(PassthroughMountTest, TheKernelMaySendSixtyFourReadAheadsAtOnce) {
   WriteFile(src_ + "/m/model.bin", "w");
   auto m = Mount("");
   ASSERT_TRUE(WaitFor([&] { return fs::is_symlink(mnt_ + "/by-name/m"); })) << m->Log();
-  struct stat st;
-  ASSERT_EQ(::stat(mnt_.c_str(), &st), 0);
-  const std::string ctl = tmp_ / "fusectl";
-  fs::create_directories(ctl);
-  ASSERT_EQ(RunCommand("mount -t fusectl fusectl " + ShellQuote(ctl)).exit_code, 0);
-  struct Unmount {  // however the test ends (ReadFile throws on a missing file)
-    std::string dir;
-    ~Unmount() { RunCommand("umount " + ShellQuote(dir)); }
-  } unmount{ctl};
-  const std::string conn = ctl + "/" + std::to_string(minor(st.st_dev));
+  Fusectl fusectl(tmp_ / "fusectl");
+  ASSERT_TRUE(fusectl.mounted());
+  const std::string conn = fusectl.ConnectionOf(mnt_);
   ASSERT_TRUE(fs::exists(conn + "/max_background")) << conn;
   EXPECT_EQ(ReadFile(conn + "/max_background"), "64\n");
   EXPECT_EQ(ReadFile(conn + "/congestion_threshold"), "48\n");

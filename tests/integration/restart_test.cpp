@@ -337,6 +337,29 @@ TEST_F(RestartTest, PassthroughOpensAndPinsSurviveARestartAndAKill) {
   EXPECT_GE(QueryMount(kCtl, "stats", mnt_)["opens"].value("passthrough", 0), 1) << m->Log();
 }
 
+// A daemon that takes a mount over gets no INIT, where the limit of the
+// kernel's background requests (read-ahead) is asked for. A mount started
+// by a daemon from before that limit (the kernel's 12, set here through
+// fusectl as such a daemon left it) gets 64 at its next restart, not at its
+// next remount.
+TEST_F(RestartTest, ARestartRaisesTheConnectionsBackgroundLimit) {
+  WriteFile(src_ + "/m/model.bin", "w");
+  auto m = Mount("");
+  ASSERT_TRUE(WaitForLink("m")) << m->Log();
+  Fusectl fusectl(tmp_ / "fusectl");
+  ASSERT_TRUE(fusectl.mounted());
+  const std::string conn = fusectl.ConnectionOf(mnt_);
+  ASSERT_EQ(ReadFile(conn + "/max_background"), "64\n") << conn;
+  WriteFile(conn + "/max_background", "12");
+  WriteFile(conn + "/congestion_threshold", "9");
+  ASSERT_EQ(ReadFile(conn + "/max_background"), "12\n");
+  CommandResult r = RunCommand(kCtl + " restart " + ShellQuote(mnt_), true);
+  ASSERT_EQ(r.exit_code, 0) << r.out << m->Log();
+  EXPECT_EQ(ReadFile(conn + "/max_background"), "64\n") << m->Log();
+  EXPECT_EQ(ReadFile(conn + "/congestion_threshold"), "48\n");
+  EXPECT_EQ(ReadFile(mnt_ + "/by-name/m/model.bin"), "w");
+}
+
 // Opens, reads and closes each of `paths` in a child process (so that a
 // hang is detected where an open in the test itself would hang it): true
 // once it has, false if it failed or was still at it after 60 s. Then it is

@@ -10,6 +10,10 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
+#include <filesystem>
 
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -59,6 +63,33 @@ class MountFixture : public ::testing::Test {
     });
   }
   bool WaitUntilIndexed() const { return WaitUntilIndexed(mnt_); }
+
+  // fusectl, mounted under the test's directory for as long as it lives
+  // (however the test ends), to read and set what the kernel holds for a
+  // FUSE connection.
+  class Fusectl {
+   public:
+    explicit Fusectl(std::string dir) : dir_(std::move(dir)) {
+      std::filesystem::create_directories(dir_);
+      mounted_ = RunCommand("mount -t fusectl fusectl " + ShellQuote(dir_)).exit_code == 0;
+    }
+    ~Fusectl() {
+      if (mounted_) RunCommand("umount " + ShellQuote(dir_));
+    }
+    Fusectl(const Fusectl&) = delete;
+    Fusectl& operator=(const Fusectl&) = delete;
+    bool mounted() const { return mounted_; }
+    // The directory of the connection of the FUSE mount at `mnt`.
+    std::string ConnectionOf(const std::string& mnt) const {
+      struct stat st;
+      if (::stat(mnt.c_str(), &st) != 0) return "";
+      return dir_ + "/" + std::to_string(minor(st.st_dev));
+    }
+
+   private:
+    std::string dir_;
+    bool mounted_ = false;
+  };
 
   TempDir tmp_;
   std::string src_ = tmp_ / "src";
