@@ -76,7 +76,14 @@ class FileHasher {
   void set_progress(BytesCallback cb) { progress_ = std::move(cb); }
   // The canonical source root the hashed paths lie in (see OpenSourceFile);
   // opened once here, for every file this hasher opens.
-  void set_source_root(std::string root);
+  void set_source_root(std::string root) { set_source_root(root, OpenSourceRoot(root)); }
+  // The same with `root` opened already (OpenSourceRoot), so that many
+  // hashers of one root hold one descriptor: a queued indexing job holds
+  // its hasher, and a writer of SRC can queue thousands of jobs.
+  void set_source_root(std::string root, std::shared_ptr<UniqueFd> root_fd);
+  // An O_PATH descriptor of `root`; null for "/" or "", or when it cannot
+  // be opened now (then every file's open tries again and says why).
+  static std::shared_ptr<UniqueFd> OpenSourceRoot(const std::string& root);
   void set_chunk_read_hook(ChunkReadHook hook) { hook_ = std::move(hook); }
   // When *cancel turns true, hashing gives up at its next chunk.
   void set_cancel(const std::atomic<bool>* cancel) { cancel_ = cancel; }

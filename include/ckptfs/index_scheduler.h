@@ -11,6 +11,14 @@
 // costs everybody else one worker's share at most, and it moves on meanwhile;
 // status shows how far (ProgressOf).
 //
+// Files begun: a large file begun and not done holds its SHA-256 state and
+// its tables so far (16 + 32 bytes a 4 MiB chunk: 48 MiB for a sparse 4 TiB
+// file, which costs nothing to make). So that a writer of one directory
+// cannot make the daemon hold that for thousands of files at once, by
+// dropping thousands of checkpoints, each owner (the files' uid) has at
+// most twice the workers' number of large files begun; its others wait
+// until one of them is done, and every other owner's files go on.
+//
 // Jobs share files: a file (device, inode, stamp) that two jobs need is
 // hashed once, for both. A cancelled job stops waiting; a file's hashing
 // stops at its next chunk once no job waits for it.
@@ -35,6 +43,7 @@
 #include "ckptfs/indexer.h"
 #include "ckptfs/mutex.h"
 #include "ckptfs/thread_pool.h"
+#include "ckptfs/unique_fd.h"
 
 namespace ckptfs {
 
@@ -96,6 +105,10 @@ class IndexScheduler {
   void Work();
   Turn NextTurn() REQUIRES(mu_);
   bool HasWork(const Job& job) const REQUIRES(mu_);
+  // Large files begun and not done, per owner (see "Files begun").
+  bool MayBegin(const Shared& s) const REQUIRES(mu_);
+  void Begin(Shared& s) REQUIRES(mu_);
+  void End(Shared& s) REQUIRES(mu_);
   void Attach(Job& job, const std::vector<indexing::FileJob*>& misses) REQUIRES(mu_);
   // Hashes `files` for `job`, letting go of mu_ while each one is hashed.
   void RunFiles(Job& job, std::vector<std::shared_ptr<Shared>> files) REQUIRES(mu_);
@@ -105,6 +118,8 @@ class IndexScheduler {
   void MoveToBack(const Job& job) REQUIRES(mu_);
   void Remember(const Key& key, std::shared_ptr<indexing::SharedFile> file) REQUIRES(mu_);
   bool ShouldYield(const Job& job, std::chrono::steady_clock::time_point& since) const;
+  // The O_PATH descriptor of source root `root` that every job of it holds.
+  std::shared_ptr<UniqueFd> RootFd(const std::string& root) EXCLUDES(mu_);
 
   Index* const index_;
   const unsigned threads_;
@@ -118,6 +133,8 @@ class IndexScheduler {
   std::map<Key, std::shared_ptr<indexing::SharedFile>> recent_ GUARDED_BY(mu_);
   std::list<Key> recent_order_ GUARDED_BY(mu_);
   uint64_t recent_bytes_ GUARDED_BY(mu_) = 0;
+  std::map<uid_t, unsigned> begun_ GUARDED_BY(mu_);
+  std::map<std::string, std::weak_ptr<UniqueFd>> root_fds_ GUARDED_BY(mu_);
   unsigned idle_ GUARDED_BY(mu_) = 0;
   bool stopping_ GUARDED_BY(mu_) = false;
   JobId next_id_ GUARDED_BY(mu_) = 1;

@@ -27,6 +27,7 @@ constexpr uint64_t kRecentChunkBytes = 16ull << 20;
 // One file being hashed and the jobs that wait for it.
 struct IndexScheduler::Shared {
   Key key;
+  bool begun = false;  // counted in begun_
   std::shared_ptr<SharedFile> file;
   std::vector<Job*> waiters;
 };
@@ -76,11 +77,23 @@ void IndexScheduler::Stop() {
   }
 }
 
+std::shared_ptr<UniqueFd> IndexScheduler::RootFd(const std::string& root) {
+  MutexLock lock(mu_);
+  auto& shared = root_fds_[root];
+  std::shared_ptr<UniqueFd> fd = shared.lock();
+  // Opened again once no job holds it: a root replaced since is seen anew.
+  if (!fd) {
+    fd = FileHasher::OpenSourceRoot(root);
+    shared = fd;
+  }
+  return fd;
+}
+
 IndexScheduler::JobId IndexScheduler::Submit(std::shared_ptr<const CatalogScan> scan, IndexerOptions options,
                                              Done done) {
   auto job = std::make_shared<Job>();
   const std::string root = scan->real_root;
-  auto ctx = std::make_shared<indexing::JobContext>(index_, std::move(options), root, &io_, rows_.get());
+  auto ctx = std::make_shared<indexing::JobContext>(index_, std::move(options), root, RootFd(root), &io_, rows_.get());
   job->job = std::make_unique<indexing::IndexingJob>(std::move(scan), std::move(ctx));
   job->done = std::move(done);
   {
@@ -115,7 +128,10 @@ void IndexScheduler::CancelLocked(Job& job) {
     s->file->live_waiters--;
     // Nobody else waits: a file not running now is dropped (one running
     // gives up at its next chunk, and is dropped when it returns).
-    if (s->waiters.empty() && s->file->state != SharedFile::State::kRunning) shared_.erase(s->key);
+    if (s->waiters.empty() && s->file->state != SharedFile::State::kRunning) {
+      End(*s);
+      shared_.erase(s->key);
+    }
   }
   // A file still to run that another job waits for goes on to that job's
   // turns: this job's list may have been the only one holding it (another
@@ -138,7 +154,34 @@ bool IndexScheduler::HasWork(const Job& job) const {
   if (job.cancelled) return false;
   if (job.phase == Job::Phase::kNew) return true;
   if (job.phase != Job::Phase::kHashing) return false;
-  return !job.runnable.empty() || (job.outstanding == 0 && job.busy == 0);
+  if (job.runnable.empty()) return job.outstanding == 0 && job.busy == 0;
+  return MayBegin(*job.runnable.front());
+}
+
+namespace {
+
+// A file hashed in one turn, never paused: it holds nothing between turns.
+bool Large(uint64_t size) { return size > kChunkSize; }
+
+}  // namespace
+
+bool IndexScheduler::MayBegin(const Shared& s) const {
+  if (s.begun || s.file->state != SharedFile::State::kQueued || !Large(s.key.size)) return true;
+  const auto it = begun_.find(s.file->owner.uid);
+  return it == begun_.end() || it->second < 2 * threads_;
+}
+
+void IndexScheduler::Begin(Shared& s) {
+  if (s.begun || !Large(s.key.size)) return;
+  s.begun = true;
+  ++begun_[s.file->owner.uid];
+}
+
+void IndexScheduler::End(Shared& s) {
+  if (!s.begun) return;
+  s.begun = false;
+  auto it = begun_.find(s.file->owner.uid);
+  if (it != begun_.end() && --it->second == 0) begun_.erase(it);
 }
 
 // The first job in turn with something to do, moved to the back of the line.
@@ -154,7 +197,7 @@ IndexScheduler::Turn IndexScheduler::NextTurn() {
       while (!job.runnable.empty()) {
         auto s = job.runnable.front();
         const auto state = s->file->state;
-        const bool small = state == SharedFile::State::kQueued && s->key.size <= kChunkSize;
+        const bool small = state == SharedFile::State::kQueued && !Large(s->key.size);
         // Running elsewhere or done: not this turn's. One large or paused
         // file is a turn; small ones go several to a turn.
         if (state == SharedFile::State::kRunning || state == SharedFile::State::kDone) {
@@ -162,7 +205,9 @@ IndexScheduler::Turn IndexScheduler::NextTurn() {
           continue;
         }
         if (!turn.files.empty() && (!small || turn.files.size() >= kSmallFilesPerTurn)) break;
+        if (!MayBegin(*s)) break;  // its owner has enough begun: the job waits
         job.runnable.pop_front();
+        Begin(*s);
         s->file->state = SharedFile::State::kRunning;
         turn.files.push_back(std::move(s));
         if (!small) break;
@@ -287,6 +332,7 @@ void IndexScheduler::RunFiles(Job& job, std::vector<std::shared_ptr<Shared>> fil
       Job* next = job.cancelled ? s->waiters.front() : &job;
       next->runnable.push_front(s);
     } else {
+      End(*s);
       shared_.erase(s->key);  // paused for nobody
     }
   }
@@ -295,6 +341,7 @@ void IndexScheduler::RunFiles(Job& job, std::vector<std::shared_ptr<Shared>> fil
 void IndexScheduler::Complete(const std::shared_ptr<Shared>& s) {
   SharedFile& f = *s->file;
   f.work.reset();
+  End(*s);
   if (f.abandoned && !s->waiters.empty()) {
     // It gave up for want of waiters just as a job came to wait for it:
     // begin again for that job.

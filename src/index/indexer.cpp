@@ -24,7 +24,8 @@ IndexReport Indexer::Run(const CatalogScan& scan) {
   if (options_.lookup_only) {
     // Nothing to hash: the lookups on this thread, no workers.
     indexing::RowBatch rows(index_);
-    auto ctx = std::make_shared<indexing::JobContext>(index_, options_, scan.real_root, nullptr, &rows);
+    auto ctx = std::make_shared<indexing::JobContext>(index_, options_, scan.real_root,
+                                                      FileHasher::OpenSourceRoot(scan.real_root), nullptr, &rows);
     indexing::IndexingJob job(CheckpointsOf(scan), ctx);
     job.Prepare(EffectiveThreads(options_.threads));
     return job.Finish();

@@ -81,10 +81,10 @@ Status RowBatch::Flush(const std::vector<Index::CheckpointRow>& checkpoints) {
   return s;
 }
 
-JobContext::JobContext(Index* index_, IndexerOptions options_, const std::string& real_root_, ThreadPool* io,
-                       RowBatch* rows_)
+JobContext::JobContext(Index* index_, IndexerOptions options_, const std::string& real_root_,
+                       std::shared_ptr<UniqueFd> root_fd, ThreadPool* io, RowBatch* rows_)
     : index(index_), options(std::move(options_)), real_root(real_root_), hasher(io), rows(rows_) {
-  hasher.set_source_root(real_root);
+  hasher.set_source_root(real_root, std::move(root_fd));
   hasher.set_cancel(options.cancel);
   if (options.on_bytes) hasher.set_progress(options.on_bytes);
   if (options.chunk_read_hook) hasher.set_chunk_read_hook(options.chunk_read_hook);

@@ -55,7 +55,10 @@ class RowBatch {
 // hooks, and where results are recorded. Shared by the job and the files it
 // started, which may outlive it (another job still waits for them).
 struct JobContext {
-  JobContext(Index* index, IndexerOptions options, const std::string& real_root, ThreadPool* io, RowBatch* rows);
+  // `root_fd`: real_root opened (FileHasher::OpenSourceRoot), shared with
+  // other jobs of the same root.
+  JobContext(Index* index, IndexerOptions options, const std::string& real_root, std::shared_ptr<UniqueFd> root_fd,
+             ThreadPool* io, RowBatch* rows);
   Index* index;
   IndexerOptions options;
   std::string real_root;

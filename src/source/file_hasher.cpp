@@ -65,13 +65,15 @@ ChunkHash ZeroChunkHash(size_t len) {
 
 }  // namespace
 
-void FileHasher::set_source_root(std::string root) {
+std::shared_ptr<UniqueFd> FileHasher::OpenSourceRoot(const std::string& root) {
+  if (root.empty() || root == "/") return nullptr;
+  auto fd = std::make_shared<UniqueFd>(::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  return fd->valid() ? fd : nullptr;
+}
+
+void FileHasher::set_source_root(std::string root, std::shared_ptr<UniqueFd> root_fd) {
   root_ = std::move(root);
-  root_fd_.reset();
-  if (root_.empty() || root_ == "/") return;
-  auto fd = std::make_shared<UniqueFd>(::open(root_.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
-  // If it cannot be opened now, every file's open tries again and says why.
-  if (fd->valid()) root_fd_ = std::move(fd);
+  root_fd_ = std::move(root_fd);
 }
 
 std::unique_ptr<FileHashTask> FileHasher::Start(const std::string& path, const FileStamp& expected,

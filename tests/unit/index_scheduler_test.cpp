@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 
@@ -104,6 +105,77 @@ TEST_F(IndexSchedulerTest, ASmallCheckpointIsIndexedWhileAHugeFileIsHashedOnTheO
   EXPECT_FALSE(scheduler.ProgressOf(big));
   scheduler.Stop();
   EXPECT_FALSE(reports_.Has("big"));  // cancelled: never reported
+}
+
+// Found attacking the daemon as a writer of one directory: two thousand
+// checkpoints of one sparse 1 TiB file each (seconds to make, no disk) were
+// all begun at once, each holding its tables so far, and the daemon grew
+// past 8 GB. An owner has at most twice the workers' number of large files
+// begun; the rest of its files wait, and another owner's are hashed
+// meanwhile. The count goes back down as files end (cancelled here). And
+// the jobs of one source root hold one descriptor of it between them, not
+// one each (2040 descriptors for 2000 checkpoints, in that attack).
+TEST_F(IndexSchedulerTest, AnOwnerHasAtMostTwiceTheWorkersLargeFilesBegun) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to give the files another owner";
+  constexpr int kCheckpoints = 10;
+  constexpr uid_t kWriter = 2101;
+  auto sparse = [&](const std::string& dir) {
+    MakeDirs(dir);
+    const int fd = ::open((dir + "/model.bin").c_str(), O_CREAT | O_WRONLY, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(64ull << 30)), 0);
+    ASSERT_EQ(::fchown(fd, kWriter, kWriter), 0);
+    ::close(fd);
+  };
+  for (int i = 0; i <= kCheckpoints; ++i) sparse(src_ / ("w" + std::to_string(i) + "/m"));
+  WriteFile(src_ / "root/m/model.bin", RandomBytes(9 << 20, 2));  // root's, large too
+  const auto scan = ScanOf(src_.path());                          // a job per checkpoint, as the daemon submits them
+  IndexScheduler scheduler(index_.get(), 2);
+  std::vector<IndexScheduler::JobId> jobs;
+  for (int i = 0; i < kCheckpoints; ++i) {
+    const std::string name = "w" + std::to_string(i);
+    jobs.push_back(scheduler.Submit(Only(*scan, name + "/m"), {}, reports_.For(name)));
+  }
+  auto descriptors_of_root = [&] {
+    size_t n = 0;
+    for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+      std::error_code ec;
+      if (std::filesystem::read_symlink(e.path(), ec) == std::filesystem::path(scan->real_root)) ++n;
+    }
+    return n;
+  };
+  EXPECT_EQ(descriptors_of_root(), 1u);
+  // Begun files, and the bytes hashed of them, over every job.
+  auto begun = [&] {
+    std::pair<size_t, uint64_t> sum{0, 0};
+    for (auto id : jobs) {
+      auto p = scheduler.ProgressOf(id);
+      if (!p) continue;
+      sum.first += p->hashing.size();
+      for (const auto& f : p->hashing) sum.second += f.done;
+    }
+    return sum;
+  };
+  // Enough hashing for many turns (a turn is at least 50 ms of one file,
+  // about 70 MB here): every job has had its turn several times over.
+  ASSERT_TRUE(WaitFor([&] { return begun().second > (4ull << 30); }, std::chrono::seconds(120)));
+  EXPECT_EQ(begun().first, 4u) << "files begun of one owner, with two workers";
+  // Another owner's large file is hashed meanwhile.
+  scheduler.Submit(Only(*scan, "root/m"), {}, reports_.For("root"));
+  ASSERT_TRUE(reports_.WaitFor("root"));
+  ASSERT_FALSE(reports_.Get("root").checkpoints.at(0).error);
+  EXPECT_EQ(reports_.Get("root").checkpoints.at(0).name, CoreutilsDigest(src_ / "root/m"));
+  EXPECT_LE(begun().first, 4u);
+  // Cancelled, its files end, and the owner's next file begins.
+  for (auto id : jobs) scheduler.Cancel(id);
+  const auto last = scheduler.Submit(Only(*scan, "w" + std::to_string(kCheckpoints) + "/m"), {}, reports_.For("last"));
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        auto p = scheduler.ProgressOf(last);
+        return p && p->hashing.size() == 1 && p->hashing[0].done > 0;
+      },
+      std::chrono::seconds(60)));
+  scheduler.Stop();
 }
 
 // Two checkpoints that share a file (links into one blob, as a hub cache's
