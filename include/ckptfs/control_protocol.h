@@ -76,6 +76,10 @@ inline constexpr char kBytes[] = "bytes";    // preload, unpin, evict
 inline constexpr char kFiles[] = "files";    // preload; ls rows
 inline constexpr char kPinned[] = "pinned";  // preload
 inline constexpr char kCheckpoints[] = "checkpoints";  // status, ls, stats: rows
+// stats: false when the reply holds only the caller's checkpoints, not the
+// node's counters (tiers, opens, fills), which tell of every user's files
+// and are for root and the mount's owner.
+inline constexpr char kNodeCounters[] = "node_counters";
 inline constexpr char kName[] = "name";                // a row's digest directory
 inline constexpr char kByName[] = "by_name";           // a row's by-name paths
 

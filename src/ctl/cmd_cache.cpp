@@ -20,10 +20,9 @@ std::string Prom(const std::string& name, const std::string& labels, uint64_t v)
   return "ckptfs_" + name + (labels.empty() ? "" : "{" + labels + "}") + " " + std::to_string(v) + "\n";
 }
 
-// The text exposition format, for node_exporter's textfile collector.
-void PrintPrometheus(const nlohmann::json& j, const std::string& mountpoint) {
+// The node's counters (root and the mount's owner only: kNodeCounters).
+std::string NodeMetrics(const nlohmann::json& j, const std::string& mnt) {
   std::string out;
-  const std::string mnt = "mountpoint=\"" + mountpoint + "\"";
   struct Metric {
     const char* key;
     const char* name;
@@ -68,6 +67,14 @@ void PrintPrometheus(const nlohmann::json& j, const std::string& mountpoint) {
          Prom("fill_bytes_total", mnt, j[kFills][kBytes].get<uint64_t>());
   out += "# HELP ckptfs_opens_total Opens of files, by how they were served.\n# TYPE ckptfs_opens_total counter\n";
   for (const auto& [how, n] : j[kOpens].items()) out += Prom("opens_total", mnt + ",how=\"" + how + "\"", n.get<uint64_t>());
+  return out;
+}
+
+// The text exposition format, for node_exporter's textfile collector.
+void PrintPrometheus(const nlohmann::json& j, const std::string& mountpoint) {
+  std::string out;
+  const std::string mnt = "mountpoint=\"" + mountpoint + "\"";
+  if (j.value(kNodeCounters, true)) out += NodeMetrics(j, mnt);
   out += "# HELP ckptfs_checkpoint_resident_bytes Bytes of a checkpoint held by a cache tier.\n"
          "# TYPE ckptfs_checkpoint_resident_bytes gauge\n";
   for (const auto& cp : j[kCheckpoints]) {
@@ -127,7 +134,7 @@ void PrintHostTier(const nlohmann::json& j) {
               FormatBytes(huge[kMappedBytes].get<uint64_t>()).c_str());
 }
 
-void PrintStatsTable(const nlohmann::json& j) {
+void PrintNodeCounters(const nlohmann::json& j) {
   std::printf("%-6s %11s %11s %11s %10s %10s %10s %10s\n", "TIER", "CAPACITY", "USED", "PINNED", "HITS", "MISSES",
               "FILLS", "EVICTIONS");
   for (const auto& [tier, t] : j[kTiers].items()) {
@@ -148,6 +155,17 @@ void PrintStatsTable(const nlohmann::json& j) {
               FormatBytes(j[kSourceBytesRead].get<uint64_t>()).c_str(),
               FormatBytes(j[kBytesServed].get<uint64_t>()).c_str());
   PrintHostTier(j);
+}
+
+void PrintStatsTable(const nlohmann::json& j) {
+  if (j.value(kNodeCounters, true)) {
+    PrintNodeCounters(j);
+  } else {
+    std::printf(
+        "passthrough %s: %s\n(the node's counters, of every user's files, are shown to root and the mount's "
+        "owner only)\n",
+        j[kPassthrough][kMode].get<std::string>().c_str(), j[kPassthrough][kReason].get<std::string>().c_str());
+  }
   std::printf("\n%-71s %11s %11s %11s  %s\n", "CHECKPOINT", "HOST", "CHUNKS", "PINNED", "BY-NAME");
   for (const auto& cp : j[kCheckpoints]) {
     std::string by_name;

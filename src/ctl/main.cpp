@@ -135,7 +135,8 @@ void AddCacheCommands(CLI::App& app, std::vector<Command>& out) {
       "Cache numbers of a mount: passthrough mode, opens by how they were served; per tier bytes used\n"
       "and capacity, hits, misses, fills, evictions; fill rate, bytes held by readers; verification\n"
       "failures, read-ahead and preload fills; per checkpoint (with its by-name paths) bytes resident and\n"
-      "pinned; given a path inside the mount, only the checkpoints at or below it");
+      "pinned; given a path inside the mount, only the checkpoints at or below it. The counters of the whole "
+      "node are shown to root and the mount's owner only; other users get their checkpoints' rows");
   AddMountPath(cmd_stats, stats->path);
   auto* stats_json = cmd_stats->add_flag("--json", stats->json, "Print JSON");
   cmd_stats->add_flag("--prometheus", stats->prometheus,

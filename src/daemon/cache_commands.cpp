@@ -274,16 +274,26 @@ nlohmann::json HandleEvict(fuse::FsContext& ctx, const ControlServer::Request& r
 }
 
 nlohmann::json HandleStats(fuse::FsContext& ctx, const HostTierFill* index_fill,
-                           const std::map<std::string, std::vector<std::string>>& by_name) {
+                           const std::map<std::string, std::vector<std::string>>& by_name, bool node_counters) {
+  using namespace protocol;
+  const auto [mode, reason] = fuse::PassthroughState(ctx);
+  if (!node_counters) {
+    // The node's counters move with every user's opens and fills: another
+    // user could read the exact size of a private file from their deltas,
+    // and when its owner loads it (found attacking the daemon).
+    return {{kOk, true},
+            {kNodeCounters, false},
+            {kPassthrough, {{kMode, mode}, {kReason, reason}}},
+            {kCheckpoints, PerCheckpoint(ctx, by_name)}};
+  }
   FileServer& server = *ctx.server;
   CacheStats s = server.parts().cache->Stats();
   const FileCache::Stats f = server.parts().files != nullptr ? server.parts().files->GetStats() : FileCache::Stats{};
-  using namespace protocol;
   nlohmann::json tiers = {{kTierHost, HostTierJson(f)}, {kTierChunks, ChunkTierJson(s.slots)}};
-  const auto [mode, reason] = fuse::PassthroughState(ctx);
   nlohmann::json opens = nlohmann::json::object();
   for (const auto& [how, n] : ctx.opens.Get()) opens[how] = n;
   return {{kOk, true},
+          {kNodeCounters, true},
           {kPassthrough, {{kMode, mode}, {kReason, reason}}},
           {kOpens, opens},
           {"open_inodes", ctx.open_modes.inodes()},

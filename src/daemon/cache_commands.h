@@ -21,7 +21,9 @@ nlohmann::json HandleEvict(fuse::FsContext& ctx, const ControlServer::Request& r
 // `by_name`: the digests the caller may see, with their by-name paths
 // (VisibleByName); only they get a per-checkpoint row. `index_fill`: the
 // copies made as files were hashed (fill_on_index), or null.
+// `node_counters`: with the node's counters (tiers, opens, fills), which
+// tell of every user's files: for root and the mount's owner only.
 nlohmann::json HandleStats(fuse::FsContext& ctx, const HostTierFill* index_fill,
-                           const std::map<std::string, std::vector<std::string>>& by_name);
+                           const std::map<std::string, std::vector<std::string>>& by_name, bool node_counters);
 
 }  // namespace ckptfs::daemon

@@ -28,7 +28,8 @@ CommandTable Daemon::MakeCommands() {
       row(protocol::kLs, [this, visible](const Request& r) { return LsJson(visible(r), *view_, options_.source); }),
       row(protocol::kStats,
           [this, visible](const Request& r) {
-            return HandleStats(ctx_, index_fill_.get(), VisibleByName(visible(r), *view_, options_.source));
+            return HandleStats(ctx_, index_fill_.get(), VisibleByName(visible(r), *view_, options_.source),
+                               /*node_counters=*/r.privileged);
           }),
       // A daemon that takes the mount over pins what was pinned (pin_list.h).
       row(protocol::kPreload, [this](const Request& r) { return RecordPins(r, HandlePreload(ctx_, r)); }),

@@ -92,6 +92,42 @@ TEST_F(DisclosureTest, AnUnknownDigestIsNotAnsweredFromACacheThatAHiddenOneMisse
   }
 }
 
+// The node's counters (tiers, opens, fills) move with every user's files:
+// from their deltas another user read the exact size of a private file as
+// its copy was made at indexing (fills.from_indexing.bytes, tiers.host.used)
+// and saw when its owner loaded it (tiers.host.hits, opens), found attacking
+// the daemon. Another user's stats hold only the checkpoints they may see;
+// root's hold the counters.
+TEST_F(DisclosureTest, TheNodesCountersAreShownToRootAndTheMountsOwnerOnly) {
+  auto m = MountHomeCheckpoint("private-model", 0700);
+  const std::string digest = DigestOf("home/owner/private-model");
+  ASSERT_FALSE(digest.empty()) << m->Log();
+  ASSERT_EQ(ReadFile(mnt_ + "/" + digest + "/model.bin"), "weights of private-model nobody else may know of");
+  const auto root = nlohmann::json::parse(RunCommand(Ctl() + " stats --json " + mnt_).out, nullptr, false);
+  ASSERT_TRUE(root.is_object());
+  EXPECT_EQ(root.value("node_counters", false), true) << root.dump();
+  EXPECT_TRUE(root.contains("fills") && root.contains("tiers") && root.contains("opens")) << root.dump();
+  EXPECT_NE(root.dump().find(digest), std::string::npos);
+  for (const User& user : {kOther, kOwner}) {
+    AsResult json = RunAs(user, Ctl() + " stats --json " + ShellQuote(mnt_));
+    ASSERT_EQ(json.exit_code, 0) << json.out;
+    const auto theirs = nlohmann::json::parse(json.out, nullptr, false);
+    ASSERT_TRUE(theirs.is_object()) << json.out;
+    EXPECT_EQ(theirs.value("node_counters", true), false) << json.out;
+    for (const char* key : {"fills", "tiers", "opens", "bytes_served", "source_bytes_read", "lookups_not_found"}) {
+      EXPECT_FALSE(theirs.contains(key)) << key << ": " << json.out;
+    }
+    // Their own checkpoints still have their rows.
+    EXPECT_EQ(theirs.dump().find(digest) != std::string::npos, user.uid == kOwner.uid) << json.out;
+    AsResult table = RunAs(user, Ctl() + " stats " + ShellQuote(mnt_));
+    EXPECT_EQ(table.exit_code, 0) << table.out;
+    EXPECT_NE(table.out.find("shown to root and the mount's owner only"), std::string::npos) << table.out;
+    AsResult prometheus = RunAs(user, Ctl() + " stats --prometheus " + ShellQuote(mnt_));
+    EXPECT_EQ(prometheus.exit_code, 0) << prometheus.out;
+    EXPECT_EQ(prometheus.out.find("ckptfs_cache_used_bytes"), std::string::npos) << prometheus.out;
+  }
+}
+
 TEST_F(DisclosureTest, TheSourcesXattrNamesOnlyCopiesTheCallerCouldFind) {
   const std::string bytes = "a public model, also kept in a private home";
   WriteFile(src_ + "/pub/model/model.bin", bytes);
