@@ -100,21 +100,55 @@ int WantToSee(fuse_ino_t parent, const View::Node& n) {
 
 constexpr std::string_view kSourcesXattr = "user.ckptfs.sources";
 
+// The most an extended attribute may hold (XATTR_SIZE_MAX): a longer one
+// fails every getxattr of it with E2BIG, for everyone.
+constexpr size_t kXattrSizeMax = 65536;
+// Room kept at the end of a capped user.ckptfs.sources for its last line.
+constexpr size_t kNotListedLine = 128;
+
 // user.ckptfs.sources as this caller may read it: only the copies whose
-// path they could learn in SRC (ckptfsctl ls filters the same way).
+// path they could learn in SRC (ckptfsctl ls filters the same way), in the
+// order stored. Capped below XATTR_SIZE_MAX: one writer's thousands of hard
+// links to a public model made the attribute of root's checkpoint fail for
+// everyone (found attacking the daemon). Then the copies of root and of the
+// caller come first, others as room remains, and a last line counts those
+// left out.
 std::string SourcesFor(fuse_req_t req, const View::Node& n, const std::string& stored) {
   Caller caller = CallerOf(req);
-  std::string out;
-  size_t line = 0, pos = 0;
-  while (pos < stored.size()) {
+  struct Line {
+    size_t pos, len;
+    bool first;  // root's or the caller's copy
+  };
+  std::vector<Line> known;
+  size_t bytes = 0;
+  for (size_t line = 0, pos = 0; pos < stored.size(); ++line) {
     size_t end = stored.find('\n', pos);
     if (end == std::string::npos) end = stored.size();
     if (line < n.source_access.size() && MayKnowCopy(n.source_access[line], caller)) {
-      out.append(stored, pos, end - pos).push_back('\n');
+      const uid_t owner = n.source_access[line].self.uid;
+      known.push_back({pos, end - pos, owner == 0 || owner == caller.uid()});
+      bytes += end - pos + 1;
     }
     pos = end + 1;
-    ++line;
   }
+  std::vector<bool> listed(known.size(), true);
+  size_t left_out = 0;
+  if (bytes > kXattrSizeMax) {
+    size_t room = kXattrSizeMax - kNotListedLine;
+    for (const bool first : {true, false}) {
+      for (size_t i = 0; i < known.size(); ++i) {
+        if (known[i].first != first) continue;
+        listed[i] = known[i].len + 1 <= room;
+        if (listed[i]) room -= known[i].len + 1;
+        else ++left_out;
+      }
+    }
+  }
+  std::string out;
+  for (size_t i = 0; i < known.size(); ++i) {
+    if (listed[i]) out.append(stored, known[i].pos, known[i].len).push_back('\n');
+  }
+  if (left_out > 0) out += "(" + std::to_string(left_out) + " more copies not listed: the list is capped at 64 KiB)\n";
   return out;
 }
 

@@ -160,6 +160,43 @@ TEST_F(DisclosureTest, TheSourcesXattrNamesOnlyCopiesTheCallerCouldFind) {
   EXPECT_EQ(ls.out.find("acquisition-target-x"), std::string::npos) << ls.out;
 }
 
+// One writer's hard links to a public model, in hundreds of checkpoints of
+// its own with long names, made user.ckptfs.sources of the public digest
+// longer than an extended attribute may be: every getxattr of it failed
+// with E2BIG, for everyone (found attacking the daemon with 3,000 links).
+// The list is capped: root's copy and the caller's come first, and a last
+// line counts the copies left out.
+TEST_F(DisclosureTest, ThousandsOfCopiesLeaveTheSourcesXattrReadableWithRootsCopyListed) {
+  const std::string bytes = "a public model that one writer links to many times";
+  WriteFile(src_ + "/pub/model/model.bin", bytes);
+  MakeDirs(src_ + "/w");
+  constexpr int kCopies = 300;  // 300 lines of over 230 bytes: past 64 KiB
+  const std::string long_name = std::string(200, 'x');
+  for (int i = 0; i < kCopies; ++i) {
+    const std::string dir = src_ + "/w/" + long_name + "-" + std::to_string(i);
+    MakeDirs(dir);
+    ASSERT_EQ(::link((src_ + "/pub/model/model.bin").c_str(), (dir + "/model.bin").c_str()), 0) << dir;
+    Own(dir, kOther.uid, kOther.gid, 0755);
+  }
+  Own(src_ + "/w", kOther.uid, kOther.gid, 0755);
+  auto m = Mount();
+  const std::string last = "w/" + long_name + "-" + std::to_string(kCopies - 1);
+  ASSERT_TRUE(WaitFor([&] { return !DigestOf("pub/model").empty() && DigestOf(last) == DigestOf("pub/model"); }))
+      << m->Log();
+  ASSERT_TRUE(WaitUntilIndexed()) << m->Log();
+  const std::string digest = mnt_ + "/" + DigestOf("pub/model");
+  for (const User& user : {kRoot, kMember, kOther}) {
+    const std::string got = SourcesAs(user, digest);
+    EXPECT_EQ(got.find("Argument list too long"), std::string::npos) << user.name;
+    EXPECT_LE(got.size(), 65536u) << user.name;
+    EXPECT_NE(("\n" + got).find("\n" + src_ + "/pub/model\n"), std::string::npos)
+        << user.name << ": " << got.substr(0, 300);
+    EXPECT_NE(got.find(" more copies not listed"), std::string::npos)
+        << user.name << ": " << got.substr(got.size() > 300 ? got.size() - 300 : 0);
+    EXPECT_NE(got.find(long_name + "-0\n"), std::string::npos) << user.name;
+  }
+}
+
 // A user's link to another's private checkpoint (SRC/other/m ->
 // ../home/owner/secret-model) is a path they cannot follow in SRC: its
 // by-name entry is no more there for them than one whose link leads
