@@ -20,7 +20,7 @@ CommandTable Daemon::MakeCommands() {
       row(protocol::kStatus,
           [this, visible](const Request& r) {
             const MountFacts facts{&options_, state_dir_, index_->path(), log_->destination()};
-            auto status = StatusJson(visible(r), *watcher_, facts, ctx_);
+            auto status = StatusJson(visible(r), *watcher_, facts, ctx_, /*node_counters=*/r.privileged);
             AddFleetStatus(status, manifests_.get(), source_fs_, options_);
             status[protocol::kDaemon] = DaemonStatusJson();
             return status;

@@ -71,7 +71,7 @@ nlohmann::json LastScanJson(const CatalogWatcher::ScanStats& s) {
 }  // namespace
 
 nlohmann::json StatusJson(const std::vector<CheckpointState>& visible, const CatalogWatcher& watcher,
-                          const MountFacts& mount, const fuse::FsContext& ctx) {
+                          const MountFacts& mount, const fuse::FsContext& ctx, bool node_counters) {
   nlohmann::json list = nlohmann::json::array();
   size_t counts[4] = {0, 0, 0, 0};
   for (const auto& s : visible) {
@@ -81,35 +81,45 @@ nlohmann::json StatusJson(const std::vector<CheckpointState>& visible, const Cat
   const MountOptions& o = *mount.options;
   const auto [mode, reason] = fuse::PassthroughState(ctx);
   using namespace protocol;
-  return {{kOk, true},
-          {kSource, o.source},
-          {kMountpoint, o.mountpoint},
-          {"state_dir", mount.state_dir},
-          {kIndex, mount.index_path},
-          {kPid, ::getpid()},
-          {"scans", watcher.scans_completed()},
-          {"scan_pending", watcher.scan_pending()},
-          {"last_scan", LastScanJson(watcher.LastScan())},
-          {kCounts,
-           {{kStateExposed, counts[0]},
-            {kStateIndexing, counts[1]},
-            {kStatePending, counts[2]},
-            {kStateInvalid, counts[3]}}},
-          {kOptions, OptionsJson(o, mount.log_destination)},
-          {kPassthrough, {{kMode, mode}, {kReason, reason}}},
-          {"reads", {{"requests", ctx.server->reads()}, {"bytes", ctx.server->bytes_read()}, {"failed", ctx.server->failed_reads()}}},
-          // Opens that did not wait for their copy: half the FUSE threads
-          // waited for copies already (FileServer::Options::max_waiting_opens).
-          {"opens_not_waiting", ctx.server->opens_not_waiting()},
-          // Access decisions taken without the caller's supplementary groups
-          // (fuse_ops.h): nonzero means some users may be refused what their
-          // groups grant them, and others what a group keeps out.
-          {"callers_without_groups", ctx.callers_without_groups.load()},
-          {kCache,
-           {{kTierHost, ctx.server->parts().files->GetStats().capacity},
-            {kTierChunks, ctx.server->parts().cache->Stats().slots.capacity},
-            {kPinnedMemory, ctx.server->parts().cache->Stats().slots_pinned_memory && ctx.server->parts().files->GetStats().locked_memory}}},
-          {kCheckpoints, list}};
+  nlohmann::json status = {{kOk, true},
+                           {kSource, o.source},
+                           {kMountpoint, o.mountpoint},
+                           {"state_dir", mount.state_dir},
+                           {kIndex, mount.index_path},
+                           {kPid, ::getpid()},
+                           {"scans", watcher.scans_completed()},
+                           {"scan_pending", watcher.scan_pending()},
+                           {"last_scan", LastScanJson(watcher.LastScan())},
+                           {kCounts,
+                            {{kStateExposed, counts[0]},
+                             {kStateIndexing, counts[1]},
+                             {kStatePending, counts[2]},
+                             {kStateInvalid, counts[3]}}},
+                           {kOptions, OptionsJson(o, mount.log_destination)},
+                           {kPassthrough, {{kMode, mode}, {kReason, reason}}},
+                           {"reads",
+                            {{"requests", ctx.server->reads()},
+                             {"bytes", ctx.server->bytes_read()},
+                             {"failed", ctx.server->failed_reads()}}},
+                           // Opens that did not wait for their copy: half the FUSE threads
+                           // waited for copies already (FileServer::Options::max_waiting_opens).
+                           {"opens_not_waiting", ctx.server->opens_not_waiting()},
+                           // Access decisions taken without the caller's supplementary groups
+                           // (fuse_ops.h): nonzero means some users may be refused what their
+                           // groups grant them, and others what a group keeps out.
+                           {"callers_without_groups", ctx.callers_without_groups.load()},
+                           {kCache,
+                            {{kTierHost, ctx.server->parts().files->GetStats().capacity},
+                             {kTierChunks, ctx.server->parts().cache->Stats().slots.capacity},
+                             {kPinnedMemory, ctx.server->parts().cache->Stats().slots_pinned_memory &&
+                                                 ctx.server->parts().files->GetStats().locked_memory}}},
+                           {kCheckpoints, list}};
+  if (!node_counters) {
+    // Counters of every user's files (stats keeps them to the same users).
+    for (const char* key : {"reads", "last_scan", "opens_not_waiting", "callers_without_groups"}) status.erase(key);
+    status[kNodeCounters] = false;
+  }
+  return status;
 }
 
 nlohmann::json LsJson(const std::vector<CheckpointState>& visible, const View& view, const std::string& source) {

@@ -24,8 +24,11 @@ struct MountFacts {
   std::string log_destination;
 };
 
+// `node_counters`: with the counters of the whole node (reads, the last
+// scan's totals, opens), which tell of every user's files: for root and
+// the mount's owner only (as in stats).
 nlohmann::json StatusJson(const std::vector<CheckpointState>& visible, const CatalogWatcher& watcher,
-                          const MountFacts& mount, const fuse::FsContext& ctx);
+                          const MountFacts& mount, const fuse::FsContext& ctx, bool node_counters);
 
 // One row per digest directory: its by-name paths and sources, from the
 // checkpoint states the caller may see.

@@ -1,4 +1,6 @@
 #include "ckptfs/index_scheduler.h"
+
+#include <sys/stat.h>
 #include "ckptfs/mutex.h"
 
 #include <algorithm>
@@ -78,14 +80,22 @@ void IndexScheduler::Stop() {
 }
 
 std::shared_ptr<UniqueFd> IndexScheduler::RootFd(const std::string& root) {
-  MutexLock lock(mu_);
-  auto& shared = root_fds_[root];
-  std::shared_ptr<UniqueFd> fd = shared.lock();
-  // Opened again once no job holds it: a root replaced since is seen anew.
-  if (!fd) {
-    fd = FileHasher::OpenSourceRoot(root);
-    shared = fd;
+  std::shared_ptr<UniqueFd> fd;
+  {
+    MutexLock lock(mu_);
+    fd = root_fds_[root].lock();
   }
+  // Outside the lock: a root on a hung server must not stop the workers.
+  // Kept while the path still names the directory it was opened on; a root
+  // replaced since is opened anew.
+  struct stat held, now;
+  if (fd && ::fstat(fd->get(), &held) == 0 && ::stat(root.c_str(), &now) == 0 && held.st_dev == now.st_dev &&
+      held.st_ino == now.st_ino) {
+    return fd;
+  }
+  fd = FileHasher::OpenSourceRoot(root);
+  MutexLock lock(mu_);
+  root_fds_[root] = fd;
   return fd;
 }
 
@@ -155,7 +165,7 @@ bool IndexScheduler::HasWork(const Job& job) const {
   if (job.phase == Job::Phase::kNew) return true;
   if (job.phase != Job::Phase::kHashing) return false;
   if (job.runnable.empty()) return job.outstanding == 0 && job.busy == 0;
-  return MayBegin(*job.runnable.front());
+  return std::ranges::any_of(job.runnable, [&](const auto& s) { return MayBegin(*s); });
 }
 
 namespace {
@@ -195,6 +205,16 @@ IndexScheduler::Turn IndexScheduler::NextTurn() {
       turn.kind = Turn::Kind::kPrepare;
     } else if (job.phase == Job::Phase::kHashing) {
       while (!job.runnable.empty()) {
+        // A file its owner may not begin yet waits in place; what may run
+        // behind it (a file begun already, whose turn frees the owner's
+        // place; a small one; another owner's) comes first.
+        auto first = std::ranges::find_if(job.runnable, [&](const auto& f) { return MayBegin(*f); });
+        if (first == job.runnable.end()) break;
+        if (first != job.runnable.begin()) {
+          auto moved = std::move(*first);
+          job.runnable.erase(first);
+          job.runnable.push_front(std::move(moved));
+        }
         auto s = job.runnable.front();
         const auto state = s->file->state;
         const bool small = state == SharedFile::State::kQueued && !Large(s->key.size);
@@ -205,7 +225,6 @@ IndexScheduler::Turn IndexScheduler::NextTurn() {
           continue;
         }
         if (!turn.files.empty() && (!small || turn.files.size() >= kSmallFilesPerTurn)) break;
-        if (!MayBegin(*s)) break;  // its owner has enough begun: the job waits
         job.runnable.pop_front();
         Begin(*s);
         s->file->state = SharedFile::State::kRunning;

@@ -108,6 +108,7 @@ TEST_F(DisclosureTest, TheNodesCountersAreShownToRootAndTheMountsOwnerOnly) {
   EXPECT_EQ(root.value("node_counters", false), true) << root.dump();
   EXPECT_TRUE(root.contains("fills") && root.contains("tiers") && root.contains("opens")) << root.dump();
   EXPECT_NE(root.dump().find(digest), std::string::npos);
+  EXPECT_TRUE(nlohmann::json::parse(RunCommand(Ctl() + " status --json " + mnt_).out).contains("reads"));
   for (const User& user : {kOther, kOwner}) {
     AsResult json = RunAs(user, Ctl() + " stats --json " + ShellQuote(mnt_));
     ASSERT_EQ(json.exit_code, 0) << json.out;
@@ -122,6 +123,13 @@ TEST_F(DisclosureTest, TheNodesCountersAreShownToRootAndTheMountsOwnerOnly) {
     AsResult table = RunAs(user, Ctl() + " stats " + ShellQuote(mnt_));
     EXPECT_EQ(table.exit_code, 0) << table.out;
     EXPECT_NE(table.out.find("shown to root and the mount's owner only"), std::string::npos) << table.out;
+    AsResult status = RunAs(user, Ctl() + " status --json " + ShellQuote(mnt_));
+    ASSERT_EQ(status.exit_code, 0) << status.out;
+    const auto their_status = nlohmann::json::parse(status.out, nullptr, false);
+    for (const char* key : {"reads", "last_scan", "opens_not_waiting"}) {
+      EXPECT_FALSE(their_status.contains(key)) << key << ": " << status.out;
+    }
+    EXPECT_EQ(RunAs(user, Ctl() + " status " + ShellQuote(mnt_)).exit_code, 0);
     AsResult prometheus = RunAs(user, Ctl() + " stats --prometheus " + ShellQuote(mnt_));
     EXPECT_EQ(prometheus.exit_code, 0) << prometheus.out;
     EXPECT_EQ(prometheus.out.find("ckptfs_cache_used_bytes"), std::string::npos) << prometheus.out;
