@@ -165,7 +165,11 @@ bool IndexScheduler::HasWork(const Job& job) const {
   if (job.phase == Job::Phase::kNew) return true;
   if (job.phase != Job::Phase::kHashing) return false;
   if (job.runnable.empty()) return job.outstanding == 0 && job.busy == 0;
-  return std::ranges::any_of(job.runnable, [&](const auto& s) { return MayBegin(*s); });
+  // A loop, not a lambda: the analysis sees mu_ held here, not in a lambda.
+  for (const auto& s : job.runnable) {
+    if (MayBegin(*s)) return true;
+  }
+  return false;
 }
 
 namespace {
@@ -208,7 +212,8 @@ IndexScheduler::Turn IndexScheduler::NextTurn() {
         // A file its owner may not begin yet waits in place; what may run
         // behind it (a file begun already, whose turn frees the owner's
         // place; a small one; another owner's) comes first.
-        auto first = std::ranges::find_if(job.runnable, [&](const auto& f) { return MayBegin(*f); });
+        auto first = job.runnable.begin();
+        while (first != job.runnable.end() && !MayBegin(**first)) ++first;
         if (first == job.runnable.end()) break;
         if (first != job.runnable.begin()) {
           auto moved = std::move(*first);
