@@ -33,6 +33,14 @@
 // path. A copy the tier lets go of closes its descriptor as soon as no
 // reader holds it; until then the descriptor is counted as held.
 //
+// Page reserve (page_reserve=; see page_reserve.h): where taking fresh
+// memory is slow, the tier lends part of its free room to a store of 2 MiB
+// pages, which a fill made with Claim(take_reserve) gets back two pages
+// before each 4 MiB chunk it writes (TakeFromReserve). The pages it holds
+// count in the budget like copies; a claim short of room takes them back
+// before it evicts anything, so the tier's memory stays within `capacity`.
+// Pages promised to a fill count in its reservation instead.
+//
 // Single flight: one fill per key at a time; others wait for it or, if they
 // only wanted to start one (a background fill), go away.
 //
@@ -60,6 +68,7 @@
 #include "ckptfs/device_memory.h"
 #include "ckptfs/hashes.h"
 #include "ckptfs/mutex.h"
+#include "ckptfs/page_reserve.h"
 #include "ckptfs/sealed_copy.h"
 #include "ckptfs/status.h"
 
@@ -109,6 +118,7 @@ class FileCache final : public CacheTier {
     bool descriptor_;  // room for one descriptor (a memfd) was reserved
     bool pin_;
     bool published_ = false;
+    uint64_t lease_ = 0;  // bytes of reserve pages promised to this fill, not taken yet
     std::chrono::steady_clock::time_point start_;
   };
   // What Claim found: the copy already resident, or room for this caller to
@@ -127,7 +137,17 @@ class FileCache final : public CacheTier {
   // that size holds a memfd (SealedCopy::NeedsDescriptor), a descriptor.
   // kFull with the reason when the file cannot fit (or, with `pin`, when the
   // pins would exceed the tier, or no descriptor can be freed).
-  Result<Claimed> Claim(const FileKey& key, uint64_t size, bool pin, bool wait, Room room = Room::kEvict);
+  // `take_reserve`: the fill writes its copy through a mapping and will ask
+  // for the reserve's pages as it goes (TakeFromReserve): as many as it
+  // could use are promised to it.
+  Result<Claimed> Claim(const FileKey& key, uint64_t size, bool pin, bool wait, Room room = Room::kEvict,
+                        bool take_reserve = false);
+
+  // Keeps a page reserve from now on, and starts its growing thread.
+  void KeepPageReserve(std::unique_ptr<PageReserve> reserve) EXCLUDES(mu_);
+  // Frees up to `bytes` (whole 2 MiB pages) of the reserve pages promised
+  // to `fill`, for its copy to take at once; returns how many bytes.
+  uint64_t TakeFromReserve(Reservation& fill, uint64_t bytes) EXCLUDES(mu_);
   // Makes a sealed copy resident (pinned if the claim asked for it).
   CopyPtr Publish(std::unique_ptr<Reservation> fill, std::unique_ptr<SealedCopy> copy);
   // The same for a copy its filler shares with readers of it in progress.
@@ -171,6 +191,9 @@ class FileCache final : public CacheTier {
     uint64_t in_memory = 0;          // resident copies held without a descriptor
     bool locked_memory = true;  // false once the kernel refused to mlock a pinned copy
     uint64_t registered = 0;    // pinned bytes registered with the gpu= device
+    bool page_reserve = false;  // one is kept
+    PageReserve::Stats reserve;
+    uint64_t reserve_promised = 0;  // bytes promised to fills in flight
   };
   // Looks at the held copies again first (see above).
   Stats GetStats() EXCLUDES(mu_);
@@ -185,9 +208,17 @@ class FileCache final : public CacheTier {
   // Copies the tier let go of, closed and dropped by the caller after it
   // unlocks: the last reference unmaps a copy and frees its pages, which
   // takes time for a large file and must not hold up Find.
+  // Then the reserve frees what the tier took back from it (`trim`), and
+  // its thread is told that memory was let go of (`wake`).
   struct Released {
+    Released() = default;
+    Released(const Released&) = delete;
+    Released& operator=(const Released&) = delete;
+    ~Released();
     std::vector<CopyPtr> copies;
     std::vector<UniqueFd> descriptors;
+    PageReserve* trim = nullptr;
+    PageReserve* wake = nullptr;
   };
   // An evicted copy that readers may still hold: the daemon's (while `copy`
   // lives) or the kernel's (`descriptor` open elsewhere).
@@ -215,7 +246,16 @@ class FileCache final : public CacheTier {
   uint64_t InUse() const REQUIRES(mu_);
   // Bytes the budget counts now: resident copies, fills under way, and
   // evicted copies readers still hold.
-  uint64_t Taken() const REQUIRES(mu_) { return used_ + reserved_ + held_bytes_; }
+  uint64_t Taken() const REQUIRES(mu_) { return used_ + reserved_ + held_bytes_ + SpareReserveBytes(); }
+  // The reserve's pages not promised to a fill: free room lent out.
+  uint64_t SpareReserveBytes() const REQUIRES(mu_);
+  // Takes spare reserve pages back until `bytes` more fit, if they can.
+  void ReclaimSpareReserve(uint64_t bytes, Released& released) REQUIRES(mu_);
+  // Gives back what is left of `fill`'s promise.
+  void EndLease(Reservation& fill, Released& released) REQUIRES(mu_);
+  // The reserve's thread asks: raises its target by a page when the tier
+  // has that much free room and no fill in flight.
+  bool LendToReserve() EXCLUDES(mu_);
   bool EvictOldest(bool holding_descriptor, const FileKey& keep, Released& released) REQUIRES(mu_);
   void Drop(std::map<FileKey, Entry>::iterator it, Released& released) REQUIRES(mu_);
   // Makes the reserved fill's copy resident (takes mu_).
@@ -242,6 +282,9 @@ class FileCache final : public CacheTier {
   std::vector<HeldCopy> held_ GUARDED_BY(mu_);
   uint64_t held_bytes_ GUARDED_BY(mu_) = 0;
   std::chrono::steady_clock::time_point last_sweep_ GUARDED_BY(mu_);
+  // Set once, before any fill (KeepPageReserve); destroyed first.
+  std::unique_ptr<PageReserve> reserve_;
+  uint64_t reserve_promised_ GUARDED_BY(mu_) = 0;
   Stats counters_ GUARDED_BY(mu_);
 };
 

@@ -28,6 +28,10 @@ class HashCopy {
   // Where the bytes at [offset, offset + len) go, for the reader to put them
   // there itself; null when the copy is written with Write.
   virtual uint8_t* WritableAt(uint64_t offset, size_t len) = 0;
+  // Called by the reader just before it reads into WritableAt(offset, len)
+  // (from the hasher's I/O threads): the copy may place its pages for that
+  // range first (HostTierFill: from the page reserve).
+  virtual void PreparePages(uint64_t /*offset*/, size_t /*len*/) {}
   // Called from the hasher's I/O threads, several at once for distinct
   // ranges, so that copying overlaps SHA-256.
   virtual Status Write(uint64_t offset, const uint8_t* data, size_t len) = 0;

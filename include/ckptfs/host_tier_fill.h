@@ -42,6 +42,7 @@ class HostTierFill : public HashCopyMaker {
     uint64_t fills = 0, bytes = 0;  // published
     uint64_t skipped = 0;           // no free room (or no memfd to be had)
     uint64_t abandoned = 0;         // begun, not published (the file changed, hashing stopped)
+    uint64_t reserve_bytes = 0;     // written into 2 MiB pages from the page reserve
   };
   Stats GetStats() const;
 
@@ -50,7 +51,7 @@ class HostTierFill : public HashCopyMaker {
   FileCache* const cache_;
   const Policy policy_;
   const bool skip_safetensors_;
-  std::atomic<uint64_t> fills_{0}, bytes_{0}, skipped_{0}, abandoned_{0};
+  std::atomic<uint64_t> fills_{0}, bytes_{0}, skipped_{0}, abandoned_{0}, reserve_bytes_{0};
 };
 
 // HostTierFill::Policy as the fill_on_index= option spells it.

@@ -110,6 +110,15 @@ class SealedCopy {
   // will be served; there is room up to the end of the last page. Null for a
   // copy written with pwrite or held in memory, or a range past the end.
   uint8_t* WritableAt(uint64_t offset, size_t len) const;
+  // Before Seal, for a copy written through a mapping of 4 KiB pages
+  // (kSmallPageMapping): the whole 2 MiB pages of [offset, offset + len)
+  // that can be huge (aligned, inside the mapping), from `offset`; 0 if none.
+  uint64_t HugePagesAt(uint64_t offset, uint64_t len) const;
+  // Gives those pages, of a range HugePagesAt allowed, 2 MiB pages now
+  // (MADV_HUGEPAGE, then MADV_POPULATE_WRITE): right after the page reserve
+  // freed as many, which the kernel's allocator then hands out again. False
+  // if the kernel refused (the range is then written in what it got).
+  bool PlaceHugePages(uint64_t offset, uint64_t len);
   bool WrittenThroughMapping() const {
     return how_ == WriteBy::kHugePageMapping || how_ == WriteBy::kSmallPageMapping;
   }

@@ -61,9 +61,69 @@ class FileCache::PageLock {
 FileCache::FileCache(uint64_t capacity, DeviceMemory* device, uint64_t descriptor_budget)
     : capacity_(capacity), device_(device), descriptor_budget_(descriptor_budget) {}
 
-// The page locks first: each one updates registered_ and locked_memory_ as
-// it goes, which are destroyed before page_locks_ would be.
-FileCache::~FileCache() { page_locks_.clear(); }
+// The reserve's thread first: it calls LendToReserve. Then the page
+// locks: each one updates registered_ and locked_memory_ as it goes, which
+// are destroyed before page_locks_ would be.
+FileCache::~FileCache() {
+  reserve_.reset();
+  page_locks_.clear();
+}
+
+FileCache::Released::~Released() {
+  copies.clear();  // their pages go back to the kernel here, unless a reader holds them
+  descriptors.clear();
+  if (trim != nullptr) trim->Trim();
+  if (wake != nullptr) wake->Wake();
+}
+
+void FileCache::KeepPageReserve(std::unique_ptr<PageReserve> reserve) {
+  reserve_ = std::move(reserve);
+  reserve_->StartGrowing([this] { return LendToReserve(); });
+}
+
+uint64_t FileCache::SpareReserveBytes() const {
+  if (!reserve_) return 0;
+  const uint64_t held = reserve_->target() * PageReserve::kPageBytes;
+  return held > reserve_promised_ ? held - reserve_promised_ : 0;
+}
+
+void FileCache::ReclaimSpareReserve(uint64_t bytes, Released& released) {
+  const uint64_t spare = SpareReserveBytes();
+  if (spare == 0 || Taken() + bytes <= capacity_) return;
+  const uint64_t short_by = Taken() + bytes - capacity_;
+  const uint64_t pages = (std::min(spare, short_by) + PageReserve::kPageBytes - 1) / PageReserve::kPageBytes;
+  reserve_->Lower(pages);
+  released.trim = reserve_.get();
+}
+
+void FileCache::EndLease(Reservation& fill, Released& released) {
+  reserve_promised_ -= fill.lease_;
+  fill.lease_ = 0;
+  // Pages its copy did not use are spare again, and may not fit beside it.
+  ReclaimSpareReserve(0, released);
+}
+
+bool FileCache::LendToReserve() {
+  MutexLock lock(mu_);
+  if (!reserve_ || reserved_ > 0 || reserve_->target() >= reserve_->limit_pages()) return false;
+  if (Taken() + PageReserve::kPageBytes > capacity_) return false;
+  reserve_->Raise(1);
+  return true;
+}
+
+uint64_t FileCache::TakeFromReserve(Reservation& fill, uint64_t bytes) {
+  uint64_t take = 0;
+  {
+    MutexLock lock(mu_);
+    if (!reserve_) return 0;
+    take = std::min(fill.lease_, bytes / PageReserve::kPageBytes * PageReserve::kPageBytes);
+    fill.lease_ -= take;
+    reserve_promised_ -= take;
+    if (take > 0) reserve_->Lower(take / PageReserve::kPageBytes);
+  }
+  if (take > 0) reserve_->Trim();
+  return take;
+}
 
 FileCache::Reservation::~Reservation() {
   if (!published_ && cache_ != nullptr) cache_->Abandon(*this);
@@ -109,6 +169,7 @@ void FileCache::Drop(std::map<FileKey, Entry>::iterator it, Released& released) 
     if (descriptor.valid()) released.descriptors.push_back(std::move(descriptor));
   }
   released.copies.push_back(std::move(it->second.copy));
+  released.wake = reserve_.get();  // the copy's pages may be free in a moment: the reserve takes them
   lru_.erase(it->second.lru);
   entries_.erase(it);
   ++counters_.evictions;
@@ -210,7 +271,8 @@ Status FileCache::MakeRoom(uint64_t bytes, bool descriptor, const FileKey& keep,
   return Status::Ok();
 }
 
-Result<FileCache::Claimed> FileCache::Claim(const FileKey& key, uint64_t size, bool pin, bool wait, Room room) {
+Result<FileCache::Claimed> FileCache::Claim(const FileKey& key, uint64_t size, bool pin, bool wait, Room room,
+                                            bool take_reserve) {
   const uint64_t bytes = PageBytes(size);
   const bool descriptor = SealedCopy::NeedsDescriptor(size);
   Released released;  // declared before the lock: let go of after it
@@ -232,17 +294,35 @@ Result<FileCache::Claimed> FileCache::Claim(const FileKey& key, uint64_t size, b
     return Status::Full("the file (" + std::to_string(size) + " bytes) is larger than the host tier (" +
                         std::to_string(capacity_) + " bytes)");
   }
+  // The reserve's pages this fill can use are promised to it: they leave
+  // the spare room, and come back if the claim fails.
+  const uint64_t lease =
+      take_reserve ? std::min(SpareReserveBytes(), bytes / PageReserve::kPageBytes * PageReserve::kPageBytes) : 0;
+  reserve_promised_ += lease;
+  Status room_made = Status::Ok();
+  // Free room counts the reserve's spare pages (taken back below only for
+  // a claim that will then fit).
   if (room == Room::kFreeOnly &&
-      (Taken() + bytes > capacity_ || (descriptor && descriptors_ + 1 > descriptor_budget_))) {
-    return Status::Full("no free room in the host tier: " + std::to_string(Taken()) +
-                        " of " + std::to_string(capacity_) + " bytes and " + std::to_string(descriptors_) + " of " +
-                        std::to_string(descriptor_budget_) + " descriptors are used, being filled or held by readers");
+      (Taken() - SpareReserveBytes() + bytes > capacity_ || (descriptor && descriptors_ + 1 > descriptor_budget_))) {
+    room_made =
+        Status::Full("no free room in the host tier: " + std::to_string(Taken()) + " of " + std::to_string(capacity_) +
+                     " bytes and " + std::to_string(descriptors_) + " of " + std::to_string(descriptor_budget_) +
+                     " descriptors are used, being filled or held by readers");
   }
-  if (Status room_made = MakeRoom(bytes, descriptor, key, released); !room_made.ok()) return room_made;
+  if (room_made.ok()) {
+    ReclaimSpareReserve(bytes, released);
+    room_made = MakeRoom(bytes, descriptor, key, released);
+  }
+  if (!room_made.ok()) {
+    reserve_promised_ -= lease;
+    return room_made;
+  }
   reserved_ += bytes;
   if (descriptor) ++descriptors_;
   filling_.insert(key);
-  return Claimed{nullptr, std::unique_ptr<Reservation>(new Reservation(this, key, bytes, descriptor, pin))};
+  std::unique_ptr<Reservation> fill(new Reservation(this, key, bytes, descriptor, pin));
+  fill->lease_ = lease;
+  return Claimed{nullptr, std::move(fill)};
 }
 
 Status FileCache::PinRefused() const {
@@ -251,8 +331,10 @@ Status FileCache::PinRefused() const {
 }
 
 void FileCache::Abandon(Reservation& fill) {
+  Released released;
   MutexLock lock(mu_);
   reserved_ -= fill.bytes_;
+  EndLease(fill, released);
   if (fill.descriptor_) --descriptors_;
   filling_.erase(fill.key_);
   ++counters_.fills_abandoned;
@@ -313,6 +395,7 @@ FileCache::CopyPtr FileCache::PublishAs(std::unique_ptr<Reservation> fill, const
 }
 
 FileCache::CopyPtr FileCache::Admit(std::unique_ptr<Reservation> fill, std::shared_ptr<SealedCopy> copy) {
+  Released released;
   MutexLock lock(mu_);
   fill->published_ = true;
   reserved_ -= fill->bytes_;
@@ -332,6 +415,7 @@ FileCache::CopyPtr FileCache::Admit(std::unique_ptr<Reservation> fill, std::shar
   e.lru = lru_.begin();
   used_ += PageBytes(e.copy->size());
   if (fill->pin_) MarkPinned(e);
+  EndLease(*fill, released);
   return e.copy;
 }
 
@@ -406,6 +490,11 @@ FileCache::Stats FileCache::GetStats() {
   s.descriptor_budget = descriptor_budget_;
   for (const auto& [key, e] : entries_) s.in_memory += e.copy->in_memory() ? 1 : 0;
   s.held_by_readers = held_bytes_;
+  if (reserve_) {
+    s.page_reserve = true;
+    s.reserve = reserve_->GetStats();
+    s.reserve_promised = reserve_promised_;
+  }
   return s;
 }
 

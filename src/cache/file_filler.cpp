@@ -142,14 +142,17 @@ std::shared_ptr<FillJob> FileFiller::Begin(const View::NodePtr& file, const Serv
   if (auto job = InFlight(form.key)) return job;
   // Never waiting here first: a fill of it may be ours, registered in a
   // moment; only one that is not ours (another party's claim) is waited for.
-  auto claim = server_.parts().files->Claim(form.key, form.size, pin, /*wait=*/false);
+  // A copy written through a mapping of small pages can take the page reserve's.
+  const bool take_reserve = SealedCopy::PreferredWriteFor(form.size) == SealedCopy::WriteBy::kSmallPageMapping;
+  FileCache& files = *server_.parts().files;
+  auto claim = files.Claim(form.key, form.size, pin, /*wait=*/false, FileCache::Room::kEvict, take_reserve);
   if (claim.ok() && !claim->resident && !claim->fill) {
     if (auto job = InFlight(form.key)) return job;
     if (!wait) {
       *refused = Status::Full(file->source_path + ": being copied by another fill");
       return nullptr;
     }
-    claim = server_.parts().files->Claim(form.key, form.size, pin, /*wait=*/true);
+    claim = files.Claim(form.key, form.size, pin, /*wait=*/true, FileCache::Room::kEvict, take_reserve);
   }
   if (!claim.ok()) {
     *refused = claim.status();
@@ -284,6 +287,13 @@ Status FileFiller::CopyChunk(FillJob& job, uint64_t chunk, uint8_t* buf) {
     const uint64_t at = job.CopyOffset(begin);
     const bool aligned_enough = io_ == SourceReader::Io::kBuffered || at % SourceReader::kDirectAlignment == 0;
     if (uint8_t* in_place = job.copy->WritableAt(at, len); in_place != nullptr && aligned_enough) dst = in_place;
+    // Two of the page reserve's pages freed for each 4 MiB, and taken at
+    // once: the kernel hands out the pages just freed, still backed.
+    const uint64_t huge = dst != buf && job.reservation ? job.copy->HugePagesAt(at, len) : 0;
+    if (huge > 0) {
+      const uint64_t freed = server_.parts().files->TakeFromReserve(*job.reservation, huge);
+      if (freed > 0) job.copy->PlaceHugePages(at, freed);
+    }
   }
   if (Status s = server_.ReadSourceChunk(*job.file, chunk, dst, len, io_, job.chain.get(), job.prove_whole); !s.ok()) {
     return s;

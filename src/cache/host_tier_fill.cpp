@@ -13,6 +13,14 @@ class HostTierFill::Copy : public HashCopy {
   }
 
   uint8_t* WritableAt(uint64_t offset, size_t len) override { return copy_->WritableAt(offset, len); }
+  // Two reserve pages freed for each 4 MiB, and taken at once: the kernel
+  // hands out the pages just freed, which are still backed.
+  void PreparePages(uint64_t offset, size_t len) override {
+    const uint64_t huge = copy_->HugePagesAt(offset, len);
+    if (huge == 0 || !fill_) return;
+    const uint64_t freed = owner_.cache_->TakeFromReserve(*fill_, huge);
+    if (freed > 0 && copy_->PlaceHugePages(offset, freed)) owner_.reserve_bytes_ += freed;
+  }
   Status Write(uint64_t offset, const uint8_t* data, size_t len) override { return copy_->Write(offset, data, len); }
 
   void Publish(const FileHashes& hashes) override {
@@ -39,7 +47,10 @@ std::unique_ptr<HashCopy> HostTierFill::Begin(const std::string& rel_path, const
   if (skip_safetensors_ && IsSafetensorsName(rel_path)) return nullptr;
   // Unique while the file is hashed: the same file is hashed once at a time.
   const FileKey provisional{{}, "indexing:" + stamp.ToString()};
-  auto claim = cache_->Claim(provisional, stamp.size, /*pin=*/false, /*wait=*/false, FileCache::Room::kFreeOnly);
+  // A copy written through a mapping of small pages can take the reserve's.
+  const bool take_reserve = SealedCopy::PreferredWriteFor(stamp.size) == SealedCopy::WriteBy::kSmallPageMapping;
+  auto claim =
+      cache_->Claim(provisional, stamp.size, /*pin=*/false, /*wait=*/false, FileCache::Room::kFreeOnly, take_reserve);
   if (!claim.ok() || !claim->fill) {
     ++skipped_;
     return nullptr;
@@ -53,7 +64,7 @@ std::unique_ptr<HashCopy> HostTierFill::Begin(const std::string& rel_path, const
 }
 
 HostTierFill::Stats HostTierFill::GetStats() const {
-  return {fills_.load(), bytes_.load(), skipped_.load(), abandoned_.load()};
+  return {fills_.load(), bytes_.load(), skipped_.load(), abandoned_.load(), reserve_bytes_.load()};
 }
 
 }  // namespace ckptfs

@@ -13,6 +13,12 @@
 
 #include <spdlog/spdlog.h>
 
+#include "ckptfs/page_reserve.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
+
 namespace ckptfs {
 
 namespace {
@@ -223,6 +229,21 @@ Status SealedCopy::Write(uint64_t offset, const uint8_t* data, size_t len) {
 uint8_t* SealedCopy::WritableAt(uint64_t offset, size_t len) const {
   if (sealed_ || !WrittenThroughMapping() || offset + len > size_) return nullptr;
   return map_ + offset;
+}
+
+uint64_t SealedCopy::HugePagesAt(uint64_t offset, uint64_t len) const {
+  constexpr uint64_t kHuge = PageReserve::kPageBytes;
+  if (sealed_ || how_ != WriteBy::kSmallPageMapping || map_ == nullptr || offset >= size_) return 0;
+  if ((reinterpret_cast<uintptr_t>(map_) + offset) % kHuge != 0) return 0;
+  // A huge page must lie inside the mapping, which ends at the last 4 KiB
+  // page of the file.
+  return std::min(len, size_ - offset) / kHuge * kHuge;
+}
+
+bool SealedCopy::PlaceHugePages(uint64_t offset, uint64_t len) {
+  if (len == 0 || HugePagesAt(offset, len) < len) return false;
+  uint8_t* at = map_ + offset;
+  return ::madvise(at, len, MADV_HUGEPAGE) == 0 && ::madvise(at, len, MADV_POPULATE_WRITE) == 0;
 }
 
 const uint8_t* SealedCopy::ReadableAt(uint64_t offset, size_t len) const {

@@ -132,6 +132,19 @@ void PrintHostTier(const nlohmann::json& j) {
               j[kMemory][kLocked].get<bool>() ? "pinned memory locked" : "pinned memory NOT locked",
               huge[kUsed].get<std::string>().c_str(), huge[kShmemEnabled].get<std::string>().c_str(),
               FormatBytes(huge[kMappedBytes].get<uint64_t>()).c_str());
+  const nlohmann::json reserve = j[kMemory].value("page_reserve", nlohmann::json::object());
+  if (reserve.value("on", false)) {
+    const uint64_t grown = reserve["grown_bytes"].get<uint64_t>();
+    const double seconds = reserve["grow_seconds"].get<double>();
+    std::printf(
+        "            page reserve %s of %s (%s promised to fills); took %s at %s/s, gave %s; %s copied "
+        "into its pages at indexing\n",
+        FormatBytes(reserve["bytes"].get<uint64_t>()).c_str(), FormatBytes(reserve["limit"].get<uint64_t>()).c_str(),
+        FormatBytes(reserve["promised"].get<uint64_t>()).c_str(), FormatBytes(grown).c_str(),
+        FormatBytes(seconds > 0 ? static_cast<uint64_t>(static_cast<double>(grown) / seconds) : 0).c_str(),
+        FormatBytes(reserve["given_bytes"].get<uint64_t>()).c_str(),
+        FormatBytes(f.contains("from_indexing") ? f["from_indexing"].value("reserve_bytes", uint64_t{0}) : 0).c_str());
+  }
 }
 
 void PrintNodeCounters(const nlohmann::json& j) {

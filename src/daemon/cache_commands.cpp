@@ -151,7 +151,8 @@ nlohmann::json HugePages() {
                         ? "no: shmem_enabled forbids them (see the shmem_huge= option)"
                     : SealedCopy::FreshMemoryIsSlow()
                         ? "no: this VM reports free pages to its host, where a fresh 2 MiB page is slower to touch "
-                          "than 512 small ones; copies are written through a mapping of 4 KiB pages"
+                          "than 512 small ones; copies are written through a mapping of 4 KiB pages, but for the "
+                          "2 MiB pages the page reserve hands to fills at indexing (page_reserve=)"
                     : setting == "advise" ? "asked for: copies are written through a MADV_HUGEPAGE mapping"
                                           : "as shmem_enabled decides";
   return {{protocol::kShmemEnabled, setting},
@@ -223,7 +224,29 @@ nlohmann::json IndexFillsJson(const HostTierFill* index_fill) {
           {kFillsCompleted, s.fills},
           {kBytes, s.bytes},
           {kFillsSkipped, s.skipped},
-          {kFillsAbandoned, s.abandoned}};
+          {kFillsAbandoned, s.abandoned},
+          // of the bytes copied, those written into 2 MiB pages the page reserve freed for them
+          {"reserve_bytes", s.reserve_bytes}};
+}
+
+// page_reserve=: the 2 MiB pages the host tier keeps for its next copies
+// (within cache_size, beside the copies: see FileCache), what it was lent
+// and may hold at most, what is promised to fills in flight, the pages it
+// took (and the seconds that took: fresh memory is the slow part) and
+// freed (for copies, or for room).
+nlohmann::json PageReserveJson(const FileCache::Stats& f) {
+  if (!f.page_reserve) return {{"on", false}};
+  const PageReserve::Stats& r = f.reserve;
+  constexpr uint64_t kPage = PageReserve::kPageBytes;
+  return {{"on", true},
+          {"bytes", r.pages * kPage},
+          {"target", r.target * kPage},
+          {"limit", r.limit * kPage},
+          {"promised", f.reserve_promised},
+          {"grown_bytes", r.grown * kPage},
+          {"grow_seconds", r.grow_seconds},
+          {"given_bytes", r.given * kPage},
+          {"refused", r.refused}};
 }
 
 nlohmann::json FillsJson(FileServer& server, const FileCache::Stats& f, const HostTierFill* index_fill) {
@@ -302,7 +325,10 @@ nlohmann::json HandleStats(fuse::FsContext& ctx, const HostTierFill* index_fill,
           {kTiers, tiers},
           {kHeldByReaders, f.held_by_readers},
           {kFills, FillsJson(server, f, index_fill)},
-          {kMemory, {{kLocked, f.locked_memory && s.slots_pinned_memory}, {kHugePages, HugePages()}}},
+          {kMemory,
+           {{kLocked, f.locked_memory && s.slots_pinned_memory},
+            {kHugePages, HugePages()},
+            {"page_reserve", PageReserveJson(f)}}},
           {kVerificationFailures, s.verification_failures},
           {kReadaheadFills, s.readahead_fills},
           {kReadaheadHits, s.readahead_hits},

@@ -9,6 +9,8 @@
 #include <spdlog/spdlog.h>
 
 #include "ckptfs/chunk_cache.h"
+#include "ckptfs/page_reserve.h"
+#include "ckptfs/sealed_copy.h"
 #include "ckptfs/thread_pool.h"
 
 namespace ckptfs::daemon {
@@ -34,6 +36,27 @@ uint64_t ChunkCacheBytes(const MountOptions& o, uint64_t host_bytes) {
   if (o.fill == FillPolicy::kOff) return host_bytes;
   constexpr uint64_t kMin = 4 * kChunkSize, kMax = 64 * kChunkSize;
   return std::min(host_bytes, std::clamp(host_bytes / 8 / kChunkSize * kChunkSize, kMin, kMax));
+}
+
+uint64_t PageReserveBytes(const MountOptions& o, uint64_t tier_bytes, std::string* why) {
+  if (o.page_reserve_off) {
+    *why = "page_reserve=off";
+    return 0;
+  }
+  const std::string shmem = SealedCopy::ShmemHugePages();
+  if (shmem == "never" || shmem == "deny" || shmem == "unknown") {
+    *why = "shmem_enabled=" + shmem + " gives memfds no 2 MiB pages";
+    return 0;
+  }
+  if (SealedCopy::PreferredWrite() != SealedCopy::WriteBy::kSmallPageMapping) {
+    *why = "copies are written in 2 MiB pages already (fresh memory is not slow here)";
+    return 0;
+  }
+  const uint64_t bytes =
+      o.page_reserve_bytes > 0 ? o.page_reserve_bytes : std::min(tier_bytes / 4, kAutoPageReserveMax);
+  const uint64_t pages = std::min(bytes, tier_bytes) / PageReserve::kPageBytes;
+  if (pages == 0) *why = "the host tier is smaller than one 2 MiB page";
+  return pages * PageReserve::kPageBytes;
 }
 
 uint64_t DescriptorBudget(const MountOptions& o) {

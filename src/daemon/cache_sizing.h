@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "mount_options.h"
 
@@ -19,6 +20,15 @@ uint64_t HostCacheBytes(const MountOptions& o);
 // (enough for a few readers' chunks and their read-ahead); all of it when no
 // whole files are kept (fill=off). The rest holds whole files.
 uint64_t ChunkCacheBytes(const MountOptions& o, uint64_t host_bytes);
+
+// The page reserve's size (page_reserve=; 0: none): only where copies are
+// written in 4 KiB pages for want of fast fresh 2 MiB ones
+// (SealedCopy::PreferredWrite is kSmallPageMapping) and shmem may have
+// huge pages at all; auto: a quarter of `tier_bytes`, at most
+// kAutoPageReserveMax (taking fresh pages costs an idle CPU about 2-10 s a
+// GiB on these VMs). `why` says why there is none.
+inline constexpr uint64_t kAutoPageReserveMax = 8ull << 30;
+uint64_t PageReserveBytes(const MountOptions& o, uint64_t tier_bytes, std::string* why);
 
 // How many memfd copies the host tier may hold (each is a descriptor and a
 // mapping): half of RLIMIT_NOFILE, less when that would leave the rest of

@@ -236,6 +236,21 @@ void Daemon::StartCaches() {
                "vm.max_map_count allow; files up to {} bytes are held in memory)",
                host_bytes - chunk_bytes, descriptors, SealedCopy::kMemoryCopyMax);
   files_ = std::make_unique<FileCache>(host_bytes - chunk_bytes, device_.get(), descriptors);
+  std::string no_reserve;
+  if (const uint64_t reserve = PageReserveBytes(o, host_bytes - chunk_bytes, &no_reserve); reserve > 0) {
+    auto made = PageReserve::Create(reserve);
+    if (made.ok()) {
+      files_->KeepPageReserve(std::move(*made));
+      spdlog::info(
+          "host tier: a page reserve of up to {} bytes in 2 MiB pages, taken on idle CPUs, for the copies "
+          "made at indexing (this VM reports free memory to its host: fresh 2 MiB pages are slow here)",
+          reserve);
+    } else {
+      spdlog::warn("host tier: no page reserve: {}", made.status().message());
+    }
+  } else {
+    spdlog::debug("host tier: no page reserve: {}", no_reserve);
+  }
   cache_ = std::make_unique<ChunkCache>(ChunkCache::Options{.capacity = chunk_bytes, .below = files_.get()});
   // On a network or FUSE source a kept descriptor's fstat may answer from
   // cached attributes; there every read opens its file (close-to-open).

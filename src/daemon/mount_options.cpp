@@ -103,6 +103,20 @@ Status ApplyCacheSize(const std::string& key, const std::string& value, MountOpt
   return Status::Ok();
 }
 
+// page_reserve=auto|off|SIZE.
+Status ApplyPageReserve(const std::string& value, MountOptions& o) {
+  o.page_reserve_off = value == "off";
+  o.page_reserve_bytes = 0;
+  if (value == "auto" || value == "off") return Status::Ok();
+  auto v = ParseSize(value);
+  if (!v.ok())
+    return Status::Error("option page_reserve=" + value +
+                         ": expected auto, off or a size (e.g. 4G): " + v.status().message());
+  if (*v < (2u << 20)) return Status::Error("option page_reserve=" + value + ": at least 2M (one 2 MiB page)");
+  o.page_reserve_bytes = *v;
+  return Status::Ok();
+}
+
 // Sets `out` to the value VALUE is the word of; refuses it unless it is one
 // of `words`: "expected a, b or c".
 template <class T, size_t N>
@@ -244,6 +258,9 @@ std::optional<Status> ApplyKeyedOption(const std::string& key, const std::string
   } else if (key == "trusted_writers") {
     if (Status s = need_value(); !s.ok()) return s;
     return ApplyTrustedWriters(value, o);
+  } else if (key == "page_reserve") {
+    if (Status s = need_value(); !s.ok()) return s;
+    return ApplyPageReserve(value, o);
   } else if (key == "shmem_huge") {
     return SetFromWord(key, value, kShmemHugeWords, o.shmem_huge_advise);
   } else if (key == "supervise") {
@@ -460,6 +477,15 @@ ckptfs options (-o):
                        read of the disk; nothing resident is evicted for it
                        (a file that does not fit is filled at its first
                        open, as fill= says); off: indexing only hashes
+  page_reserve=auto|off|SIZE  on a VM that reports free memory to its
+                       host (where a fresh 2 MiB page is slow to touch),
+                       the host tier keeps up to SIZE of its free room in
+                       2 MiB pages, taken by an idle-priority thread, and
+                       hands them to the copies it makes at indexing (faster
+                       indexing and loads); a claim short of room takes
+                       them back first. auto (default): a quarter of the
+                       tier, at most 8G, where free pages are reported (none
+                       elsewhere); off: none
   fill_depth=N         4 MiB source reads in flight for all fills together
                        (default 16)
   verify=auto|xxh3|sha256  what every byte served is checked against:

@@ -88,6 +88,12 @@ struct MountOptions {
   // fill_on_index=free|off: whether files hashed at indexing are copied into
   // the host tier's free room from the bytes hashed (see HostTierFill).
   HostTierFill::Policy fill_on_index = HostTierFill::Policy::kFree;
+  // page_reserve=auto|off|SIZE: 2 MiB pages the host tier keeps for its
+  // next copies where fresh memory is slow (PageReserve). auto (SIZE 0):
+  // a quarter of the tier, at most kAutoPageReserveMax, on a VM that
+  // reports free pages to its host; off: none; SIZE: that much there.
+  bool page_reserve_off = false;
+  uint64_t page_reserve_bytes = 0;
   // shmem_huge=advise|keep: whether the daemon may set the kernel's default
   // shmem huge-page policy to "advise" (see AskForShmemHugePages).
   bool shmem_huge_advise = true;

@@ -50,6 +50,9 @@ nlohmann::json OptionsJson(const MountOptions& o, const std::string& log_destina
           {kOptionFillDepth, FillDepth(o)},
           {"fill_io", WordOf(kSourceIoWords, o.fill_io)},
           {"shmem_huge", WordOf(kShmemHugeWords, o.shmem_huge_advise)},
+          {"page_reserve", o.page_reserve_off          ? nlohmann::json("off")
+                           : o.page_reserve_bytes == 0 ? nlohmann::json("auto")
+                                                       : nlohmann::json(o.page_reserve_bytes)},
           {kOptionLog, WordOf(kLogLevelWords, o.log_level)},
           {kOptionLogFile, log_destination},
           {kOptionHandoverTimeout, o.handover_timeout_s}};

@@ -207,6 +207,7 @@ void FileHashTask::Read(Slot& slot) {
   slot.probed = false;
   // A chunk mostly not in the page cache comes straight from the disk (the
   // last one too: the copy and the buffer have room up to a whole block).
+  if (copy_ && slot.data != slot.buffer.get()) copy_->PreparePages(begin, len);
   if (direct_fd_.valid() && !direct_refused_.load(std::memory_order_relaxed)) {
     const std::optional<double> cached = CachedShare(fd_.get(), begin, len);
     if (cached && *cached < 0.5) {

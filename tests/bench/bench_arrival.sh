@@ -9,7 +9,8 @@
 # A subset: LAYOUTS="qwen big", FILLS="free off", PAGES="fresh recycled"
 # (the defaults: every row). DAEMONS="build/ckptfs /tmp/ckptfs-old" runs
 # every row once per daemon binary, side by side in the same run (to
-# measure a change against the one before it).
+# measure a change against the one before it); RESERVES="auto off" every
+# row once per page_reserve= value (the default: auto only).
 # Cases: a 1.5 GB checkpoint of two shards (Qwen3-0.6B layout, bf16) and a
 # 6 GB checkpoint of one shard; each with fill_on_index=free (the default:
 # the indexer fills the host tier from the bytes it hashes) and =off (the
@@ -36,6 +37,7 @@ layouts=${LAYOUTS:-qwen big}
 fills=${FILLS:-free off}
 pagesets=${PAGES:-fresh recycled}
 daemons=${DAEMONS:-build/ckptfs}
+reserves=${RESERVES:-auto}
 [ -x build/ckptfs ] && [ -x build/ckptfsctl ] || { echo "build first: scripts/build.sh" >&2; exit 1; }
 for d in $daemons; do [ -x "$d" ] || { echo "no daemon at $d" >&2; exit 1; }; done
 
@@ -89,7 +91,10 @@ for layout in $layouts; do
   for fill in $fills; do
     for pages in $pagesets; do
      for daemon in $daemons; do
-      mount_ckptfs "fill_on_index=$fill"  # a mount per row: its first round keeps no memory yet
+     for reserve in $reserves; do
+      # A mount per row: its first round keeps no memory yet (and its page
+      # reserve, where it keeps one, may still be growing).
+      mount_ckptfs "fill_on_index=$fill,page_reserve=$reserve"
       best= nbest= first= vbest=
       for _ in $(seq 1 "$rounds"); do
         seed=$((seed + 1))
@@ -115,7 +120,9 @@ for layout in $layouts; do
       done
       name="fill_on_index=$fill, $pages pages"
       [ "$daemons" = build/ckptfs ] || name="$name, $(basename "$daemon")"
+      [ "$reserves" = auto ] || name="$name, reserve $reserve"
       row "$name" "$vbest" "$best" "$first" "$nbest" "$(ratio "$best" "$nbest")" "$(ratio "$first" "$nbest")"
+     done
      done
     done
   done

@@ -57,7 +57,7 @@ TEST(MountOptionsTest, EveryOwnOptionIsApplied) {
   const MountOptions o = ParseOk(
       "state=/var/lib/x,rescan=0,settle=2.5,symlinks=follow,threads=8,fill_depth=3,log=debug,"
       "log_file=/var/log/ckptfs.log,readahead=8M,cache_size=32G,gpu=1,passthrough=off,"
-      "fill=wait,fsname=models,stamp_headers,allow_other");
+      "fill=wait,fsname=models,stamp_headers,allow_other,page_reserve=3G");
   EXPECT_EQ(o.state_dir, "/var/lib/x");
   EXPECT_EQ(o.rescan_s, 0);
   EXPECT_EQ(o.settle_s, 2.5);
@@ -76,7 +76,13 @@ TEST(MountOptionsTest, EveryOwnOptionIsApplied) {
   EXPECT_EQ(o.fsname, "models");
   EXPECT_TRUE(o.stamp_headers);
   EXPECT_TRUE(o.allow_other);
+  EXPECT_EQ(o.page_reserve_bytes, 3ull << 30);
+  EXPECT_FALSE(o.page_reserve_off);
   EXPECT_TRUE(o.fuse_options.empty()) << "allow_other is ours to pass on, once";
+  EXPECT_TRUE(ParseOk("page_reserve=off").page_reserve_off);
+  const MountOptions automatic = ParseOk("page_reserve=4G,page_reserve=auto");  // the last one counts
+  EXPECT_FALSE(automatic.page_reserve_off);
+  EXPECT_EQ(automatic.page_reserve_bytes, 0u);
 }
 
 // Each word of an option is read into its value, and that value is shown
@@ -257,6 +263,9 @@ TEST(MountOptionsTest, BadValuesAreRefusedNamingTheOption) {
       {"gpu=99999999999999999999", "option gpu=99999999999999999999: expected a device index, auto or sim"},
       {"passthrough=on", "option passthrough=on: expected auto or off"},
       {"fill=never", "option fill=never: expected open, wait, preload or off"},
+      {"page_reserve=1M", "option page_reserve=1M: at least 2M (one 2 MiB page)"},
+      {"page_reserve=lots", "option page_reserve=lots: expected auto, off or a size"},
+      {"page_reserve", "option page_reserve needs a value"},
       {"fsname=", "option fsname needs a value"},
       {"rw", "option rw: ckptfs is read-only"},
       {"writeback", "unknown option 'writeback' (see ckptfs --help)"},

@@ -1,0 +1,195 @@
+// The host tier's page reserve (PageReserve) and how FileCache lends it room
+// and hands its pages to fills.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "ckptfs/file_cache.h"
+#include "ckptfs/page_reserve.h"
+#include "ckptfs/sealed_copy.h"
+#include "kernel_tuning.h"
+
+namespace ckptfs {
+namespace {
+
+constexpr uint64_t kMiB = 1 << 20;
+constexpr uint64_t kPage = PageReserve::kPageBytes;
+
+FileKey Key(int n) {
+  FileKey k;
+  k.sha256[0] = static_cast<uint8_t>(n);
+  return k;
+}
+
+// The bytes the budget counts: copies, fills, evicted copies held, and the
+// reserve's pages not promised to a fill.
+uint64_t Counted(const FileCache::Stats& s) {
+  return s.used + s.filling + s.held_by_readers + s.reserve.target * kPage - s.reserve_promised;
+}
+
+// Waits (at most 30 s) until the reserve holds `pages`.
+bool ReserveReaches(FileCache& cache, uint64_t pages) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const auto s = cache.GetStats();
+    if (s.reserve.pages == pages && s.reserve.target == pages) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+// The kB of 2 MiB pages mapped in the mapping that holds `address`
+// (/proc/self/smaps: FilePmdMapped, ShmemPmdMapped for older kernels).
+uint64_t HugeKibMappedAt(const void* address) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<uintptr_t>(address);
+  bool inside = false;
+  uint64_t kib = 0;
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t from = 0, to = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> from >> dash >> to && dash == '-' && line.find(':') > line.find(' ')) {
+      inside = from <= at && at < to;
+      continue;
+    }
+    if (!inside) continue;
+    for (const char* key : {"FilePmdMapped:", "ShmemPmdMapped:"}) {
+      if (line.rfind(key, 0) == 0) kib += std::stoull(line.substr(std::strlen(key)));
+    }
+  }
+  return kib;
+}
+
+// The daemon asks for shmem huge pages the same way before it keeps a
+// reserve (shmem_huge=advise, the default); a reserve is made only where
+// the kernel may give memfds 2 MiB pages.
+void AllowShmemHugePages() {
+  auto asked = daemon::AskForShmemHugePages();
+  ASSERT_TRUE(asked.ok()) << asked.status().message();
+  const std::string setting = SealedCopy::ShmemHugePages();
+  ASSERT_TRUE(setting == "advise" || setting == "always" || setting == "within_size" || setting == "force")
+      << "shmem_enabled=" << setting;
+}
+
+TEST(PageReserveTest, HoldsWhatItIsLentAndFreesFromTheTop) {
+  auto made = PageReserve::Create(4 * kPage + kPage / 2);
+  ASSERT_TRUE(made.ok()) << made.status().message();
+  PageReserve& reserve = **made;
+  EXPECT_EQ(reserve.limit_pages(), 4u);                      // whole pages only
+  EXPECT_EQ(reserve.GrowOne(), PageReserve::Growth::kNone);  // nothing lent yet
+  reserve.Raise(9);
+  EXPECT_EQ(reserve.target(), 4u);  // never past its limit
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(reserve.GrowOne(), PageReserve::Growth::kGrew);
+  EXPECT_EQ(reserve.GrowOne(), PageReserve::Growth::kNone);
+  EXPECT_EQ(reserve.GetStats().pages, 4u);
+  EXPECT_EQ(reserve.Lower(3), 3u);
+  EXPECT_EQ(reserve.GetStats().pages, 4u);  // held until trimmed
+  reserve.Trim();
+  EXPECT_EQ(reserve.GetStats().pages, 1u);
+  EXPECT_EQ(reserve.GetStats().given, 3u);
+  EXPECT_EQ(reserve.Lower(5), 1u);  // no lower than 0
+  reserve.Trim();
+  EXPECT_EQ(reserve.GetStats().pages, 0u);
+  EXPECT_EQ(reserve.GetStats().grown, 4u);
+}
+
+// The reserve grows only into free room and while no fill is under way, and
+// every claim short of room takes its pages back before it evicts a copy:
+// copies, fills and reserve together never pass the tier's capacity.
+TEST(PageReserveTest, TheReserveLivesInTheTiersFreeRoomOnly) {
+  AllowShmemHugePages();
+  FileCache cache(16 * kMiB);
+  auto made = PageReserve::Create(64 * kMiB);
+  ASSERT_TRUE(made.ok()) << made.status().message();
+  cache.KeepPageReserve(std::move(*made));
+  ASSERT_TRUE(ReserveReaches(cache, 8)) << "the reserve did not fill the tier's 16 MiB";
+  EXPECT_EQ(Counted(cache.GetStats()), 16 * kMiB);
+
+  // A fill someone asked for: the spare pages make room, nothing is evicted.
+  auto claim = cache.Claim(Key(1), 6 * kMiB, /*pin=*/false, /*wait=*/true);
+  ASSERT_TRUE(claim.ok() && claim->fill) << claim.status().message();
+  auto s = cache.GetStats();
+  EXPECT_EQ(s.reserve.pages, 5u);
+  EXPECT_LE(Counted(s), 16 * kMiB);
+  // While it is under way the reserve does not grow back.
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  EXPECT_EQ(cache.GetStats().reserve.target, 5u);
+  auto copy = SealedCopy::Create("ckptfs:test", 6 * kMiB);
+  ASSERT_TRUE(copy.ok());
+  ASSERT_TRUE((*copy)->Seal().ok());
+  ASSERT_TRUE(cache.Publish(std::move(claim->fill), std::move(*copy)));
+
+  // A fill nobody asked for yet (fill_on_index) counts the spare pages as
+  // free room; one larger than the free room is refused and leaves them.
+  auto too_big = cache.Claim(Key(2), 12 * kMiB, false, false, FileCache::Room::kFreeOnly);
+  EXPECT_FALSE(too_big.ok());
+  EXPECT_EQ(cache.GetStats().reserve.pages, 5u);
+  auto fits = cache.Claim(Key(3), 10 * kMiB, false, false, FileCache::Room::kFreeOnly);
+  ASSERT_TRUE(fits.ok() && fits->fill) << fits.status().message();
+  s = cache.GetStats();
+  EXPECT_EQ(s.reserve.pages, 0u);
+  EXPECT_LE(Counted(s), 16 * kMiB);
+  EXPECT_TRUE(cache.Find(Key(1), /*use=*/false));  // not evicted
+  fits->fill.reset();                              // abandoned: the room is free again, and the reserve takes it
+  ASSERT_TRUE(ReserveReaches(cache, 5));
+  EXPECT_EQ(Counted(cache.GetStats()), 16 * kMiB);
+}
+
+// A fill made with take_reserve is promised as many of the reserve's pages
+// as its file has whole 2 MiB pages, and takes two before each 4 MiB it
+// writes: its copy's mapping then holds 2 MiB pages, and the copy is the
+// bytes written. The reserve's other pages stay spare.
+TEST(PageReserveTest, AFillWritesIntoTheReservesPages) {
+  AllowShmemHugePages();
+  FileCache cache(32 * kMiB);
+  auto made = PageReserve::Create(12 * kMiB);
+  ASSERT_TRUE(made.ok()) << made.status().message();
+  cache.KeepPageReserve(std::move(*made));
+  ASSERT_TRUE(ReserveReaches(cache, 6));
+
+  const uint64_t size = 8 * kMiB + 12345;
+  auto claim = cache.Claim(Key(1), size, false, false, FileCache::Room::kFreeOnly, /*take_reserve=*/true);
+  ASSERT_TRUE(claim.ok() && claim->fill) << claim.status().message();
+  EXPECT_EQ(cache.GetStats().reserve_promised, 4 * kPage);  // as many whole pages as the file has
+  auto copy = SealedCopy::Create("ckptfs:test", size, SealedCopy::WriteBy::kSmallPageMapping);
+  ASSERT_TRUE(copy.ok());
+  SealedCopy& c = **copy;
+  std::string bytes(size, '\0');
+  for (size_t i = 0; i < size; ++i) bytes[i] = static_cast<char>(i * 13 + 1);
+  uint64_t placed = 0;
+  for (uint64_t at = 0; at < size; at += 4 * kMiB) {
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(4 * kMiB, size - at));
+    const uint64_t huge = c.HugePagesAt(at, len);
+    const uint64_t taken = cache.TakeFromReserve(*claim->fill, huge);
+    EXPECT_EQ(taken, huge);
+    if (taken > 0) {
+      ASSERT_TRUE(c.PlaceHugePages(at, taken));
+      placed += taken;
+    }
+    std::memcpy(c.WritableAt(at, len), bytes.data() + at, len);
+  }
+  // Whole, aligned 2 MiB pages inside the file: 4 of them (the last 12,345
+  // bytes are in small pages).
+  EXPECT_EQ(placed, 8 * kMiB);
+  EXPECT_GE(HugeKibMappedAt(c.WritableAt(0, 1)), 8 * kMiB / 1024);
+  auto s = cache.GetStats();
+  EXPECT_EQ(s.reserve.pages, 2u);
+  EXPECT_EQ(s.reserve_promised, 0u);
+  ASSERT_TRUE(c.Seal().ok());
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(c.data()), size), bytes);
+  ASSERT_TRUE(cache.Publish(std::move(claim->fill), std::move(*copy)));
+  s = cache.GetStats();
+  EXPECT_EQ(s.reserve_promised, 0u);
+  EXPECT_LE(Counted(s), 32 * kMiB);
+}
+
+}  // namespace
+}  // namespace ckptfs
