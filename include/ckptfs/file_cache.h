@@ -39,7 +39,9 @@
 // before each 4 MiB chunk it writes (TakeFromReserve). The pages it holds
 // count in the budget like copies; a claim short of room takes them back
 // before it evicts anything, so the tier's memory stays within `capacity`.
-// Pages promised to a fill count in its reservation instead.
+// Pages promised to a fill count in its reservation instead, and leave the
+// reserve as the fill writes as many bytes, whether its copy can take them
+// as 2 MiB pages or not.
 //
 // Single flight: one fill per key at a time; others wait for it or, if they
 // only wanted to start one (a background fill), go away.
@@ -144,10 +146,14 @@ class FileCache final : public CacheTier {
                         bool take_reserve = false);
 
   // Keeps a page reserve from now on, and starts its growing thread.
-  void KeepPageReserve(std::unique_ptr<PageReserve> reserve) EXCLUDES(mu_);
-  // Frees up to `bytes` (whole 2 MiB pages) of the reserve pages promised
-  // to `fill`, for its copy to take at once; returns how many bytes.
-  uint64_t TakeFromReserve(Reservation& fill, uint64_t bytes) EXCLUDES(mu_);
+  void KeepPageReserve(std::unique_ptr<PageReserve> reserve, PageReserve::Pace pace = PageReserve::Pace::kIdle)
+      EXCLUDES(mu_);
+  // Called by `fill` before it writes a chunk of `chunk_bytes` into its
+  // copy: frees the reserve pages promised to it for that many bytes (so
+  // that the memory the chunk takes was the reserve's, whatever pages it
+  // lands in), and returns how many of the first `huge_bytes` (whole 2 MiB
+  // pages) the copy may take as 2 MiB pages at once.
+  uint64_t TakeFromReserve(Reservation& fill, uint64_t chunk_bytes, uint64_t huge_bytes) EXCLUDES(mu_);
   // Makes a sealed copy resident (pinned if the claim asked for it).
   CopyPtr Publish(std::unique_ptr<Reservation> fill, std::unique_ptr<SealedCopy> copy);
   // The same for a copy its filler shares with readers of it in progress.
@@ -249,6 +255,9 @@ class FileCache final : public CacheTier {
   uint64_t Taken() const REQUIRES(mu_) { return used_ + reserved_ + held_bytes_ + SpareReserveBytes(); }
   // The reserve's pages not promised to a fill: free room lent out.
   uint64_t SpareReserveBytes() const REQUIRES(mu_);
+  // Of those, the ones it holds already (not one it is still taking):
+  // what a fill may be promised.
+  uint64_t PromisableReserveBytes() const REQUIRES(mu_);
   // Takes spare reserve pages back until `bytes` more fit, if they can.
   void ReclaimSpareReserve(uint64_t bytes, Released& released) REQUIRES(mu_);
   // Gives back what is left of `fill`'s promise.

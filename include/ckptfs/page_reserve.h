@@ -15,18 +15,22 @@
 // them (SealedCopy::PlaceHugePages): memory the tier keeps rather than
 // frees and takes again.
 //
-// Growth: a thread at idle priority adds one page at a time while the
-// tier's lender (FileCache::LendToReserve) says there is free room and no
-// fill in flight, and the machine has more than 1 GiB of memory that holds
-// nothing (so the page cache is never pushed out for it): from fresh memory
-// (slow, on an idle CPU) after a mount, and, at about memory speed, from
-// the pages of copies just evicted.
+// Growth: a thread adds one page at a time while the tier's lender
+// (FileCache::LendToReserve) says there is free room and no fill in flight,
+// and the machine has more than kFreeMemoryKept of memory that holds
+// nothing (so the page cache is never pushed out for it); below half of
+// that it gives pages back. It starts kStartDelay after the mount (a mount
+// that lives less needs none), runs at idle priority (taking fresh pages is
+// the host's slow work, worth doing only on a CPU nobody else wants), and
+// takes a page without holding any lock another thread waits on, so that a
+// starved idle thread never holds up a fill. It takes fresh memory after a
+// mount (0.45 GB/s here) and, at memory speed, the pages of copies just
+// evicted.
 //
 // Accounting is the lender's: the reserve's `target` is the number of pages
 // the tier has lent it, which the tier raises (Raise) and lowers (Lower,
 // then Trim to free them now) under its own lock; `pages` is what the
-// reserve holds, which follows the target (Trim, GrowOne) under a lock of
-// its own that no caller holds while taking another.
+// reserve holds, which follows the target (Trim, GrowOne).
 #pragma once
 
 #include <chrono>
@@ -44,6 +48,10 @@ namespace ckptfs {
 class PageReserve {
  public:
   static constexpr uint64_t kPageBytes = 2ull << 20;
+  // The thread grows the reserve only while the machine has more free
+  // memory (MemFree) than this, and gives pages back below half of it.
+  static constexpr uint64_t kFreeMemoryKept = 1ull << 30;
+  static constexpr std::chrono::seconds kStartDelay{5};
 
   // A reserve of at most `limit` bytes (whole pages), empty; no thread yet.
   static Result<std::unique_ptr<PageReserve>> Create(uint64_t limit);
@@ -51,28 +59,37 @@ class PageReserve {
   PageReserve(const PageReserve&) = delete;
   PageReserve& operator=(const PageReserve&) = delete;
 
+  // How the growing thread runs: at idle priority after kStartDelay (the
+  // daemon), or at once and at the caller's priority (tests).
+  enum class Pace { kIdle, kAtOnce };
   // Starts the thread that grows the reserve: it asks `lend` (which raises
   // the target by one page and says true, or says false when the tier has
   // no room to lend now) and takes one page per yes; it asks again at least
   // every `poll` and after each Wake.
-  void StartGrowing(std::function<bool()> lend, std::chrono::milliseconds poll = std::chrono::milliseconds(250));
+  void StartGrowing(std::function<bool()> lend, Pace pace = Pace::kIdle,
+                    std::chrono::milliseconds poll = std::chrono::milliseconds(250));
+  // Stops that thread and waits for it (the destructor does too): from
+  // then on nothing calls `lend`.
+  void StopGrowing() EXCLUDES(mu_);
   // Asks the growing thread to look for room now (copies were let go of).
-  void Wake();
+  void Wake() EXCLUDES(mu_);
 
   // The target, in pages. Lower never takes it below 0 and returns how many
   // pages it took off.
   void Raise(uint64_t pages) EXCLUDES(mu_);
   uint64_t Lower(uint64_t pages) EXCLUDES(mu_);
   uint64_t target() const EXCLUDES(mu_);
+  // The pages held now (not one being taken).
+  uint64_t pages() const EXCLUDES(mu_);
   uint64_t limit_pages() const { return limit_pages_; }
 
   // Frees the pages held above the target (to the kernel's allocator,
   // where the next allocation finds them).
-  void Trim() EXCLUDES(op_mu_, mu_);
+  void Trim() EXCLUDES(mu_);
   // Takes one page if the reserve holds fewer than its target. When the
   // kernel refuses, the target is lowered to what is held.
   enum class Growth { kGrew, kNone, kRefused };
-  Growth GrowOne() EXCLUDES(op_mu_, mu_);
+  Growth GrowOne() EXCLUDES(mu_);
 
   struct Stats {
     uint64_t pages = 0;       // held now
@@ -80,31 +97,37 @@ class PageReserve {
     uint64_t limit = 0;       // at most, in pages
     uint64_t grown = 0;       // pages taken, ever
     double grow_seconds = 0;  // the time those took
-    uint64_t given = 0;       // pages freed for copies or room, ever
+    uint64_t given = 0;       // pages freed for copies, room or free memory, ever
     uint64_t refused = 0;     // pages the kernel would not give
   };
   Stats GetStats() const EXCLUDES(mu_);
 
+  static uint64_t FreeMemory();
+
  private:
   PageReserve(UniqueFd fd, uint8_t* map, uint64_t limit_pages)
       : fd_(std::move(fd)), map_(map), limit_pages_(limit_pages) {}
-  void GrowLoop(std::function<bool()> lend, std::chrono::milliseconds poll);
+  void GrowLoop(const std::function<bool()>& lend, Pace pace, std::chrono::milliseconds poll) EXCLUDES(mu_);
+  // Waits until `deadline`, a Wake (when `wakeable`) or a stop; false once stopping.
+  bool WaitUntil(std::chrono::steady_clock::time_point deadline, bool wakeable) EXCLUDES(mu_);
+  bool Punch(uint64_t first, uint64_t count);
   // How long the thread stops growing after the kernel refused a page.
   static constexpr std::chrono::seconds kAfterRefusal{10};
-  // The thread grows the reserve only while the machine has more free
-  // memory than this (MemFree).
-  static constexpr uint64_t kFreeMemoryKept = 1ull << 30;
-  static uint64_t FreeMemory();
 
   const UniqueFd fd_;
   uint8_t* const map_;  // the whole limit, asking for huge pages
   const uint64_t limit_pages_;
-  // Held while pages are taken or freed, so that `pages_` is what the memfd
-  // holds; never held while taking another lock but mu_.
-  Mutex op_mu_ ACQUIRED_BEFORE(mu_);
   mutable Mutex mu_;
-  uint64_t pages_ GUARDED_BY(mu_) = 0;  // written under op_mu_ too
+  uint64_t pages_ GUARDED_BY(mu_) = 0;
   uint64_t target_ GUARDED_BY(mu_) = 0;
+  // GrowOne takes the page at `growing_at_` (== pages_ when it began)
+  // outside the lock; a Trim that takes the target to it or below cancels
+  // it. Trims free pages outside the lock too (`punching_`), and no page
+  // is taken meanwhile, which could be one they free.
+  bool growing_ GUARDED_BY(mu_) = false;
+  uint64_t growing_at_ GUARDED_BY(mu_) = 0;
+  bool growth_cancelled_ GUARDED_BY(mu_) = false;
+  int punching_ GUARDED_BY(mu_) = 0;
   uint64_t grown_ GUARDED_BY(mu_) = 0, given_ GUARDED_BY(mu_) = 0, refused_ GUARDED_BY(mu_) = 0;
   double grow_seconds_ GUARDED_BY(mu_) = 0;
   CondVar wake_;

@@ -65,6 +65,7 @@ FileCache::FileCache(uint64_t capacity, DeviceMemory* device, uint64_t descripto
 // locks: each one updates registered_ and locked_memory_ as it goes, which
 // are destroyed before page_locks_ would be.
 FileCache::~FileCache() {
+  if (reserve_) reserve_->StopGrowing();
   reserve_.reset();
   page_locks_.clear();
 }
@@ -76,14 +77,20 @@ FileCache::Released::~Released() {
   if (wake != nullptr) wake->Wake();
 }
 
-void FileCache::KeepPageReserve(std::unique_ptr<PageReserve> reserve) {
+void FileCache::KeepPageReserve(std::unique_ptr<PageReserve> reserve, PageReserve::Pace pace) {
   reserve_ = std::move(reserve);
-  reserve_->StartGrowing([this] { return LendToReserve(); });
+  reserve_->StartGrowing([this] { return LendToReserve(); }, pace);
 }
 
 uint64_t FileCache::SpareReserveBytes() const {
   if (!reserve_) return 0;
-  const uint64_t held = reserve_->target() * PageReserve::kPageBytes;
+  const uint64_t lent = reserve_->target() * PageReserve::kPageBytes;
+  return lent > reserve_promised_ ? lent - reserve_promised_ : 0;
+}
+
+uint64_t FileCache::PromisableReserveBytes() const {
+  if (!reserve_) return 0;
+  const uint64_t held = std::min(reserve_->target(), reserve_->pages()) * PageReserve::kPageBytes;
   return held > reserve_promised_ ? held - reserve_promised_ : 0;
 }
 
@@ -111,18 +118,19 @@ bool FileCache::LendToReserve() {
   return true;
 }
 
-uint64_t FileCache::TakeFromReserve(Reservation& fill, uint64_t bytes) {
-  uint64_t take = 0;
+uint64_t FileCache::TakeFromReserve(Reservation& fill, uint64_t chunk_bytes, uint64_t huge_bytes) {
+  constexpr uint64_t kPage = PageReserve::kPageBytes;
+  uint64_t freed = 0;
   {
     MutexLock lock(mu_);
-    if (!reserve_) return 0;
-    take = std::min(fill.lease_, bytes / PageReserve::kPageBytes * PageReserve::kPageBytes);
-    fill.lease_ -= take;
-    reserve_promised_ -= take;
-    if (take > 0) reserve_->Lower(take / PageReserve::kPageBytes);
+    if (!reserve_ || fill.lease_ == 0) return 0;
+    const uint64_t release = std::min(fill.lease_, (chunk_bytes + kPage - 1) / kPage * kPage);
+    fill.lease_ -= release;
+    reserve_promised_ -= release;
+    freed = reserve_->Lower(release / kPage) * kPage;  // fewer if the reserve gave pages back meanwhile
   }
-  if (take > 0) reserve_->Trim();
-  return take;
+  if (freed > 0) reserve_->Trim();
+  return std::min(freed, huge_bytes / kPage * kPage);
 }
 
 FileCache::Reservation::~Reservation() {
@@ -255,6 +263,9 @@ Status FileCache::MakeRoom(uint64_t bytes, bool descriptor, const FileKey& keep,
       DescriptorsNoEvictionFrees(keep) + 1 > descriptor_budget_) {
     return NoRoomForDescriptor();
   }
+  // The claim can be made: the reserve's spare pages are free room lent
+  // out, taken back before anything is evicted.
+  ReclaimSpareReserve(bytes, released);
   if (Taken() + bytes > capacity_) {
     std::vector<FileKey> oldest_first(lru_.rbegin(), lru_.rend());
     for (const FileKey& k : oldest_first) {
@@ -297,7 +308,7 @@ Result<FileCache::Claimed> FileCache::Claim(const FileKey& key, uint64_t size, b
   // The reserve's pages this fill can use are promised to it: they leave
   // the spare room, and come back if the claim fails.
   const uint64_t lease =
-      take_reserve ? std::min(SpareReserveBytes(), bytes / PageReserve::kPageBytes * PageReserve::kPageBytes) : 0;
+      take_reserve ? std::min(PromisableReserveBytes(), bytes / PageReserve::kPageBytes * PageReserve::kPageBytes) : 0;
   reserve_promised_ += lease;
   Status room_made = Status::Ok();
   // Free room counts the reserve's spare pages (taken back below only for
@@ -309,10 +320,7 @@ Result<FileCache::Claimed> FileCache::Claim(const FileKey& key, uint64_t size, b
                      " bytes and " + std::to_string(descriptors_) + " of " + std::to_string(descriptor_budget_) +
                      " descriptors are used, being filled or held by readers");
   }
-  if (room_made.ok()) {
-    ReclaimSpareReserve(bytes, released);
-    room_made = MakeRoom(bytes, descriptor, key, released);
-  }
+  if (room_made.ok()) room_made = MakeRoom(bytes, descriptor, key, released);
   if (!room_made.ok()) {
     reserve_promised_ -= lease;
     return room_made;

@@ -287,13 +287,16 @@ Status FileFiller::CopyChunk(FillJob& job, uint64_t chunk, uint8_t* buf) {
     const uint64_t at = job.CopyOffset(begin);
     const bool aligned_enough = io_ == SourceReader::Io::kBuffered || at % SourceReader::kDirectAlignment == 0;
     if (uint8_t* in_place = job.copy->WritableAt(at, len); in_place != nullptr && aligned_enough) dst = in_place;
-    // Two of the page reserve's pages freed for each 4 MiB, and taken at
-    // once: the kernel hands out the pages just freed, still backed.
-    const uint64_t huge = dst != buf && job.reservation ? job.copy->HugePagesAt(at, len) : 0;
-    if (huge > 0) {
-      const uint64_t freed = server_.parts().files->TakeFromReserve(*job.reservation, huge);
-      if (freed > 0) job.copy->PlaceHugePages(at, freed);
-    }
+  }
+  // Two of the page reserve's pages freed for each 4 MiB (the memory the
+  // chunk is about to take), and taken at once where the chunk is read
+  // straight into whole 2 MiB pages of the copy: the kernel hands out the
+  // pages just freed, still backed.
+  if (job.reservation) {
+    const uint64_t at = job.CopyOffset(std::max(begin, header));
+    const uint64_t huge = dst != buf ? job.copy->HugePagesAt(at, len) : 0;
+    const uint64_t freed = server_.parts().files->TakeFromReserve(*job.reservation, len, huge);
+    if (freed > 0) job.copy->PlaceHugePages(at, freed);
   }
   if (Status s = server_.ReadSourceChunk(*job.file, chunk, dst, len, io_, job.chain.get(), job.prove_whole); !s.ok()) {
     return s;

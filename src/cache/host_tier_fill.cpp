@@ -1,5 +1,7 @@
 #include "ckptfs/host_tier_fill.h"
 
+#include <vector>
+
 #include "ckptfs/safetensors_name.h"
 
 namespace ckptfs {
@@ -7,18 +9,23 @@ namespace ckptfs {
 class HostTierFill::Copy : public HashCopy {
  public:
   Copy(HostTierFill& owner, std::unique_ptr<FileCache::Reservation> fill, std::unique_ptr<SealedCopy> copy)
-      : owner_(owner), fill_(std::move(fill)), copy_(std::move(copy)) {}
+      : owner_(owner),
+        fill_(std::move(fill)),
+        copy_(std::move(copy)),
+        prepared_((copy_->size() + kChunkSize - 1) / kChunkSize, 0) {}
   ~Copy() override {
     if (fill_) ++owner_.abandoned_;  // its room goes back with it
   }
 
   uint8_t* WritableAt(uint64_t offset, size_t len) override { return copy_->WritableAt(offset, len); }
   // Two reserve pages freed for each 4 MiB, and taken at once: the kernel
-  // hands out the pages just freed, which are still backed.
+  // hands out the pages just freed, which are still backed. Once per chunk
+  // (a hashing task that yields reads its chunks ahead again).
   void PreparePages(uint64_t offset, size_t len) override {
-    const uint64_t huge = copy_->HugePagesAt(offset, len);
-    if (huge == 0 || !fill_) return;
-    const uint64_t freed = owner_.cache_->TakeFromReserve(*fill_, huge);
+    const size_t chunk = static_cast<size_t>(offset / kChunkSize);
+    if (!fill_ || chunk >= prepared_.size() || prepared_[chunk]) return;
+    prepared_[chunk] = 1;  // each chunk's own element: the I/O threads write distinct ones
+    const uint64_t freed = owner_.cache_->TakeFromReserve(*fill_, len, copy_->HugePagesAt(offset, len));
     if (freed > 0 && copy_->PlaceHugePages(offset, freed)) owner_.reserve_bytes_ += freed;
   }
   Status Write(uint64_t offset, const uint8_t* data, size_t len) override { return copy_->Write(offset, data, len); }
@@ -40,6 +47,7 @@ class HostTierFill::Copy : public HashCopy {
   HostTierFill& owner_;
   std::unique_ptr<FileCache::Reservation> fill_;
   std::unique_ptr<SealedCopy> copy_;
+  std::vector<uint8_t> prepared_;  // per chunk: PreparePages ran
 };
 
 std::unique_ptr<HashCopy> HostTierFill::Begin(const std::string& rel_path, const FileStamp& stamp) {

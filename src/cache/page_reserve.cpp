@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -38,17 +39,21 @@ Result<std::unique_ptr<PageReserve>> PageReserve::Create(uint64_t limit) {
 }
 
 PageReserve::~PageReserve() {
+  StopGrowing();
+  ::munmap(map_, limit_pages_ * kPageBytes);
+}
+
+void PageReserve::StartGrowing(std::function<bool()> lend, Pace pace, std::chrono::milliseconds poll) {
+  grower_ = std::thread([this, lend = std::move(lend), pace, poll] { GrowLoop(lend, pace, poll); });
+}
+
+void PageReserve::StopGrowing() {
   {
     MutexLock lock(mu_);
     stopping_ = true;
     wake_.NotifyAll();
   }
   if (grower_.joinable()) grower_.join();
-  ::munmap(map_, limit_pages_ * kPageBytes);
-}
-
-void PageReserve::StartGrowing(std::function<bool()> lend, std::chrono::milliseconds poll) {
-  grower_ = std::thread([this, lend = std::move(lend), poll] { GrowLoop(lend, poll); });
 }
 
 void PageReserve::Wake() {
@@ -69,32 +74,42 @@ uint64_t PageReserve::FreeMemory() {
   return 0;
 }
 
-void PageReserve::GrowLoop(std::function<bool()> lend, std::chrono::milliseconds poll) {
+bool PageReserve::WaitUntil(std::chrono::steady_clock::time_point deadline, bool wakeable) {
+  MutexLock lock(mu_);
+  while (!stopping_ && !(wakeable && woken_) && std::chrono::steady_clock::now() < deadline) {
+    wake_.WaitUntil(mu_, deadline);
+  }
+  woken_ = false;
+  return !stopping_;
+}
+
+void PageReserve::GrowLoop(const std::function<bool()>& lend, Pace pace, std::chrono::milliseconds poll) {
   pthread_setname_np(pthread_self(), "ckptfs-reserve");
-  // Idle priority: taking fresh pages is the host's slow work, worth doing
-  // only on a CPU nobody else wants.
-  const sched_param idle{};
-  ::sched_setscheduler(0, SCHED_IDLE, &idle);
+  if (pace == Pace::kIdle) {
+    const sched_param idle{};
+    ::sched_setscheduler(0, SCHED_IDLE, &idle);
+    if (!WaitUntil(std::chrono::steady_clock::now() + kStartDelay, /*wakeable=*/false)) return;
+  }
+  constexpr uint64_t kGiveBackStep = 16;  // pages a poll gives back when memory is short
   for (;;) {
     {
       MutexLock lock(mu_);
       if (stopping_) return;
     }
-    const Growth grew = GrowOne();
-    if (grew == Growth::kGrew) continue;
-    // Only memory that holds nothing is taken: growing never pushes the
-    // page cache, or anything else, out.
-    if (grew == Growth::kNone && FreeMemory() > kFreeMemoryKept && lend()) continue;  // the target went up
-    MutexLock lock(mu_);
-    if (grew == Growth::kRefused) {
-      // The kernel is short of memory: not again for a while, whatever wakes.
-      const auto until = std::chrono::steady_clock::now() + kAfterRefusal;
-      while (!stopping_ && wake_.WaitUntil(mu_, until)) {
+    const uint64_t free = FreeMemory();
+    if (free < kFreeMemoryKept / 2) {
+      // The machine needs memory more than the next copy needs fast pages.
+      if (Lower(kGiveBackStep) > 0) Trim();
+    } else {
+      const Growth grew = GrowOne();
+      if (grew == Growth::kGrew) continue;
+      if (grew == Growth::kRefused) {  // the kernel is short of memory: not again for a while
+        if (!WaitUntil(std::chrono::steady_clock::now() + kAfterRefusal, /*wakeable=*/false)) return;
+        continue;
       }
-    } else if (!woken_ && !stopping_) {
-      wake_.WaitFor(mu_, poll);
+      if (free > kFreeMemoryKept && lend()) continue;  // the target went up by a page: take it
     }
-    woken_ = false;
+    if (!WaitUntil(std::chrono::steady_clock::now() + poll, /*wakeable=*/true)) return;
   }
 }
 
@@ -115,52 +130,73 @@ uint64_t PageReserve::target() const {
   return target_;
 }
 
+uint64_t PageReserve::pages() const {
+  MutexLock lock(mu_);
+  return pages_;
+}
+
+bool PageReserve::Punch(uint64_t first, uint64_t count) {
+  if (::fallocate(fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(first * kPageBytes),
+                  static_cast<off_t>(count * kPageBytes)) == 0) {
+    return true;
+  }
+  spdlog::warn("cannot free {} pages of the page reserve: {}", count, std::strerror(errno));
+  return false;
+}
+
 void PageReserve::Trim() {
-  MutexLock op(op_mu_);
-  uint64_t from, to;
+  uint64_t from = 0, to = 0;
   {
     MutexLock lock(mu_);
+    if (growing_ && growing_at_ >= target_) growth_cancelled_ = true;  // not wanted any more
     if (pages_ <= target_) return;
     from = target_;
     to = pages_;
+    pages_ = from;  // the pages at the top go, so that the reserve stays one run from 0
+    ++punching_;
   }
-  // The pages at the top go, so that the reserve stays one run from 0.
-  if (::fallocate(fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(from * kPageBytes),
-                  static_cast<off_t>((to - from) * kPageBytes)) != 0) {
-    spdlog::warn("cannot free {} pages of the page reserve: {}", to - from, std::strerror(errno));
-    return;
-  }
+  const bool punched = Punch(from, to - from);
   MutexLock lock(mu_);
-  pages_ = from;
-  given_ += to - from;
+  --punching_;
+  if (punched) given_ += to - from;
 }
 
 PageReserve::Growth PageReserve::GrowOne() {
-  MutexLock op(op_mu_);
-  uint64_t at;
+  uint64_t at = 0;
   {
     MutexLock lock(mu_);
-    if (pages_ >= target_) return Growth::kNone;
+    if (growing_ || punching_ > 0 || pages_ >= target_) return Growth::kNone;
     at = pages_;
+    growing_ = true;
+    growing_at_ = at;
+    growth_cancelled_ = false;
   }
+  // Outside the lock: this is the slow part, on an idle-priority thread
+  // that another thread must never wait for.
   const auto start = std::chrono::steady_clock::now();
-  uint8_t* page = map_ + at * kPageBytes;
-  if (::madvise(page, kPageBytes, MADV_POPULATE_WRITE) != 0) {
-    const int err = errno;
-    ::fallocate(fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(at * kPageBytes),
-                static_cast<off_t>(kPageBytes));
-    MutexLock lock(mu_);
-    ++refused_;
-    if (target_ > pages_) --target_;  // the tier's loan shrinks with what could not be had
-    if (refused_ == 1) spdlog::info("the page reserve stops at {} pages: {}", pages_, std::strerror(err));
-    return Growth::kRefused;
-  }
+  const int populated = ::madvise(map_ + at * kPageBytes, kPageBytes, MADV_POPULATE_WRITE);
+  const int err = errno;
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  bool keep = false;
+  {
+    MutexLock lock(mu_);
+    keep = populated == 0 && !growth_cancelled_ && pages_ == at && at < target_;
+    if (keep) {
+      pages_ = at + 1;
+      ++grown_;
+      grow_seconds_ += took;
+      growing_ = false;
+      return Growth::kGrew;
+    }
+  }
+  Punch(at, 1);  // refused, or no longer wanted: what was taken of it goes back
   MutexLock lock(mu_);
-  pages_ = at + 1;
-  ++grown_;
-  grow_seconds_ += took;
-  return Growth::kGrew;
+  growing_ = false;
+  if (populated == 0) return Growth::kNone;
+  ++refused_;
+  if (target_ > pages_) --target_;  // the tier's loan shrinks with what could not be had
+  if (refused_ == 1) spdlog::info("the page reserve stops at {} pages: {}", pages_, std::strerror(err));
+  return Growth::kRefused;
 }
 
 PageReserve::Stats PageReserve::GetStats() const {

@@ -152,7 +152,7 @@ nlohmann::json HugePages() {
                     : SealedCopy::FreshMemoryIsSlow()
                         ? "no: this VM reports free pages to its host, where a fresh 2 MiB page is slower to touch "
                           "than 512 small ones; copies are written through a mapping of 4 KiB pages, but for the "
-                          "2 MiB pages the page reserve hands to fills at indexing (page_reserve=)"
+                          "2 MiB pages the page reserve hands to fills (page_reserve=)"
                     : setting == "advise" ? "asked for: copies are written through a MADV_HUGEPAGE mapping"
                                           : "as shmem_enabled decides";
   return {{protocol::kShmemEnabled, setting},

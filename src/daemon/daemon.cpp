@@ -240,14 +240,17 @@ void Daemon::StartCaches() {
   if (const uint64_t reserve = PageReserveBytes(o, host_bytes - chunk_bytes, &no_reserve); reserve > 0) {
     auto made = PageReserve::Create(reserve);
     if (made.ok()) {
-      files_->KeepPageReserve(std::move(*made));
+      files_->KeepPageReserve(std::move(*made),
+                              ReserveAtOnceForTest() ? PageReserve::Pace::kAtOnce : PageReserve::Pace::kIdle);
       spdlog::info(
           "host tier: a page reserve of up to {} bytes in 2 MiB pages, taken on idle CPUs, for the copies "
-          "made at indexing (this VM reports free memory to its host: fresh 2 MiB pages are slow here)",
+          "fills make (this VM reports free memory to its host: fresh 2 MiB pages are slow here)",
           reserve);
     } else {
       spdlog::warn("host tier: no page reserve: {}", made.status().message());
     }
+  } else if (o.page_reserve_bytes > 0) {
+    spdlog::warn("host tier: page_reserve={} is not used: {}", o.page_reserve_bytes, no_reserve);
   } else {
     spdlog::debug("host tier: no page reserve: {}", no_reserve);
   }

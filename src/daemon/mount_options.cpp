@@ -480,12 +480,14 @@ ckptfs options (-o):
   page_reserve=auto|off|SIZE  on a VM that reports free memory to its
                        host (where a fresh 2 MiB page is slow to touch),
                        the host tier keeps up to SIZE of its free room in
-                       2 MiB pages, taken by an idle-priority thread, and
-                       hands them to the copies it makes at indexing (faster
-                       indexing and loads); a claim short of room takes
-                       them back first. auto (default): a quarter of the
-                       tier, at most 8G, where free pages are reported (none
-                       elsewhere); off: none
+                       2 MiB pages, taken by an idle-priority thread from
+                       memory that holds nothing (while more than 1G is
+                       free), and hands them to the copies it makes, at
+                       indexing and at first opens (faster arrivals and
+                       loads); a claim short of room takes them back
+                       first. auto (default): a quarter of the tier, at
+                       most 8G, where free pages are reported (none
+                       elsewhere); off: none; SIZE: at least 2M
   fill_depth=N         4 MiB source reads in flight for all fills together
                        (default 16)
   verify=auto|xxh3|sha256  what every byte served is checked against:

@@ -17,6 +17,11 @@ std::chrono::milliseconds EntryReplyDelayForTest() {
   return std::chrono::milliseconds(std::clamp(std::atol(ms), 0L, 10000L));
 }
 
+bool ReserveAtOnceForTest() {
+  const char* v = std::getenv("CKPTFS_TEST_RESERVE_AT_ONCE");
+  return v != nullptr && std::string(v) == "1";
+}
+
 std::function<void()> HoldPublishHook(const std::atomic<bool>* stop) {
   const char* dir = std::getenv("CKPTFS_TEST_HOLD_PUBLISH");
   if (dir == nullptr || *dir == '\0') return nullptr;

@@ -109,7 +109,7 @@ TEST(PageReserveTest, TheReserveLivesInTheTiersFreeRoomOnly) {
   FileCache cache(16 * kMiB);
   auto made = PageReserve::Create(64 * kMiB);
   ASSERT_TRUE(made.ok()) << made.status().message();
-  cache.KeepPageReserve(std::move(*made));
+  cache.KeepPageReserve(std::move(*made), PageReserve::Pace::kAtOnce);
   ASSERT_TRUE(ReserveReaches(cache, 8)) << "the reserve did not fill the tier's 16 MiB";
   EXPECT_EQ(Counted(cache.GetStats()), 16 * kMiB);
 
@@ -152,7 +152,7 @@ TEST(PageReserveTest, AFillWritesIntoTheReservesPages) {
   FileCache cache(32 * kMiB);
   auto made = PageReserve::Create(12 * kMiB);
   ASSERT_TRUE(made.ok()) << made.status().message();
-  cache.KeepPageReserve(std::move(*made));
+  cache.KeepPageReserve(std::move(*made), PageReserve::Pace::kAtOnce);
   ASSERT_TRUE(ReserveReaches(cache, 6));
 
   const uint64_t size = 8 * kMiB + 12345;
@@ -168,7 +168,7 @@ TEST(PageReserveTest, AFillWritesIntoTheReservesPages) {
   for (uint64_t at = 0; at < size; at += 4 * kMiB) {
     const size_t len = static_cast<size_t>(std::min<uint64_t>(4 * kMiB, size - at));
     const uint64_t huge = c.HugePagesAt(at, len);
-    const uint64_t taken = cache.TakeFromReserve(*claim->fill, huge);
+    const uint64_t taken = cache.TakeFromReserve(*claim->fill, len, huge);
     EXPECT_EQ(taken, huge);
     if (taken > 0) {
       ASSERT_TRUE(c.PlaceHugePages(at, taken));
@@ -189,6 +189,51 @@ TEST(PageReserveTest, AFillWritesIntoTheReservesPages) {
   s = cache.GetStats();
   EXPECT_EQ(s.reserve_promised, 0u);
   EXPECT_LE(Counted(s), 32 * kMiB);
+}
+
+}  // namespace
+}  // namespace ckptfs
+
+namespace ckptfs {
+namespace {
+
+// A copy that cannot take 2 MiB pages (offsets not aligned: a stamped
+// header before the tensors) still lets its promised pages go as it writes
+// as many bytes: else the reserve would hold them while the copy takes as
+// much memory again, past the tier's capacity.
+TEST(PageReserveTest, PromisedPagesLeaveTheReserveAsTheFillWritesEvenInSmallPages) {
+  AllowShmemHugePages();
+  FileCache cache(16 * kMiB);
+  auto made = PageReserve::Create(16 * kMiB);
+  ASSERT_TRUE(made.ok()) << made.status().message();
+  cache.KeepPageReserve(std::move(*made), PageReserve::Pace::kAtOnce);
+  ASSERT_TRUE(ReserveReaches(cache, 8));
+  auto claim = cache.Claim(Key(1), 8 * kMiB, false, false, FileCache::Room::kFreeOnly, /*take_reserve=*/true);
+  ASSERT_TRUE(claim.ok() && claim->fill) << claim.status().message();
+  EXPECT_EQ(cache.GetStats().reserve_promised, 8 * kMiB);
+  EXPECT_EQ(cache.TakeFromReserve(*claim->fill, 4 * kMiB, /*huge_bytes=*/0), 0u);  // no 2 MiB page for it
+  auto s = cache.GetStats();
+  EXPECT_EQ(s.reserve.pages, 6u);  // but the chunk's share left the reserve
+  EXPECT_EQ(s.reserve_promised, 4 * kMiB);
+  EXPECT_LE(Counted(s), 16 * kMiB);
+  claim->fill.reset();  // abandoned: what was not taken is spare again
+  s = cache.GetStats();
+  EXPECT_EQ(s.reserve_promised, 0u);
+  EXPECT_EQ(s.reserve.pages, 6u);
+}
+
+// A claim that cannot be granted (here: no descriptor for its memfd) takes
+// nothing back from the reserve.
+TEST(PageReserveTest, ARefusedClaimLeavesTheReserveAlone) {
+  AllowShmemHugePages();
+  FileCache cache(16 * kMiB, nullptr, /*descriptor_budget=*/0);
+  auto made = PageReserve::Create(16 * kMiB);
+  ASSERT_TRUE(made.ok()) << made.status().message();
+  cache.KeepPageReserve(std::move(*made), PageReserve::Pace::kAtOnce);
+  ASSERT_TRUE(ReserveReaches(cache, 8));
+  auto claim = cache.Claim(Key(1), 6 * kMiB, /*pin=*/false, /*wait=*/true);
+  EXPECT_FALSE(claim.ok());
+  EXPECT_EQ(cache.GetStats().reserve.pages, 8u);
 }
 
 }  // namespace
