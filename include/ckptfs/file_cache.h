@@ -108,6 +108,9 @@ class FileCache final : public CacheTier {
     Reservation(const Reservation&) = delete;
     Reservation& operator=(const Reservation&) = delete;
     const FileKey& key() const { return key_; }
+    // Whether reserve pages were promised to this fill when it was claimed
+    // (none can be later): only then has TakeFromReserve anything to do.
+    bool promised_reserve_pages() const { return promised_at_claim_; }
 
    private:
     friend class FileCache;
@@ -121,6 +124,7 @@ class FileCache final : public CacheTier {
     bool pin_;
     bool published_ = false;
     uint64_t lease_ = 0;  // bytes of reserve pages promised to this fill, not taken yet
+    bool promised_at_claim_ = false;
     std::chrono::steady_clock::time_point start_;
   };
   // What Claim found: the copy already resident, or room for this caller to

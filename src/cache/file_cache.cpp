@@ -120,6 +120,7 @@ bool FileCache::LendToReserve() {
 
 uint64_t FileCache::TakeFromReserve(Reservation& fill, uint64_t chunk_bytes, uint64_t huge_bytes) {
   constexpr uint64_t kPage = PageReserve::kPageBytes;
+  if (!fill.promised_reserve_pages()) return 0;  // without the lock every open takes: most fills
   uint64_t freed = 0;
   {
     MutexLock lock(mu_);
@@ -330,6 +331,7 @@ Result<FileCache::Claimed> FileCache::Claim(const FileKey& key, uint64_t size, b
   filling_.insert(key);
   std::unique_ptr<Reservation> fill(new Reservation(this, key, bytes, descriptor, pin));
   fill->lease_ = lease;
+  fill->promised_at_claim_ = lease > 0;
   return Claimed{nullptr, std::move(fill)};
 }
 

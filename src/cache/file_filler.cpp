@@ -292,7 +292,7 @@ Status FileFiller::CopyChunk(FillJob& job, uint64_t chunk, uint8_t* buf) {
   // chunk is about to take), and taken at once where the chunk is read
   // straight into whole 2 MiB pages of the copy: the kernel hands out the
   // pages just freed, still backed.
-  if (job.reservation) {
+  if (job.reservation && job.reservation->promised_reserve_pages()) {
     const uint64_t at = job.CopyOffset(std::max(begin, header));
     const uint64_t huge = dst != buf ? job.copy->HugePagesAt(at, len) : 0;
     const uint64_t freed = server_.parts().files->TakeFromReserve(*job.reservation, len, huge);

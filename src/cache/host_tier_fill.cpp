@@ -23,7 +23,7 @@ class HostTierFill::Copy : public HashCopy {
   // (a hashing task that yields reads its chunks ahead again).
   void PreparePages(uint64_t offset, size_t len) override {
     const size_t chunk = static_cast<size_t>(offset / kChunkSize);
-    if (!fill_ || chunk >= prepared_.size() || prepared_[chunk]) return;
+    if (!fill_ || !fill_->promised_reserve_pages() || chunk >= prepared_.size() || prepared_[chunk]) return;
     prepared_[chunk] = 1;  // each chunk's own element: the I/O threads write distinct ones
     const uint64_t freed = owner_.cache_->TakeFromReserve(*fill_, len, copy_->HugePagesAt(offset, len));
     if (freed > 0 && copy_->PlaceHugePages(offset, freed)) owner_.reserve_bytes_ += freed;

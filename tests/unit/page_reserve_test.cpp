@@ -79,6 +79,16 @@ void AllowShmemHugePages() {
       << "shmem_enabled=" << setting;
 }
 
+// Gives `cache` a reserve of at most `limit` bytes, grown at once, and
+// waits until it holds `pages`.
+void KeepGrownReserve(FileCache& cache, uint64_t limit, uint64_t pages) {
+  AllowShmemHugePages();
+  auto made = PageReserve::Create(limit);
+  ASSERT_TRUE(made.ok()) << made.status().message();
+  cache.KeepPageReserve(std::move(*made), PageReserve::Pace::kAtOnce);
+  ASSERT_TRUE(ReserveReaches(cache, pages)) << "the reserve did not reach " << pages << " pages";
+}
+
 TEST(PageReserveTest, HoldsWhatItIsLentAndFreesFromTheTop) {
   auto made = PageReserve::Create(4 * kPage + kPage / 2);
   ASSERT_TRUE(made.ok()) << made.status().message();
@@ -105,12 +115,8 @@ TEST(PageReserveTest, HoldsWhatItIsLentAndFreesFromTheTop) {
 // every claim short of room takes its pages back before it evicts a copy:
 // copies, fills and reserve together never pass the tier's capacity.
 TEST(PageReserveTest, TheReserveLivesInTheTiersFreeRoomOnly) {
-  AllowShmemHugePages();
   FileCache cache(16 * kMiB);
-  auto made = PageReserve::Create(64 * kMiB);
-  ASSERT_TRUE(made.ok()) << made.status().message();
-  cache.KeepPageReserve(std::move(*made), PageReserve::Pace::kAtOnce);
-  ASSERT_TRUE(ReserveReaches(cache, 8)) << "the reserve did not fill the tier's 16 MiB";
+  ASSERT_NO_FATAL_FAILURE(KeepGrownReserve(cache, 64 * kMiB, 8));
   EXPECT_EQ(Counted(cache.GetStats()), 16 * kMiB);
 
   // A fill someone asked for: the spare pages make room, nothing is evicted.
@@ -148,12 +154,8 @@ TEST(PageReserveTest, TheReserveLivesInTheTiersFreeRoomOnly) {
 // writes: its copy's mapping then holds 2 MiB pages, and the copy is the
 // bytes written. The reserve's other pages stay spare.
 TEST(PageReserveTest, AFillWritesIntoTheReservesPages) {
-  AllowShmemHugePages();
   FileCache cache(32 * kMiB);
-  auto made = PageReserve::Create(12 * kMiB);
-  ASSERT_TRUE(made.ok()) << made.status().message();
-  cache.KeepPageReserve(std::move(*made), PageReserve::Pace::kAtOnce);
-  ASSERT_TRUE(ReserveReaches(cache, 6));
+  ASSERT_NO_FATAL_FAILURE(KeepGrownReserve(cache, 12 * kMiB, 6));
 
   const uint64_t size = 8 * kMiB + 12345;
   auto claim = cache.Claim(Key(1), size, false, false, FileCache::Room::kFreeOnly, /*take_reserve=*/true);
@@ -191,23 +193,13 @@ TEST(PageReserveTest, AFillWritesIntoTheReservesPages) {
   EXPECT_LE(Counted(s), 32 * kMiB);
 }
 
-}  // namespace
-}  // namespace ckptfs
-
-namespace ckptfs {
-namespace {
-
 // A copy that cannot take 2 MiB pages (offsets not aligned: a stamped
 // header before the tensors) still lets its promised pages go as it writes
 // as many bytes: else the reserve would hold them while the copy takes as
 // much memory again, past the tier's capacity.
 TEST(PageReserveTest, PromisedPagesLeaveTheReserveAsTheFillWritesEvenInSmallPages) {
-  AllowShmemHugePages();
   FileCache cache(16 * kMiB);
-  auto made = PageReserve::Create(16 * kMiB);
-  ASSERT_TRUE(made.ok()) << made.status().message();
-  cache.KeepPageReserve(std::move(*made), PageReserve::Pace::kAtOnce);
-  ASSERT_TRUE(ReserveReaches(cache, 8));
+  ASSERT_NO_FATAL_FAILURE(KeepGrownReserve(cache, 16 * kMiB, 8));
   auto claim = cache.Claim(Key(1), 8 * kMiB, false, false, FileCache::Room::kFreeOnly, /*take_reserve=*/true);
   ASSERT_TRUE(claim.ok() && claim->fill) << claim.status().message();
   EXPECT_EQ(cache.GetStats().reserve_promised, 8 * kMiB);
@@ -225,12 +217,8 @@ TEST(PageReserveTest, PromisedPagesLeaveTheReserveAsTheFillWritesEvenInSmallPage
 // A claim that cannot be granted (here: no descriptor for its memfd) takes
 // nothing back from the reserve.
 TEST(PageReserveTest, ARefusedClaimLeavesTheReserveAlone) {
-  AllowShmemHugePages();
   FileCache cache(16 * kMiB, nullptr, /*descriptor_budget=*/0);
-  auto made = PageReserve::Create(16 * kMiB);
-  ASSERT_TRUE(made.ok()) << made.status().message();
-  cache.KeepPageReserve(std::move(*made), PageReserve::Pace::kAtOnce);
-  ASSERT_TRUE(ReserveReaches(cache, 8));
+  ASSERT_NO_FATAL_FAILURE(KeepGrownReserve(cache, 16 * kMiB, 8));
   auto claim = cache.Claim(Key(1), 6 * kMiB, /*pin=*/false, /*wait=*/true);
   EXPECT_FALSE(claim.ok());
   EXPECT_EQ(cache.GetStats().reserve.pages, 8u);
