@@ -20,10 +20,12 @@
 // and the machine has more than kFreeMemoryKept of memory that holds
 // nothing (so the page cache is never pushed out for it); below half of
 // that it gives pages back. It starts kStartDelay after the mount (a mount
-// that lives less needs none), runs at idle priority (taking fresh pages is
-// the host's slow work, worth doing only on a CPU nobody else wants), and
-// takes a page without holding any lock another thread waits on, so that a
-// starved idle thread never holds up a fill. It takes fresh memory after a
+// that lives less needs none), rests after each page as long as the page
+// took (so it uses at most half of one CPU), and takes a page without
+// holding any lock a fill waits on. It runs at normal priority: at idle
+// priority it was starved for seconds on busy CPUs while it held the
+// process's mmap lock (taking a page) or had to be joined (an unmount, a
+// restart's old daemon), and all of that waited. It takes fresh memory after a
 // mount (0.45 GB/s here) and, at memory speed, the pages of copies just
 // evicted.
 //
@@ -59,14 +61,15 @@ class PageReserve {
   PageReserve(const PageReserve&) = delete;
   PageReserve& operator=(const PageReserve&) = delete;
 
-  // How the growing thread runs: at idle priority after kStartDelay (the
-  // daemon), or at once and at the caller's priority (tests).
-  enum class Pace { kIdle, kAtOnce };
+  // How the growing thread runs: from kStartDelay on, resting after each
+  // page as long as it took (the daemon), or at once and without rest
+  // (tests).
+  enum class Pace { kBackground, kAtOnce };
   // Starts the thread that grows the reserve: it asks `lend` (which raises
   // the target by one page and says true, or says false when the tier has
   // no room to lend now) and takes one page per yes; it asks again at least
   // every `poll` and after each Wake.
-  void StartGrowing(std::function<bool()> lend, Pace pace = Pace::kIdle,
+  void StartGrowing(std::function<bool()> lend, Pace pace = Pace::kBackground,
                     std::chrono::milliseconds poll = std::chrono::milliseconds(250));
   // Stops that thread and waits for it (the destructor does too): from
   // then on nothing calls `lend`.

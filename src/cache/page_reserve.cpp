@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <pthread.h>
-#include <sched.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -85,9 +84,13 @@ bool PageReserve::WaitUntil(std::chrono::steady_clock::time_point deadline, bool
 
 void PageReserve::GrowLoop(const std::function<bool()>& lend, Pace pace, std::chrono::milliseconds poll) {
   pthread_setname_np(pthread_self(), "ckptfs-reserve");
-  if (pace == Pace::kIdle) {
-    const sched_param idle{};
-    ::sched_setscheduler(0, SCHED_IDLE, &idle);
+  // Normal priority, on purpose: a thread at idle priority is starved for
+  // seconds on a busy machine, and it cannot take a page without the
+  // process's mmap lock (MADV_POPULATE_WRITE) nor take its turn with the
+  // locks it shares with fills, so every open behind it waited, and a
+  // restart's old daemon lived on for seconds to join it. Its CPU is
+  // bounded by resting instead: after each page, as long as it took.
+  if (pace == Pace::kBackground) {
     if (!WaitUntil(std::chrono::steady_clock::now() + kStartDelay, /*wakeable=*/false)) return;
   }
   constexpr uint64_t kGiveBackStep = 16;  // pages a poll gives back when memory is short
@@ -101,8 +104,13 @@ void PageReserve::GrowLoop(const std::function<bool()>& lend, Pace pace, std::ch
       // The machine needs memory more than the next copy needs fast pages.
       if (Lower(kGiveBackStep) > 0) Trim();
     } else {
+      const auto start = std::chrono::steady_clock::now();
       const Growth grew = GrowOne();
-      if (grew == Growth::kGrew) continue;
+      if (grew == Growth::kGrew) {
+        const auto now = std::chrono::steady_clock::now();
+        if (pace == Pace::kBackground && !WaitUntil(now + (now - start), /*wakeable=*/false)) return;
+        continue;
+      }
       if (grew == Growth::kRefused) {  // the kernel is short of memory: not again for a while
         if (!WaitUntil(std::chrono::steady_clock::now() + kAfterRefusal, /*wakeable=*/false)) return;
         continue;
@@ -171,8 +179,8 @@ PageReserve::Growth PageReserve::GrowOne() {
     growing_at_ = at;
     growth_cancelled_ = false;
   }
-  // Outside the lock: this is the slow part, on an idle-priority thread
-  // that another thread must never wait for.
+  // Outside the lock: this is the slow part, which no other thread may
+  // wait for.
   const auto start = std::chrono::steady_clock::now();
   const int populated = ::madvise(map_ + at * kPageBytes, kPageBytes, MADV_POPULATE_WRITE);
   const int err = errno;

@@ -242,7 +242,7 @@ TEST_F(PassthroughMountTest, ACheckpointRenamedIntoSrcIsResidentWhenItsDigestApp
 // and stats says so.
 TEST_F(PassthroughMountTest, CopiesMadeAtIndexingTakeThePageReservesPages) {
   WriteFile(src_ + "/m/model.bin", "w");
-  ::setenv("CKPTFS_TEST_RESERVE_AT_ONCE", "1", 1);  // not at idle priority on the suite's busy CPUs
+  ::setenv("CKPTFS_TEST_RESERVE_AT_ONCE", "1", 1);  // not resting on the suite's busy CPUs
   auto m = Mount("cache_size=256M,page_reserve=32M,fill_on_index=free");
   ::unsetenv("CKPTFS_TEST_RESERVE_AT_ONCE");
   ASSERT_TRUE(WaitForLink("m")) << m->Log();

@@ -107,20 +107,33 @@ bool MountedCkptfs::WaitForExit(std::chrono::milliseconds timeout) {
 
 pid_t MountedCkptfs::ServingPid() const {
   if (pid_ <= 0) return -1;
+  // The supervisor's youngest child: after a hand-over the old daemon may
+  // still be draining for a moment beside the one that serves now.
+  pid_t youngest = pid_;
+  uint64_t youngest_start = 0;
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
     std::ifstream stat(entry.path() / "stat");
     std::string line;
     if (!std::getline(stat, line)) continue;
-    // pid (comm) state ppid ...; comm may hold spaces, so parse after ')'.
+    // pid (comm) state ppid ... starttime (field 22); comm may hold spaces,
+    // so parse after ')'.
     const auto close = line.rfind(')');
     if (close == std::string::npos) continue;
     std::istringstream rest(line.substr(close + 1));
     char state;
     pid_t ppid = 0;
     rest >> state >> ppid;
-    if (ppid == pid_) return static_cast<pid_t>(std::stol(entry.path().filename().string()));
+    if (ppid != pid_) continue;
+    std::string skipped;
+    for (int field = 5; field < 22; ++field) rest >> skipped;
+    uint64_t start = 0;
+    rest >> start;
+    if (youngest == pid_ || start >= youngest_start) {
+      youngest = static_cast<pid_t>(std::stol(entry.path().filename().string()));
+      youngest_start = start;
+    }
   }
-  return pid_;
+  return youngest;
 }
 
 void MountedCkptfs::KillDashNine() {

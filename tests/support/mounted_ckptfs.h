@@ -35,7 +35,8 @@ class MountedCkptfs {
   bool ok() const { return mounted_; }
   // The process started: with supervise=on (the default) the supervisor.
   pid_t pid() const { return pid_; }
-  // The process serving the mount now: the supervisor's child, or pid()
+  // The process serving the mount now: the supervisor's youngest child (an
+  // old one may still be draining after a hand-over), or pid()
   // itself with supervise=off (-1 if none).
   pid_t ServingPid() const;
   const std::string& mountpoint() const { return mnt_; }
