@@ -20,8 +20,9 @@
 // and the machine has more than kFreeMemoryKept of memory that holds
 // nothing (so the page cache is never pushed out for it); below half of
 // that it gives pages back. It starts kStartDelay after the mount (a mount
-// that lives less needs none), rests after each page as long as the page
-// took (so it uses at most half of one CPU), and takes a page without
+// that lives less needs none), rests after a page as long as the page took
+// when another thread wanted its CPU meanwhile (so that on busy CPUs it
+// uses at most about half of one), and takes a page without
 // holding any lock a fill waits on. It runs at normal priority: at idle
 // priority it was starved for seconds on busy CPUs while it held the
 // process's mmap lock (taking a page) or had to be joined (an unmount, a
@@ -61,9 +62,9 @@ class PageReserve {
   PageReserve(const PageReserve&) = delete;
   PageReserve& operator=(const PageReserve&) = delete;
 
-  // How the growing thread runs: from kStartDelay on, resting after each
-  // page as long as it took (the daemon), or at once and without rest
-  // (tests).
+  // How the growing thread runs: from kStartDelay on, resting after a page
+  // it was preempted in as long as the page took (the daemon), or at once
+  // and without rest (tests).
   enum class Pace { kBackground, kAtOnce };
   // Starts the thread that grows the reserve: it asks `lend` (which raises
   // the target by one page and says true, or says false when the tier has
@@ -110,6 +111,7 @@ class PageReserve {
  private:
   PageReserve(UniqueFd fd, uint8_t* map, uint64_t limit_pages)
       : fd_(std::move(fd)), map_(map), limit_pages_(limit_pages) {}
+  static long InvoluntarySwitches();
   void GrowLoop(const std::function<bool()>& lend, Pace pace, std::chrono::milliseconds poll) EXCLUDES(mu_);
   // Waits until `deadline`, a Wake (when `wakeable`) or a stop; false once stopping.
   bool WaitUntil(std::chrono::steady_clock::time_point deadline, bool wakeable) EXCLUDES(mu_);

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -73,6 +74,14 @@ uint64_t PageReserve::FreeMemory() {
   return 0;
 }
 
+// How often the scheduler has taken the CPU from the calling thread for
+// another that wanted it.
+long PageReserve::InvoluntarySwitches() {
+  rusage usage{};
+  ::getrusage(RUSAGE_THREAD, &usage);
+  return usage.ru_nivcsw;
+}
+
 bool PageReserve::WaitUntil(std::chrono::steady_clock::time_point deadline, bool wakeable) {
   MutexLock lock(mu_);
   while (!stopping_ && !(wakeable && woken_) && std::chrono::steady_clock::now() < deadline) {
@@ -89,7 +98,7 @@ void PageReserve::GrowLoop(const std::function<bool()>& lend, Pace pace, std::ch
   // process's mmap lock (MADV_POPULATE_WRITE) nor take its turn with the
   // locks it shares with fills, so every open behind it waited, and a
   // restart's old daemon lived on for seconds to join it. Its CPU is
-  // bounded by resting instead: after each page, as long as it took.
+  // bounded by resting instead, when others want the CPU (below).
   if (pace == Pace::kBackground) {
     if (!WaitUntil(std::chrono::steady_clock::now() + kStartDelay, /*wakeable=*/false)) return;
   }
@@ -105,10 +114,19 @@ void PageReserve::GrowLoop(const std::function<bool()>& lend, Pace pace, std::ch
       if (Lower(kGiveBackStep) > 0) Trim();
     } else {
       const auto start = std::chrono::steady_clock::now();
+      const long preempted_before = InvoluntarySwitches();
       const Growth grew = GrowOne();
       if (grew == Growth::kGrew) {
+        // Another thread wanted this CPU while the page was taken (the
+        // scheduler preempted this one): rest as long as the page took, so
+        // that on busy CPUs it uses at most about half of one. On idle
+        // CPUs it grows at the memory's speed, as an idle-priority thread
+        // would, without ever being starved while it holds a lock.
         const auto now = std::chrono::steady_clock::now();
-        if (pace == Pace::kBackground && !WaitUntil(now + (now - start), /*wakeable=*/false)) return;
+        if (pace == Pace::kBackground && InvoluntarySwitches() != preempted_before &&
+            !WaitUntil(now + (now - start), /*wakeable=*/false)) {
+          return;
+        }
         continue;
       }
       if (grew == Growth::kRefused) {  // the kernel is short of memory: not again for a while

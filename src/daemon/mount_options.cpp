@@ -481,8 +481,9 @@ ckptfs options (-o):
                        host (where a fresh 2 MiB page is slow to touch),
                        the host tier keeps up to SIZE of its free room in
                        2 MiB pages, taken in the background (at most
-                       half of one CPU) from memory that holds nothing
-                       (while more than 1G is free), and hands them to the copies it makes, at
+                       about half of one CPU when others want it) from
+                       memory that holds nothing (while more than 1G is
+                       free), and hands them to the copies it makes, at
                        indexing and at first opens (faster arrivals and
                        loads); a claim short of room takes them back
                        first. auto (default): a quarter of the tier, at
