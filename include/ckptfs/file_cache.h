@@ -150,7 +150,7 @@ class FileCache final : public CacheTier {
                         bool take_reserve = false);
 
   // Keeps a page reserve from now on, and starts its growing thread.
-  void KeepPageReserve(std::unique_ptr<PageReserve> reserve, PageReserve::Pace pace = PageReserve::Pace::kBackground)
+  void KeepPageReserve(std::unique_ptr<PageReserve> reserve, PageReserve::Pace pace = PageReserve::Pace::Background())
       EXCLUDES(mu_);
   // Called by `fill` before it writes a chunk of `chunk_bytes` into its
   // copy: frees the reserve pages promised to it for that many bytes (so

@@ -82,16 +82,24 @@ long PageReserve::InvoluntarySwitches() {
   return usage.ru_nivcsw;
 }
 
-bool PageReserve::WaitUntil(std::chrono::steady_clock::time_point deadline, bool wakeable) {
+PageReserve::Waited PageReserve::WaitUntil(std::chrono::steady_clock::time_point deadline, bool wakeable) {
   MutexLock lock(mu_);
   while (!stopping_ && !(wakeable && woken_) && std::chrono::steady_clock::now() < deadline) {
     wake_.WaitUntil(mu_, deadline);
   }
+  if (stopping_) return Waited::kStopped;
+  const bool woken = wakeable && woken_;
   woken_ = false;
-  return !stopping_;
+  return woken ? Waited::kWoken : Waited::kTimedOut;
+}
+
+std::chrono::steady_clock::time_point PageReserve::last_given() const {
+  MutexLock lock(mu_);
+  return last_given_;
 }
 
 void PageReserve::GrowLoop(const std::function<bool()>& lend, Pace pace, std::chrono::milliseconds poll) {
+  using Clock = std::chrono::steady_clock;
   pthread_setname_np(pthread_self(), "ckptfs-reserve");
   // Normal priority, on purpose: a thread at idle priority is starved for
   // seconds on a busy machine, and it cannot take a page without the
@@ -99,43 +107,52 @@ void PageReserve::GrowLoop(const std::function<bool()>& lend, Pace pace, std::ch
   // locks it shares with fills, so every open behind it waited, and a
   // restart's old daemon lived on for seconds to join it. Its CPU is
   // bounded by resting instead, when others want the CPU (below).
-  if (pace == Pace::kBackground) {
-    if (!WaitUntil(std::chrono::steady_clock::now() + kStartDelay, /*wakeable=*/false)) return;
-  }
+  if (WaitUntil(Clock::now() + pace.start_delay, /*wakeable=*/false) == Waited::kStopped) return;
   constexpr uint64_t kGiveBackStep = 16;  // pages a poll gives back when memory is short
+  bool recycling = false;                 // woken by copies let go of: their pages may come fast
   for (;;) {
     {
       MutexLock lock(mu_);
       if (stopping_) return;
     }
     const uint64_t free = FreeMemory();
+    const Clock::time_point quiet_until = last_given() + pace.quiet_after_giving;
     if (free < kFreeMemoryKept / 2) {
       // The machine needs memory more than the next copy needs fast pages.
       if (Lower(kGiveBackStep) > 0) Trim();
+    } else if (Clock::now() < quiet_until && !recycling) {
+      // Pages were just given: no fresh memory while they are used.
+      const Waited waited = WaitUntil(std::min(quiet_until, Clock::now() + poll), /*wakeable=*/true);
+      if (waited == Waited::kStopped) return;
+      recycling = waited == Waited::kWoken;
+      continue;
     } else {
-      const auto start = std::chrono::steady_clock::now();
+      const auto start = Clock::now();
       const long preempted_before = InvoluntarySwitches();
       const Growth grew = GrowOne();
       if (grew == Growth::kGrew) {
+        const auto now = Clock::now();
+        if (now - start > kRecycledPage) recycling = false;  // fresh memory from here on
         // Another thread wanted this CPU while the page was taken (the
         // scheduler preempted this one): rest as long as the page took, so
         // that on busy CPUs it uses at most about half of one. On idle
         // CPUs it grows at the memory's speed, as an idle-priority thread
         // would, without ever being starved while it holds a lock.
-        const auto now = std::chrono::steady_clock::now();
-        if (pace == Pace::kBackground && InvoluntarySwitches() != preempted_before &&
-            !WaitUntil(now + (now - start), /*wakeable=*/false)) {
+        if (pace.rest_when_preempted && InvoluntarySwitches() != preempted_before &&
+            WaitUntil(now + (now - start), /*wakeable=*/false) == Waited::kStopped) {
           return;
         }
         continue;
       }
       if (grew == Growth::kRefused) {  // the kernel is short of memory: not again for a while
-        if (!WaitUntil(std::chrono::steady_clock::now() + kAfterRefusal, /*wakeable=*/false)) return;
+        if (WaitUntil(Clock::now() + kAfterRefusal, /*wakeable=*/false) == Waited::kStopped) return;
         continue;
       }
       if (free > kFreeMemoryKept && lend()) continue;  // the target went up by a page: take it
     }
-    if (!WaitUntil(std::chrono::steady_clock::now() + poll, /*wakeable=*/true)) return;
+    const Waited waited = WaitUntil(Clock::now() + poll, /*wakeable=*/true);
+    if (waited == Waited::kStopped) return;
+    recycling = waited == Waited::kWoken;
   }
 }
 
@@ -184,7 +201,10 @@ void PageReserve::Trim() {
   const bool punched = Punch(from, to - from);
   MutexLock lock(mu_);
   --punching_;
-  if (punched) given_ += to - from;
+  if (punched) {
+    given_ += to - from;
+    last_given_ = std::chrono::steady_clock::now();
+  }
 }
 
 PageReserve::Growth PageReserve::GrowOne() {

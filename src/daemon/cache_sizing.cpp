@@ -53,7 +53,7 @@ uint64_t PageReserveBytes(const MountOptions& o, uint64_t tier_bytes, std::strin
     return 0;
   }
   const uint64_t bytes =
-      o.page_reserve_bytes > 0 ? o.page_reserve_bytes : std::min(tier_bytes / 4, kAutoPageReserveMax);
+      o.page_reserve_bytes > 0 ? o.page_reserve_bytes : std::min(tier_bytes / 2, kAutoPageReserveMax);
   const uint64_t pages = std::min(bytes, tier_bytes) / PageReserve::kPageBytes;
   if (pages == 0) *why = "the host tier is smaller than one 2 MiB page";
   return pages * PageReserve::kPageBytes;

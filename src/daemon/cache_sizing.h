@@ -24,9 +24,12 @@ uint64_t ChunkCacheBytes(const MountOptions& o, uint64_t host_bytes);
 // The page reserve's size (page_reserve=; 0: none): only where copies are
 // written in 4 KiB pages for want of fast fresh 2 MiB ones
 // (SealedCopy::PreferredWrite is kSmallPageMapping) and shmem may have
-// huge pages at all; auto: a quarter of `tier_bytes`, at most
+// huge pages at all; auto: half of `tier_bytes`, at most
 // kAutoPageReserveMax (taking fresh pages costs an idle CPU about 2-10 s a
-// GiB on these VMs). `why` says why there is none.
+// GiB on these VMs). Half, not a quarter: a first load by fastsafetensors
+// of a 2.7 GB checkpoint into an 8G tier took 1.24-1.25x its native load
+// with a quarter (1.9 GB: the third shard's copy went into fresh memory),
+// 1.03-1.10x with 3.8 GB. `why` says why there is none.
 inline constexpr uint64_t kAutoPageReserveMax = 8ull << 30;
 uint64_t PageReserveBytes(const MountOptions& o, uint64_t tier_bytes, std::string* why);
 

@@ -241,7 +241,7 @@ void Daemon::StartCaches() {
     auto made = PageReserve::Create(reserve);
     if (made.ok()) {
       files_->KeepPageReserve(std::move(*made),
-                              ReserveAtOnceForTest() ? PageReserve::Pace::kAtOnce : PageReserve::Pace::kBackground);
+                              ReserveAtOnceForTest() ? PageReserve::Pace::AtOnce() : PageReserve::Pace::Background());
       spdlog::info(
           "host tier: a page reserve of up to {} bytes in 2 MiB pages, taken in the background, for the copies "
           "fills make (this VM reports free memory to its host: fresh 2 MiB pages are slow here)",

@@ -486,7 +486,7 @@ ckptfs options (-o):
                        free), and hands them to the copies it makes, at
                        indexing and at first opens (faster arrivals and
                        loads); a claim short of room takes them back
-                       first. auto (default): a quarter of the tier, at
+                       first. auto (default): half of the tier, at
                        most 8G, where free pages are reported (none
                        elsewhere); off: none; SIZE: at least 2M
   fill_depth=N         4 MiB source reads in flight for all fills together

@@ -90,7 +90,7 @@ struct MountOptions {
   HostTierFill::Policy fill_on_index = HostTierFill::Policy::kFree;
   // page_reserve=auto|off|SIZE: 2 MiB pages the host tier keeps for its
   // next copies where fresh memory is slow (PageReserve). auto (SIZE 0):
-  // a quarter of the tier, at most kAutoPageReserveMax, on a VM that
+  // half of the tier, at most kAutoPageReserveMax, on a VM that
   // reports free pages to its host; off: none; SIZE: that much there.
   bool page_reserve_off = false;
   uint64_t page_reserve_bytes = 0;

@@ -11,10 +11,12 @@
 #include <string>
 #include <thread>
 
+#include "cache_sizing.h"
 #include "ckptfs/file_cache.h"
 #include "ckptfs/page_reserve.h"
 #include "ckptfs/sealed_copy.h"
 #include "kernel_tuning.h"
+#include "mount_options.h"
 
 namespace ckptfs {
 namespace {
@@ -79,13 +81,14 @@ void AllowShmemHugePages() {
       << "shmem_enabled=" << setting;
 }
 
-// Gives `cache` a reserve of at most `limit` bytes, grown at once, and
-// waits until it holds `pages`.
-void KeepGrownReserve(FileCache& cache, uint64_t limit, uint64_t pages) {
+// Gives `cache` a reserve of at most `limit` bytes, grown at once (or at
+// `pace`), and waits until it holds `pages`.
+void KeepGrownReserve(FileCache& cache, uint64_t limit, uint64_t pages,
+                      PageReserve::Pace pace = PageReserve::Pace::AtOnce()) {
   AllowShmemHugePages();
   auto made = PageReserve::Create(limit);
   ASSERT_TRUE(made.ok()) << made.status().message();
-  cache.KeepPageReserve(std::move(*made), PageReserve::Pace::kAtOnce);
+  cache.KeepPageReserve(std::move(*made), pace);
   ASSERT_TRUE(ReserveReaches(cache, pages)) << "the reserve did not reach " << pages << " pages";
 }
 
@@ -212,6 +215,55 @@ TEST(PageReserveTest, PromisedPagesLeaveTheReserveAsTheFillWritesEvenInSmallPage
   s = cache.GetStats();
   EXPECT_EQ(s.reserve_promised, 0u);
   EXPECT_EQ(s.reserve.pages, 6u);
+}
+
+// Pages the reserve gave to a fill are not taken again from fresh memory
+// for a while: the load that follows the fill needs that memory (and the
+// CPU that takes it) first. Bound: with 60 s of quiet, nothing grows back
+// in the second after the fill, though the room is free again; with
+// 300 ms, all of it does.
+TEST(PageReserveTest, AfterGivingPagesTheReserveWaitsBeforeItTakesFreshMemory) {
+  for (const auto quiet : {std::chrono::milliseconds(60000), std::chrono::milliseconds(300)}) {
+    SCOPED_TRACE("quiet " + std::to_string(quiet.count()) + " ms");
+    FileCache cache(32 * kMiB);
+    PageReserve::Pace pace = PageReserve::Pace::AtOnce();
+    pace.quiet_after_giving = quiet;
+    ASSERT_NO_FATAL_FAILURE(KeepGrownReserve(cache, 16 * kMiB, 8, pace));
+    auto claim = cache.Claim(Key(1), 8 * kMiB, false, false, FileCache::Room::kFreeOnly, /*take_reserve=*/true);
+    ASSERT_TRUE(claim.ok() && claim->fill) << claim.status().message();
+    cache.TakeFromReserve(*claim->fill, 4 * kMiB, 4 * kMiB);
+    cache.TakeFromReserve(*claim->fill, 4 * kMiB, 4 * kMiB);
+    EXPECT_EQ(cache.GetStats().reserve.pages, 4u);
+    claim->fill.reset();  // the fill is over, and its room free again
+    if (quiet > std::chrono::seconds(1)) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      EXPECT_EQ(cache.GetStats().reserve.pages, 4u) << "the reserve grew back right after a fill";
+    } else {
+      EXPECT_TRUE(ReserveReaches(cache, 8)) << "the reserve never grew back";
+    }
+  }
+}
+
+// page_reserve=: auto is half of the tier, at most 8 GiB, where copies are
+// written in 4 KiB pages for want of fast fresh 2 MiB ones (and none
+// elsewhere); SIZE is at most the tier; off is none.
+TEST(PageReserveTest, ItsSizeIsHalfTheTierAtMost8GiBWhereFreshPagesAreSlow) {
+  constexpr uint64_t kGiB = 1ull << 30;
+  ASSERT_NO_FATAL_FAILURE(AllowShmemHugePages());
+  MountOptions o;
+  std::string why;
+  if (SealedCopy::PreferredWrite() != SealedCopy::WriteBy::kSmallPageMapping) {
+    EXPECT_EQ(daemon::PageReserveBytes(o, 6 * kGiB, &why), 0u);
+    EXPECT_NE(why.find("2 MiB pages already"), std::string::npos) << why;
+    return;
+  }
+  EXPECT_EQ(daemon::PageReserveBytes(o, 6 * kGiB, &why), 3 * kGiB);
+  EXPECT_EQ(daemon::PageReserveBytes(o, 64 * kGiB, &why), 8 * kGiB);
+  o.page_reserve_bytes = 100 * kGiB;
+  EXPECT_EQ(daemon::PageReserveBytes(o, 6 * kGiB, &why), 6 * kGiB);
+  o.page_reserve_off = true;
+  EXPECT_EQ(daemon::PageReserveBytes(o, 6 * kGiB, &why), 0u);
+  EXPECT_EQ(why, "page_reserve=off");
 }
 
 // A claim that cannot be granted (here: no descriptor for its memfd) takes
