@@ -19,8 +19,8 @@
 // (FileCache::LendToReserve) says there is free room and no fill in flight,
 // and the machine has more than kFreeMemoryKept of memory that holds
 // nothing (so the page cache is never pushed out for it); below half of
-// that it gives pages back. It starts 5 s after the mount (a mount that
-// lives less needs none). After the reserve gave pages (to a fill, to a
+// that it gives back at once what free memory is short of it. It starts
+// 5 s after the mount (a mount that lives less needs none). After the reserve gave pages (to a fill, to a
 // claim, to the machine) it takes no fresh memory for 10 s: the load that
 // follows a fill needs the same slow fresh memory and CPU (a first load by
 // fastsafetensors took 1.45-1.58x its native load while the reserve grew

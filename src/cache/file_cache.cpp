@@ -216,6 +216,7 @@ void FileCache::SweepHeld(Released& released) {
       --descriptors_;
       released.descriptors.push_back(std::move(it->descriptor));
     }
+    released.wake = reserve_.get();  // its pages are free in a moment, as an evicted copy's
     it = held_.erase(it);
   }
 }

@@ -88,7 +88,8 @@ PageReserve::Waited PageReserve::WaitUntil(std::chrono::steady_clock::time_point
     wake_.WaitUntil(mu_, deadline);
   }
   if (stopping_) return Waited::kStopped;
-  const bool woken = wakeable && woken_;
+  if (!wakeable) return Waited::kTimedOut;  // a Wake meanwhile is for the next wakeable wait
+  const bool woken = woken_;
   woken_ = false;
   return woken ? Waited::kWoken : Waited::kTimedOut;
 }
@@ -108,7 +109,6 @@ void PageReserve::GrowLoop(const std::function<bool()>& lend, Pace pace, std::ch
   // restart's old daemon lived on for seconds to join it. Its CPU is
   // bounded by resting instead, when others want the CPU (below).
   if (WaitUntil(Clock::now() + pace.start_delay, /*wakeable=*/false) == Waited::kStopped) return;
-  constexpr uint64_t kGiveBackStep = 16;  // pages a poll gives back when memory is short
   bool recycling = false;                 // woken by copies let go of: their pages may come fast
   for (;;) {
     {
@@ -118,8 +118,10 @@ void PageReserve::GrowLoop(const std::function<bool()>& lend, Pace pace, std::ch
     const uint64_t free = FreeMemory();
     const Clock::time_point quiet_until = last_given() + pace.quiet_after_giving;
     if (free < kFreeMemoryKept / 2) {
-      // The machine needs memory more than the next copy needs fast pages.
-      if (Lower(kGiveBackStep) > 0) Trim();
+      // The machine needs memory more than the next copy needs fast pages:
+      // all it is short of, at once (whoever is taking memory this fast
+      // would not wait for a page a poll).
+      if (Lower((kFreeMemoryKept - free + kPageBytes - 1) / kPageBytes) > 0) Trim();
     } else if (Clock::now() < quiet_until && !recycling) {
       // Pages were just given: no fresh memory while they are used.
       const Waited waited = WaitUntil(std::min(quiet_until, Clock::now() + poll), /*wakeable=*/true);

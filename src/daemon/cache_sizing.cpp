@@ -38,6 +38,8 @@ uint64_t ChunkCacheBytes(const MountOptions& o, uint64_t host_bytes) {
   return std::min(host_bytes, std::clamp(host_bytes / 8 / kChunkSize * kChunkSize, kMin, kMax));
 }
 
+uint64_t AutoPageReserveBytes(uint64_t tier_bytes) { return std::min(tier_bytes / 2, kAutoPageReserveMax); }
+
 uint64_t PageReserveBytes(const MountOptions& o, uint64_t tier_bytes, std::string* why) {
   if (o.page_reserve_off) {
     *why = "page_reserve=off";
@@ -52,8 +54,7 @@ uint64_t PageReserveBytes(const MountOptions& o, uint64_t tier_bytes, std::strin
     *why = "copies are written in 2 MiB pages already (fresh memory is not slow here)";
     return 0;
   }
-  const uint64_t bytes =
-      o.page_reserve_bytes > 0 ? o.page_reserve_bytes : std::min(tier_bytes / 2, kAutoPageReserveMax);
+  const uint64_t bytes = o.page_reserve_bytes > 0 ? o.page_reserve_bytes : AutoPageReserveBytes(tier_bytes);
   const uint64_t pages = std::min(bytes, tier_bytes) / PageReserve::kPageBytes;
   if (pages == 0) *why = "the host tier is smaller than one 2 MiB page";
   return pages * PageReserve::kPageBytes;

@@ -31,6 +31,8 @@ uint64_t ChunkCacheBytes(const MountOptions& o, uint64_t host_bytes);
 // with a quarter (1.9 GB: the third shard's copy went into fresh memory),
 // 1.03-1.10x with 3.8 GB. `why` says why there is none.
 inline constexpr uint64_t kAutoPageReserveMax = 8ull << 30;
+// page_reserve=auto's size where there is a reserve at all.
+uint64_t AutoPageReserveBytes(uint64_t tier_bytes);
 uint64_t PageReserveBytes(const MountOptions& o, uint64_t tier_bytes, std::string* why);
 
 // How many memfd copies the host tier may hold (each is a descriptor and a

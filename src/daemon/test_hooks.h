@@ -31,8 +31,9 @@ std::chrono::milliseconds EntryReplyDelayForTest();
 std::function<void()> HoldPublishHook(const std::atomic<bool>* stop);
 
 // CKPTFS_TEST_RESERVE_AT_ONCE=1: the page reserve's thread grows it at
-// once and without resting, not after a delay and half the time, so that a
-// test on a busy machine sees it grown in time.
+// once, without resting when preempted and without the quiet after it gave
+// pages (PageReserve::Pace::AtOnce), so that a test on a busy machine sees
+// it grown in time.
 bool ReserveAtOnceForTest();
 
 }  // namespace ckptfs::daemon

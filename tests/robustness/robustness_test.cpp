@@ -7,7 +7,9 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -357,16 +359,20 @@ TEST_F(RobustnessTest, MemoryStaysFlatAcrossManyVersionsOfACheckpoint) {
   std::cout << "[ memory ] VmRSS " << after_10 << " kB after 10 versions, " << after_50 << " kB after 50\n";
 }
 
-// Item 9: a change in one checkpoint costs that checkpoint, not the tree. A
-// rescan keeps a checkpoint it walks exactly as last time without asking
-// the index about each of its files, and the publish reuses its nodes.
 // Every thread of the daemon may hold a lock that opens wait on (the
 // process's mmap lock included, which any page it takes holds), so none may
 // run at a priority that busy CPUs starve: the page reserve's thread at
 // idle priority held opens up and kept a restart's old daemon alive for
-// seconds on the suite's loaded machine. Bound: each thread is
-// SCHED_OTHER at nice 0 or better, the reserve's thread included.
+// seconds on the suite's loaded machine. Bound: each thread runs under the
+// test's own scheduling policy and at its nice value or better, the
+// reserve's thread included (where there is a reserve: a VM that reports
+// free pages; PageReserveTest.ItsThreadRunsAtItsCallersPriority checks it
+// anywhere).
 TEST_F(RobustnessTest, NoThreadOfTheDaemonRunsAtAPriorityBusyCpusStarve) {
+  const int our_policy = ::sched_getscheduler(0);
+  errno = 0;
+  const int our_nice = ::getpriority(PRIO_PROCESS, 0);
+  ASSERT_EQ(errno, 0);
   WriteFile(src_ + "/m/model.bin", "weights");
   auto m = Mount("page_reserve=32M");
   ASSERT_TRUE(WaitFor([&] { return !Digest("m").empty(); })) << m->Log();
@@ -375,7 +381,7 @@ TEST_F(RobustnessTest, NoThreadOfTheDaemonRunsAtAPriorityBusyCpusStarve) {
   for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(daemon) + "/task")) {
     std::ifstream stat(task.path() / "stat");
     std::string line;
-    ASSERT_TRUE(std::getline(stat, line)) << task.path();
+    if (!std::getline(stat, line)) continue;  // a thread that ended meanwhile
     // tid (comm) state ...: comm may hold spaces, so count fields after ')'.
     const auto open = line.find('('), close = line.rfind(')');
     const std::string name = line.substr(open + 1, close - open - 1);
@@ -384,9 +390,9 @@ TEST_F(RobustnessTest, NoThreadOfTheDaemonRunsAtAPriorityBusyCpusStarve) {
     std::vector<std::string> fields(3);  // fields[3] is field 3 (state), as proc(5) counts
     for (std::string f; rest >> f;) fields.push_back(f);
     ASSERT_GT(fields.size(), 41u) << line;
-    EXPECT_LE(std::stoi(fields[19]), 0) << "thread " << name << " runs at nice " << fields[19];
-    EXPECT_EQ(fields[41], "0") << "thread " << name << " runs under scheduling policy " << fields[41]
-                               << " (0: SCHED_OTHER, 5: SCHED_IDLE)";
+    EXPECT_LE(std::stoi(fields[19]), our_nice) << "thread " << name << " runs at nice " << fields[19];
+    EXPECT_EQ(std::stoi(fields[41]), our_policy)
+        << "thread " << name << " runs under scheduling policy " << fields[41] << " (0: SCHED_OTHER, 5: SCHED_IDLE)";
   }
   const bool reserve_on = Ctl("stats")["memory"]["page_reserve"].value("on", false);
   if (reserve_on) {
@@ -395,6 +401,9 @@ TEST_F(RobustnessTest, NoThreadOfTheDaemonRunsAtAPriorityBusyCpusStarve) {
   std::cout << "[ threads ] " << names.size() << " names, page reserve " << (reserve_on ? "on" : "off") << "\n";
 }
 
+// Item 9: a change in one checkpoint costs that checkpoint, not the tree. A
+// rescan keeps a checkpoint it walks exactly as last time without asking
+// the index about each of its files, and the publish reuses its nodes.
 TEST_F(RobustnessTest, AChangeInOneCheckpointCostsThatCheckpointOnly) {
   WriteFile(src_ + "/big/model.bin", "weights");
   for (int i = 0; i < 3000; ++i) WriteFile(src_ + "/big/d" + std::to_string(i % 30) + "/f" + std::to_string(i), "x");

@@ -1,11 +1,14 @@
 // The host tier's page reserve (PageReserve) and how FileCache lends it room
 // and hands its pages to fills.
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -249,6 +252,8 @@ TEST(PageReserveTest, AfterGivingPagesTheReserveWaitsBeforeItTakesFreshMemory) {
 // elsewhere); SIZE is at most the tier; off is none.
 TEST(PageReserveTest, ItsSizeIsHalfTheTierAtMost8GiBWhereFreshPagesAreSlow) {
   constexpr uint64_t kGiB = 1ull << 30;
+  EXPECT_EQ(daemon::AutoPageReserveBytes(6 * kGiB), 3 * kGiB);
+  EXPECT_EQ(daemon::AutoPageReserveBytes(64 * kGiB), 8 * kGiB);
   ASSERT_NO_FATAL_FAILURE(AllowShmemHugePages());
   MountOptions o;
   std::string why;
@@ -264,6 +269,37 @@ TEST(PageReserveTest, ItsSizeIsHalfTheTierAtMost8GiBWhereFreshPagesAreSlow) {
   o.page_reserve_off = true;
   EXPECT_EQ(daemon::PageReserveBytes(o, 6 * kGiB, &why), 0u);
   EXPECT_EQ(why, "page_reserve=off");
+}
+
+// The growing thread runs at its caller's priority, never below: at idle
+// priority busy CPUs starved it while it held the process's mmap lock (it
+// takes pages) and kept a restart's old daemon waiting to join it.
+TEST(PageReserveTest, ItsThreadRunsAtItsCallersPriority) {
+  auto made = PageReserve::Create(4 * kPage);
+  ASSERT_TRUE(made.ok()) << made.status().message();
+  (*made)->StartGrowing([] { return false; }, PageReserve::Pace::Background());
+  bool found = false;
+  for (int attempt = 0; attempt < 3000 && !found; ++attempt) {  // until the thread has named itself
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+      std::ifstream comm(task.path() / "comm");
+      std::string name;
+      if (!std::getline(comm, name) || name != "ckptfs-reserve") continue;
+      found = true;
+      std::ifstream stat(task.path() / "stat");
+      std::string line;
+      ASSERT_TRUE(std::getline(stat, line));
+      std::istringstream rest(line.substr(line.rfind(')') + 2));
+      std::vector<std::string> fields(3);  // fields[3] is field 3 (state), as proc(5) counts
+      for (std::string f; rest >> f;) fields.push_back(f);
+      ASSERT_GT(fields.size(), 41u) << line;
+      errno = 0;
+      const int our_nice = ::getpriority(PRIO_PROCESS, 0);
+      EXPECT_EQ(std::stoi(fields[41]), ::sched_getscheduler(0)) << "policy of the reserve's thread";
+      EXPECT_LE(std::stoi(fields[19]), our_nice) << "nice of the reserve's thread";
+    }
+    if (!found) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(found) << "no thread named ckptfs-reserve";
 }
 
 // A claim that cannot be granted (here: no descriptor for its memfd) takes
