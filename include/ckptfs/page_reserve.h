@@ -20,21 +20,21 @@
 // and the machine has more than kFreeMemoryKept of memory that holds
 // nothing (so the page cache is never pushed out for it); below half of
 // that it gives back at once what free memory is short of it. It starts
-// 5 s after the mount (a mount that lives less needs none). After the reserve gave pages (to a fill, to a
-// claim, to the machine) it takes no fresh memory for 10 s: the load that
-// follows a fill needs the same slow fresh memory and CPU (a first load by
-// fastsafetensors took 1.45-1.58x its native load while the reserve grew
-// back beside it, 1.04-1.20x without); pages freed a moment ago (copies
-// let go of: Wake) come fast and are taken meanwhile, until one comes
-// slowly. It rests after a page as long as the page took
-// when another thread wanted its CPU meanwhile (so that on busy CPUs it
-// uses at most about half of one), and takes a page without
-// holding any lock a fill waits on. It runs at normal priority: at idle
-// priority it was starved for seconds on busy CPUs while it held the
-// process's mmap lock (taking a page) or had to be joined (an unmount, a
-// restart's old daemon), and all of that waited. It takes fresh memory after a
-// mount (0.45 GB/s here) and, at memory speed, the pages of copies just
-// evicted.
+// 5 s after the mount (a mount that lives less needs none). After the
+// reserve gave pages (to a fill, to a claim, to the machine) it takes no
+// fresh memory for 10 s: the load that follows a fill needs the same slow
+// fresh memory and CPU (a first load by fastsafetensors took 1.45-1.58x
+// its native load while the reserve grew back beside it, 1.04-1.20x
+// without); pages freed a moment ago (copies let go of: Wake) come fast
+// and are taken meanwhile, until one comes slowly. It rests after a page
+// as long as the page took when another thread wanted its CPU meanwhile
+// (so that on busy CPUs it uses at most about half of one), and takes a
+// page without holding any lock a fill waits on. It runs at normal
+// priority: at idle priority it was starved for seconds on busy CPUs while
+// it held the process's mmap lock (taking a page) or had to be joined (an
+// unmount, a restart's old daemon), and all of that waited. It takes fresh
+// memory after a mount (0.45 GB/s here) and, at memory speed, the pages of
+// copies just evicted.
 //
 // Accounting is the lender's: the reserve's `target` is the number of pages
 // the tier has lent it, which the tier raises (Raise) and lowers (Lower,
