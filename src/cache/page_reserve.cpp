@@ -134,7 +134,7 @@ void PageReserve::GrowLoop(const std::function<bool()>& lend, Pace pace, std::ch
       const Growth grew = GrowOne();
       if (grew == Growth::kGrew) {
         const auto now = Clock::now();
-        if (now - start > kRecycledPage) recycling = false;  // fresh memory from here on
+        if (now - start > pace.recycled_page) recycling = false;  // fresh memory from here on
         // Another thread wanted this CPU while the page was taken (the
         // scheduler preempted this one): rest as long as the page took, so
         // that on busy CPUs it uses at most about half of one. On idle

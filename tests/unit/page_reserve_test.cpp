@@ -247,6 +247,30 @@ TEST(PageReserveTest, AfterGivingPagesTheReserveWaitsBeforeItTakesFreshMemory) {
   }
 }
 
+// Copies let go of during the quiet after a fill wake the reserve, which
+// takes their pages while they come fast (memory freed a moment ago is
+// still backed). Here every page counts as fast, so that the test does not
+// depend on this machine's memory: with 60 s of quiet the reserve grows
+// back only because of the eviction.
+TEST(PageReserveTest, DuringTheQuietTheReserveTakesThePagesOfEvictedCopies) {
+  FileCache cache(32 * kMiB);
+  PageReserve::Pace pace = PageReserve::Pace::AtOnce();
+  pace.quiet_after_giving = std::chrono::minutes(1);
+  pace.recycled_page = std::chrono::minutes(1);
+  ASSERT_NO_FATAL_FAILURE(KeepGrownReserve(cache, 16 * kMiB, 8, pace));
+  auto claim = cache.Claim(Key(1), 8 * kMiB, false, false, FileCache::Room::kFreeOnly, /*take_reserve=*/true);
+  ASSERT_TRUE(claim.ok() && claim->fill) << claim.status().message();
+  cache.TakeFromReserve(*claim->fill, 4 * kMiB, 4 * kMiB);
+  cache.TakeFromReserve(*claim->fill, 4 * kMiB, 4 * kMiB);
+  auto copy = SealedCopy::Create("ckptfs:test", 8 * kMiB);
+  ASSERT_TRUE(copy.ok());
+  ASSERT_TRUE((*copy)->Seal().ok());
+  ASSERT_TRUE(cache.Publish(std::move(claim->fill), std::move(*copy)));
+  EXPECT_EQ(cache.GetStats().reserve.pages, 4u);  // quiet: the free room waits
+  EXPECT_EQ(cache.Evict(Key(1).sha256), 8 * kMiB);
+  EXPECT_TRUE(ReserveReaches(cache, 8)) << "the reserve did not take the evicted copy's pages";
+}
+
 // page_reserve=: auto is half of the tier, at most 8 GiB, where copies are
 // written in 4 KiB pages for want of fast fresh 2 MiB ones (and none
 // elsewhere); SIZE is at most the tier; off is none.
