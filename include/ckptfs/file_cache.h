@@ -158,6 +158,12 @@ class FileCache final : public CacheTier {
   // lands in), and returns how many of the first `huge_bytes` (whole 2 MiB
   // pages) the copy may take as 2 MiB pages at once.
   uint64_t TakeFromReserve(Reservation& fill, uint64_t chunk_bytes, uint64_t huge_bytes) EXCLUDES(mu_);
+  // TakeFromReserve for the chunk at [offset, offset + len) of `copy`, whose
+  // 2 MiB pages are then placed at once where the chunk is written in place
+  // (read straight into the copy): the kernel hands out the pages just
+  // freed, still backed. Returns the bytes placed in 2 MiB pages.
+  uint64_t PlaceReservePages(Reservation& fill, SealedCopy& copy, uint64_t offset, uint64_t len, bool in_place)
+      EXCLUDES(mu_);
   // Makes a sealed copy resident (pinned if the claim asked for it).
   CopyPtr Publish(std::unique_ptr<Reservation> fill, std::unique_ptr<SealedCopy> copy);
   // The same for a copy its filler shares with readers of it in progress.

@@ -92,6 +92,9 @@ class SealedCopy {
   static WriteBy PreferredWriteFor(uint64_t size);
   // Whether a copy of `size` bytes made by default holds a descriptor.
   static bool NeedsDescriptor(uint64_t size) { return PreferredWriteFor(size) != WriteBy::kMemory; }
+  // Whether a copy of `size` bytes made by default is written in 4 KiB
+  // pages, and so can take the page reserve's 2 MiB ones (take_reserve).
+  static bool CanTakeReservePages(uint64_t size) { return PreferredWriteFor(size) == WriteBy::kSmallPageMapping; }
 
   // An unsealed copy named `name` (for a memfd, shown in /proc/PID/fd) of
   // `size` bytes, made PreferredWriteFor(size) or as `how` says. Out of

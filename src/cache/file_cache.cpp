@@ -134,6 +134,13 @@ uint64_t FileCache::TakeFromReserve(Reservation& fill, uint64_t chunk_bytes, uin
   return std::min(freed, huge_bytes / kPage * kPage);
 }
 
+uint64_t FileCache::PlaceReservePages(Reservation& fill, SealedCopy& copy, uint64_t offset, uint64_t len,
+                                      bool in_place) {
+  if (!fill.promised_reserve_pages()) return 0;
+  const uint64_t freed = TakeFromReserve(fill, len, in_place ? copy.HugePagesAt(offset, len) : 0);
+  return freed > 0 && copy.PlaceHugePages(offset, freed) ? freed : 0;
+}
+
 FileCache::Reservation::~Reservation() {
   if (!published_ && cache_ != nullptr) cache_->Abandon(*this);
 }

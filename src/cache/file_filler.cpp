@@ -143,7 +143,7 @@ std::shared_ptr<FillJob> FileFiller::Begin(const View::NodePtr& file, const Serv
   // Never waiting here first: a fill of it may be ours, registered in a
   // moment; only one that is not ours (another party's claim) is waited for.
   // A copy written through a mapping of small pages can take the page reserve's.
-  const bool take_reserve = SealedCopy::PreferredWriteFor(form.size) == SealedCopy::WriteBy::kSmallPageMapping;
+  const bool take_reserve = SealedCopy::CanTakeReservePages(form.size);
   FileCache& files = *server_.parts().files;
   auto claim = files.Claim(form.key, form.size, pin, /*wait=*/false, FileCache::Room::kEvict, take_reserve);
   if (claim.ok() && !claim->resident && !claim->fill) {
@@ -288,15 +288,11 @@ Status FileFiller::CopyChunk(FillJob& job, uint64_t chunk, uint8_t* buf) {
     const bool aligned_enough = io_ == SourceReader::Io::kBuffered || at % SourceReader::kDirectAlignment == 0;
     if (uint8_t* in_place = job.copy->WritableAt(at, len); in_place != nullptr && aligned_enough) dst = in_place;
   }
-  // Two of the page reserve's pages freed for each 4 MiB (the memory the
-  // chunk is about to take), and taken at once where the chunk is read
-  // straight into whole 2 MiB pages of the copy: the kernel hands out the
-  // pages just freed, still backed.
-  if (job.reservation && job.reservation->promised_reserve_pages()) {
-    const uint64_t at = job.CopyOffset(std::max(begin, header));
-    const uint64_t huge = dst != buf ? job.copy->HugePagesAt(at, len) : 0;
-    const uint64_t freed = server_.parts().files->TakeFromReserve(*job.reservation, len, huge);
-    if (freed > 0) job.copy->PlaceHugePages(at, freed);
+  // The memory the chunk is about to take comes from the page reserve,
+  // in 2 MiB pages where the chunk is read straight into the copy.
+  if (job.reservation) {
+    server_.parts().files->PlaceReservePages(*job.reservation, *job.copy, job.CopyOffset(std::max(begin, header)), len,
+                                             /*in_place=*/dst != buf);
   }
   if (Status s = server_.ReadSourceChunk(*job.file, chunk, dst, len, io_, job.chain.get(), job.prove_whole); !s.ok()) {
     return s;

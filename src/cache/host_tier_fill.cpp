@@ -18,15 +18,13 @@ class HostTierFill::Copy : public HashCopy {
   }
 
   uint8_t* WritableAt(uint64_t offset, size_t len) override { return copy_->WritableAt(offset, len); }
-  // Two reserve pages freed for each 4 MiB, and taken at once: the kernel
-  // hands out the pages just freed, which are still backed. Once per chunk
-  // (a hashing task that yields reads its chunks ahead again).
+  // The chunk's memory from the page reserve, once per chunk (a hashing
+  // task that yields reads its chunks ahead again).
   void PreparePages(uint64_t offset, size_t len) override {
     const size_t chunk = static_cast<size_t>(offset / kChunkSize);
     if (!fill_ || !fill_->promised_reserve_pages() || chunk >= prepared_.size() || prepared_[chunk]) return;
     prepared_[chunk] = 1;  // each chunk's own element: the I/O threads write distinct ones
-    const uint64_t freed = owner_.cache_->TakeFromReserve(*fill_, len, copy_->HugePagesAt(offset, len));
-    if (freed > 0 && copy_->PlaceHugePages(offset, freed)) owner_.reserve_bytes_ += freed;
+    owner_.reserve_bytes_ += owner_.cache_->PlaceReservePages(*fill_, *copy_, offset, len, /*in_place=*/true);
   }
   Status Write(uint64_t offset, const uint8_t* data, size_t len) override { return copy_->Write(offset, data, len); }
 
@@ -56,7 +54,7 @@ std::unique_ptr<HashCopy> HostTierFill::Begin(const std::string& rel_path, const
   // Unique while the file is hashed: the same file is hashed once at a time.
   const FileKey provisional{{}, "indexing:" + stamp.ToString()};
   // A copy written through a mapping of small pages can take the reserve's.
-  const bool take_reserve = SealedCopy::PreferredWriteFor(stamp.size) == SealedCopy::WriteBy::kSmallPageMapping;
+  const bool take_reserve = SealedCopy::CanTakeReservePages(stamp.size);
   auto claim =
       cache_->Claim(provisional, stamp.size, /*pin=*/false, /*wait=*/false, FileCache::Room::kFreeOnly, take_reserve);
   if (!claim.ok() || !claim->fill) {
